@@ -1,0 +1,71 @@
+"""Family-agnostic, validated specs that both kernels/ and reference/ consume.
+
+A spec is plain data: the architecture numbers plus a mapping from canonical tensor names (the HF
+names, e.g. ``model.layers.0.self_attn.q_proj.weight``) to CPU torch tensors in their stored dtype
+(GGUF tensors arrive already dequantized to float32). Readers in ``bloomery_cli.formats`` build
+them; neither kernels/ nor reference/ ever sees a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One Qwen3-style decoder layer: GQA attention with q/k RMSNorm, SwiGLU MLP."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A target model. ``tensors`` uses HF names; ``lm_head.weight`` is absent when tied."""
+
+    family: str                    # "qwen3"
+    source: Path                   # the file or directory it was read from
+    source_format: str             # "hf" | "gguf"
+    layer: LayerShape
+    num_layers: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position: int
+    tensors: Tensors = field(repr=False)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer.hidden_size
+
+    def head_weight(self) -> torch.Tensor:
+        return self.tensors["model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"]
+
+
+@dataclass(frozen=True)
+class DFlashSpec:
+    """A DFlash block drafter (DRAFTERS.md section 2). Tensors use z-lab's names (no ``model.`` prefix).
+
+    ``target_layer_ids[j]`` names the target layer whose OUTPUT feeds feature j
+    (HF ``hidden_states[l_j + 1]``).
+    """
+
+    kind: str                      # "dflash"
+    source: Path
+    layer: LayerShape
+    num_layers: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    vocab_size: int
+    tensors: Tensors = field(repr=False)

@@ -1,0 +1,137 @@
+"""DFlash block drafter on the device (DRAFTERS.md section 2).
+
+Context feature per committed position p (shared by every draft layer):
+    u_p = rms( fc( concat_j taps[l_j + 1][p] ), hidden_norm )          [H]  (fc: [H, n*H])
+Block at positions s..s+B-1: rows y = [x_s, m, ..., m], h = E(y)      [B, H]
+Each draft layer (Qwen3 layer shape):
+    Q from the block rows;  K, V from [u_0..u_{s-1} ; block rows]  (k_norm + RoPE on both)
+    no mask: every block row sees all context and all block rows
+drafts = argmax( rms(h, norm) head^T )[1:]  -> B-1 ids, row i predicts the token at s+i
+
+The engine keeps only context K/V (post k_norm, post RoPE) in a static cache; block K/V are
+transient. After a verify keeps k rows, the target's taps of those rows become context s..s+k-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from bloomery_cli.spec import DFlashSpec, ModelSpec
+
+from ..families.qwen3 import LayerWeights, decoder_layer, project_kv
+from ..ops.attention import attend
+from ..ops.norm import rms_norm
+from ..ops.rope import rope_tables
+
+
+def context_features(taps: torch.Tensor | list[torch.Tensor], layer_ids, fc, hidden_norm, eps: float) -> torch.Tensor:
+    """taps: L+1 tensors [..., H] (HF numbering) -> u [..., H]."""
+    return rms_norm(F.linear(torch.cat([taps[l + 1] for l in layer_ids], dim=-1), fc), hidden_norm, eps)
+
+
+def block_ids(anchor: torch.Tensor, mask_id: int, b: int) -> torch.Tensor:
+    """anchor [...] -> [..., B] = [anchor, m, ..., m]."""
+    rest = torch.full((*anchor.shape, b - 1), mask_id, dtype=anchor.dtype, device=anchor.device)
+    return torch.cat([anchor[..., None], rest], dim=-1)
+
+
+@dataclass
+class Proposal:
+    ids: list[int]                              # B-1 drafts
+    logits: torch.Tensor | None = None          # [B-1, V] when asked
+    layer_out: torch.Tensor | None = None       # [n_layers, B, H] when asked
+
+
+class DFlashDraft:
+    """Device DFlash draft bound to a target engine (shares its embedding and head)."""
+
+    def __init__(self, spec: DFlashSpec, embed: torch.Tensor, head: torch.Tensor, max_len: int):
+        self.spec, self.shape, self.b = spec, spec.layer, spec.block_size
+        self.device, self.dtype = embed.device, embed.dtype
+        cast = lambda x: x.to(device=self.device, dtype=self.dtype)  # noqa: E731
+        self.layers = [LayerWeights.gather(spec.tensors, f"layers.{i}.", cast) for i in range(spec.num_layers)]
+        self.fc, self.hidden_norm = cast(spec.tensors["fc.weight"]), cast(spec.tensors["hidden_norm.weight"])
+        self.norm = cast(spec.tensors["norm.weight"])
+        self.embed, self.head = embed, head
+        self.cap = max_len + self.b
+        s = self.shape
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap + self.b, self.device)
+        kv = (spec.num_layers, 1, s.num_kv_heads, self.cap, s.head_dim)
+        self.k_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
+        self.v_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
+        self.key_pos = torch.arange(self.cap, device=self.device)
+        self.ctx_len = 0
+
+    def extend(self, taps: torch.Tensor, p0: int) -> None:
+        """Write context K/V for positions p0..p0+R-1 from target taps [L+1, R, H]."""
+        r = taps.shape[1]
+        u = context_features(taps, self.spec.target_layer_ids, self.fc, self.hidden_norm, self.shape.rms_eps)
+        cos, sin = self.cos[p0:p0 + r], self.sin[p0:p0 + r]
+        for i, w in enumerate(self.layers):
+            k, v = project_kv(u[None], w, self.shape, cos, sin)
+            self.k_ctx[i, :, :, p0:p0 + r] = k
+            self.v_ctx[i, :, :, p0:p0 + r] = v
+        self.ctx_len = p0 + r
+
+    def prompt(self, taps: torch.Tensor) -> None:
+        self.extend(taps, 0)
+
+    def accept(self, kept: int, taps: torch.Tensor) -> None:
+        """The verify kept ``kept`` rows starting at the last anchor's position."""
+        self.extend(taps[:, :kept], self.ctx_len)
+
+    def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        s, b = self.ctx_len, self.b
+        ids = block_ids(torch.tensor([anchor], device=self.device), self.spec.mask_token_id, b)
+        h = F.embedding(ids, self.embed)                                                # [1, B, H]
+        cos, sin = self.cos[s:s + b], self.sin[s:s + b]
+        allowed = torch.cat([self.key_pos < s, torch.ones(b, dtype=torch.bool, device=self.device)])
+        outs = []
+        for i, w in enumerate(self.layers):
+            def with_context(q, k, v, i=i):
+                keys = torch.cat([self.k_ctx[i], k], dim=2)
+                vals = torch.cat([self.v_ctx[i], v], dim=2)
+                return attend(q, keys, vals, allowed[None, :])
+            h = decoder_layer(h, w, self.shape, cos, sin, with_context)
+            outs.append(h[0])
+        logits = F.linear(rms_norm(h[0, 1:], self.norm, self.shape.rms_eps), self.head)  # [B-1, V]
+        drafts = logits.argmax(-1).tolist()
+        if not detail:
+            return Proposal(drafts)
+        return Proposal(drafts, logits, torch.stack(outs))
+
+
+def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlashSpec, target_params: Mapping[str, torch.Tensor],
+                  target_spec: ModelSpec, hidden: list[torch.Tensor], ids: torch.Tensor,
+                  anchors: torch.Tensor) -> torch.Tensor:
+    """Differentiable: ids [N, T], anchors [N, A] (1 <= s, s+B-1 <= T-1) -> logits [N, A, B-1, V].
+
+    Block a reads context positions < s_a and its own B rows, as at inference.
+    """
+    shape, b = dspec.layer, dspec.block_size
+    n, t = ids.shape
+    a = anchors.shape[1]
+    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
+    u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
+                         shape.rms_eps)                                                  # [N, T, H]
+    block = block_ids(torch.gather(ids, 1, anchors), dspec.mask_token_id, b)             # [N, A, B]
+    pos = (anchors[..., None] + torch.arange(b, device=ids.device)).reshape(n, a * b)   # [N, A*B]
+    cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]                                  # [N, 1, A*B, d]
+    ctx_ok = torch.arange(t, device=ids.device)[None, None, :] < anchors[..., None]     # [N, A, T]
+    ctx_ok = ctx_ok.repeat_interleave(b, dim=1)                                          # [N, A*B, T]
+    blk = torch.arange(a * b, device=ids.device) // b
+    allowed = torch.cat([ctx_ok, (blk[:, None] == blk[None, :]).expand(n, -1, -1)], dim=-1)[:, None, None]
+    h = F.embedding(block.reshape(n, a * b), target_params["model.embed_tokens.weight"])
+    for i in range(dspec.num_layers):
+        w = LayerWeights.gather(dparams, f"layers.{i}.")
+        kc, vc = project_kv(u, w, shape, cos_t[:t], sin_t[:t])
+        def with_context(q, k, v, kc=kc, vc=vc):
+            return attend(q, torch.cat([kc, k], 2), torch.cat([vc, v], 2), allowed)
+        h = decoder_layer(h, w, shape, cos, sin, with_context)
+    head = target_params["model.embed_tokens.weight" if target_spec.tie_word_embeddings else "lm_head.weight"]
+    h = rms_norm(h, dparams["norm.weight"], shape.rms_eps).view(n, a, b, -1)[:, :, 1:]
+    return F.linear(h, head)

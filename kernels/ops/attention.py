@@ -1,0 +1,31 @@
+"""Grouped-query attention over an explicit key set.
+
+    q [N, nh, R, d], k/v [N, nkv, S, d], allowed [R, S] (True = may attend) or None (all)
+    scores = q k^T / sqrt(d)     (query head i reads kv head i // (nh / nkv))
+    out    = softmax(scores masked) v  ->  [N, R, nh * d]
+
+Scores and the softmax are float32; the two products run in the storage dtype (f32 accumulation on
+CUDA). The key axis is whatever the caller passes: the engine passes its whole static KV buffer with
+a mask, so a row's reduction never depends on how many rows share the pass or how long the valid
+prefix is (the batch-invariance the lossless check needs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    n, nh, r, d = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    qg = q.reshape(n, nkv, g * r, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))   # [N, nkv, g*R, S]
+    scores = scores.view(n, nkv, g, r, -1)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(n, nkv, g * r, -1)
+    out = torch.matmul(probs, v).view(n, nkv, g, r, d)                                  # [N, nkv, g, R, d]
+    return out.permute(0, 3, 1, 2, 4).reshape(n, r, nh * d)

@@ -1,0 +1,63 @@
+"""Shared test factories: tiny random qwen3 targets and DFlash drafts built in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
+
+
+def random_layer(t: dict, prefix: str, s: LayerShape, gen: torch.Generator, scale: float = 0.08) -> None:
+    def r(*shape):
+        return torch.randn(*shape, generator=gen) * scale
+
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=gen)
+
+    h, d, i = s.hidden_size, s.head_dim, s.intermediate_size
+    t[prefix + "input_layernorm.weight"] = norm(h)
+    t[prefix + "post_attention_layernorm.weight"] = norm(h)
+    t[prefix + "self_attn.q_proj.weight"] = r(s.num_heads * d, h)
+    t[prefix + "self_attn.k_proj.weight"] = r(s.num_kv_heads * d, h)
+    t[prefix + "self_attn.v_proj.weight"] = r(s.num_kv_heads * d, h)
+    t[prefix + "self_attn.o_proj.weight"] = r(h, s.num_heads * d)
+    t[prefix + "self_attn.q_norm.weight"] = norm(d)
+    t[prefix + "self_attn.k_norm.weight"] = norm(d)
+    t[prefix + "mlp.gate_proj.weight"] = r(i, h)
+    t[prefix + "mlp.up_proj.weight"] = r(i, h)
+    t[prefix + "mlp.down_proj.weight"] = r(h, i)
+
+
+def make_target(seed: int = 0, layers: int = 3, vocab: int = 101, hidden: int = 32) -> ModelSpec:
+    gen = torch.Generator().manual_seed(seed)
+    shape = LayerShape(hidden, 4, 2, 8, 2 * hidden, 1e-6, 10000.0)
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=gen),
+                                  "model.norm.weight": torch.ones(hidden)}
+    for i in range(layers):
+        random_layer(t, f"model.layers.{i}.", shape, gen)
+    return ModelSpec("qwen3", Path("memory"), "hf", shape, layers, vocab, True, 4096, t)
+
+
+def make_dflash(target: ModelSpec, seed: int = 1, layers: int = 1, block: int = 4,
+                layer_ids: tuple[int, ...] = (0, 1)) -> DFlashSpec:
+    gen = torch.Generator().manual_seed(seed)
+    s, h = target.layer, target.hidden_size
+    t: dict[str, torch.Tensor] = {"fc.weight": torch.randn(h, len(layer_ids) * h, generator=gen) * 0.1,
+                                  "hidden_norm.weight": torch.ones(h), "norm.weight": torch.ones(h)}
+    for i in range(layers):
+        random_layer(t, f"layers.{i}.", s, gen)
+    return DFlashSpec("dflash", Path("memory"), s, layers, block, target.vocab_size - 1, layer_ids,
+                      target.vocab_size, t)
+
+
+@pytest.fixture
+def tiny_target() -> ModelSpec:
+    return make_target()
+
+
+@pytest.fixture
+def tiny_dflash(tiny_target) -> DFlashSpec:
+    return make_dflash(tiny_target)
