@@ -61,3 +61,32 @@ def tiny_target() -> ModelSpec:
 @pytest.fixture
 def tiny_dflash(tiny_target) -> DFlashSpec:
     return make_dflash(tiny_target)
+
+
+def write_hf(spec, directory: Path, config: dict) -> Path:
+    """Write a spec's tensors (bf16-exact f32 kept as f32) and a config.json: an HF checkpoint dir."""
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in spec.tensors.items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def qwen3_config(spec: ModelSpec) -> dict:
+    s = spec.layer
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": s.hidden_size,
+            "num_hidden_layers": spec.num_layers, "num_attention_heads": s.num_heads,
+            "num_key_value_heads": s.num_kv_heads, "head_dim": s.head_dim, "intermediate_size": s.intermediate_size,
+            "vocab_size": spec.vocab_size, "rms_norm_eps": s.rms_eps, "rope_theta": s.rope_theta,
+            "max_position_embeddings": spec.max_position, "tie_word_embeddings": spec.tie_word_embeddings,
+            "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def dflash_config(d: DFlashSpec, target: ModelSpec) -> dict:
+    cfg = qwen3_config(target)
+    cfg.update(architectures=["DFlashDraftModel"], num_hidden_layers=d.num_layers, block_size=d.block_size,
+               dflash_config={"mask_token_id": d.mask_token_id, "target_layer_ids": list(d.target_layer_ids)})
+    return cfg

@@ -29,7 +29,7 @@ def test_dflash_engine_matches_train_forward(tiny_target, tiny_dflash):
     anchors = torch.tensor([[5, 9, 16]])
     ref = dflash_train(tiny_dflash.tensors, tiny_dflash, tiny_target.tensors, tiny_target, hidden, ids, anchors)
     eng = Qwen3Target(tiny_target, "cpu", torch.float32, max_len=64)
-    draft = DFlashDraft(tiny_dflash, eng.embed, eng.head, max_len=64)
+    draft = DFlashDraft(tiny_dflash, eng, max_len=64)
     taps = torch.stack([h[0] for h in hidden])
     for a, s in enumerate(anchors[0].tolist()):
         draft.ctx_len = 0

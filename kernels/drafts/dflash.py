@@ -22,15 +22,21 @@ import torch.nn.functional as F
 
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import LayerWeights, decoder_layer, project_kv
+from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
 from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 
 
-def context_features(taps: torch.Tensor | list[torch.Tensor], layer_ids, fc, hidden_norm, eps: float) -> torch.Tensor:
-    """taps: L+1 tensors [..., H] (HF numbering) -> u [..., H]."""
-    return rms_norm(F.linear(torch.cat([taps[l + 1] for l in layer_ids], dim=-1), fc), hidden_norm, eps)
+def context_features(taps: torch.Tensor | list[torch.Tensor], layer_ids, fc, hidden_norm, eps: float,
+                     final_norm: torch.Tensor, target_eps: float) -> torch.Tensor:
+    """taps: L+1 tensors [..., H], taps[l+1] = output of layer l before the final norm -> u [..., H].
+
+    Feature j is HF's hidden_states[l_j + 1], which for the last layer (l_j = L-1) is post-final-norm.
+    """
+    last = len(taps) - 1
+    feats = [taps[l + 1] if l + 1 < last else rms_norm(taps[last], final_norm, target_eps) for l in layer_ids]
+    return rms_norm(F.linear(torch.cat(feats, dim=-1), fc), hidden_norm, eps)
 
 
 def block_ids(anchor: torch.Tensor, mask_id: int, b: int) -> torch.Tensor:
@@ -49,14 +55,15 @@ class Proposal:
 class DFlashDraft:
     """Device DFlash draft bound to a target engine (shares its embedding and head)."""
 
-    def __init__(self, spec: DFlashSpec, embed: torch.Tensor, head: torch.Tensor, max_len: int):
+    def __init__(self, spec: DFlashSpec, target: Qwen3Target, max_len: int):
         self.spec, self.shape, self.b = spec, spec.layer, spec.block_size
-        self.device, self.dtype = embed.device, embed.dtype
+        self.device, self.dtype = target.device, target.dtype
         cast = lambda x: x.to(device=self.device, dtype=self.dtype)  # noqa: E731
         self.layers = [LayerWeights.gather(spec.tensors, f"layers.{i}.", cast) for i in range(spec.num_layers)]
         self.fc, self.hidden_norm = cast(spec.tensors["fc.weight"]), cast(spec.tensors["hidden_norm.weight"])
         self.norm = cast(spec.tensors["norm.weight"])
-        self.embed, self.head = embed, head
+        self.embed, self.head, self.target_norm = target.embed, target.head, target.final_norm
+        self.target_eps = target.shape.rms_eps
         self.cap = max_len + self.b
         s = self.shape
         self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap + self.b, self.device)
@@ -69,7 +76,8 @@ class DFlashDraft:
     def extend(self, taps: torch.Tensor, p0: int) -> None:
         """Write context K/V for positions p0..p0+R-1 from target taps [L+1, R, H]."""
         r = taps.shape[1]
-        u = context_features(taps, self.spec.target_layer_ids, self.fc, self.hidden_norm, self.shape.rms_eps)
+        u = context_features(taps, self.spec.target_layer_ids, self.fc, self.hidden_norm, self.shape.rms_eps,
+                             self.target_norm, self.target_eps)
         cos, sin = self.cos[p0:p0 + r], self.sin[p0:p0 + r]
         for i, w in enumerate(self.layers):
             k, v = project_kv(u[None], w, self.shape, cos, sin)
@@ -117,7 +125,7 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlashSpec, target
     a = anchors.shape[1]
     cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
     u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
-                         shape.rms_eps)                                                  # [N, T, H]
+                         shape.rms_eps, target_params["model.norm.weight"], target_spec.layer.rms_eps)  # [N, T, H]
     block = block_ids(torch.gather(ids, 1, anchors), dspec.mask_token_id, b)             # [N, A, B]
     pos = (anchors[..., None] + torch.arange(b, device=ids.device)).reshape(n, a * b)   # [N, A*B]
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]                                  # [N, 1, A*B, d]

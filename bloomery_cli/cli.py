@@ -1,0 +1,161 @@
+"""The `bloomery` command line (typer + rich).
+
+Exit codes: 0 every check passed, 1 a check failed, 2 the run could not start (bad input).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import EXIT_INPUT, InputError
+
+app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
+                       "reference.\n\nExit codes: 0 passed, 1 a check failed, 2 bad input.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+gate_app = typer.Typer(help="List and run single gates.", no_args_is_help=True)
+fixtures_app = typer.Typer(help="Build or verify the bundled fixtures (small trained checkpoints).",
+                           no_args_is_help=True)
+app.add_typer(gate_app, name="gate")
+app.add_typer(fixtures_app, name="fixtures")
+err = Console(stderr=True)
+out = Console()
+
+
+def fail_input(e: InputError) -> None:
+    err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def shown(path: Path) -> str:
+    """A path relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def registry():
+    from bloomery_gates.gates import GATES
+    return GATES
+
+
+def lookup(name: str):
+    gates = registry()
+    if name not in gates:
+        fail_input(InputError(f"gate {name!r}", f"unknown; registered gates: {', '.join(sorted(gates))}"))
+    return gates[name]
+
+
+@gate_app.command("list")
+def gate_list() -> None:
+    """Show the registered gates: name, family, draft kind, default files."""
+    table = Table(title="registered gates")
+    for col in ("gate", "family", "draft", "default target", "default draft", "n", "what"):
+        table.add_column(col, no_wrap=col in ("gate", "draft"))
+    for g in registry().values():
+        table.add_row(g.name, g.family, g.draft_kind, shown(g.target), shown(g.draft), str(g.n), g.about)
+    out.print(table)
+
+
+Target = Annotated[Path | None, typer.Option("--target", help="Target checkpoint: HF dir or *.gguf "
+                                             "[default: the gate's fixture].")]
+DraftOpt = Annotated[Path | None, typer.Option("--draft", help="Drafter checkpoint (HF dir) [default: fixture].")]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:<i>.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="Compute/storage dtype on the device: f32, bf16, f16.")]
+N = Annotated[int | None, typer.Option("-n", help="Greedy ids compared per prompt [default: the gate's, 256].")]
+Prompts = Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts ('text' or 'ids' per line).")]
+Json = Annotated[Path | None, typer.Option("--json", help="Write the run's record (JSON) here, atomically.")]
+Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code "
+                                      "(float64, CPU): tier 3.")]
+
+
+@gate_app.command("run")
+def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery gate list`).")],
+             target: Target = None, draft: DraftOpt = None, device: Device = "cpu", dtype: Dtype = "f32",
+             n: N = None, prompts: Prompts = None, json: Json = None, oracle: Oracle = False) -> None:
+    """Run one gate and print the contract lines; the exit code is the verdict."""
+    from .gate import GateOptions, run_gate
+
+    gate = lookup(name)
+    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle)
+    try:
+        code, _ = run_gate(gate, opts)
+    except InputError as e:
+        fail_input(e)
+    raise typer.Exit(code)
+
+
+@app.command("gates")
+def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
+              results: Annotated[Path | None, typer.Option("--results", help="Write one JSON record per gate "
+                                                           "into this folder.")] = None) -> None:
+    """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
+    from .gate import GateOptions, run_gate
+
+    rows, worst = [], 0
+    for g in registry().values():
+        t0 = time.perf_counter()
+        opts = GateOptions(device=device, dtype=dtype, n=n,
+                           json=(results / f"{g.name}-{device.replace(':', '')}-{dtype}.json") if results else None)
+        try:
+            code, rep = run_gate(g, opts)
+        except InputError as e:
+            err.print(f"[bold red]error:[/] {g.name}: {e}", highlight=False)
+            rows.append((g.name, "ERROR", "-", "-", "-", f"{time.perf_counter() - t0:.1f}s"))
+            worst = max(worst, EXIT_INPUT)
+            continue
+        acc = rep.facts.get("acceptance", {})
+        same = str(rep.facts["n"]) if any(line.startswith("ids identical") for line in rep.lines) else "no"
+        rows.append((g.name, "PASSED" if code == 0 else "FAILED", same, f"{acc.get('accept_mean', 0):.3f}",
+                     f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
+        worst = max(worst, code)
+    table = Table(title=f"gates on {device} {dtype}")
+    for col in ("gate", "verdict", "ids identical", "accept_mean", "draft_share", "wall"):
+        table.add_column(col)
+    for r in rows:
+        style = "green" if r[1] == "PASSED" else "red"
+        table.add_row(*r, style=style)
+    out.print(table)
+    raise typer.Exit(1 if worst == 1 else worst)
+
+
+@fixtures_app.command("build")
+def fixtures_build(out_dir: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("fixtures"),
+                   device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+                   quick: Annotated[bool, typer.Option("--quick", help="A few steps only (pipeline test).")] = False
+                   ) -> None:
+    """Train the tokenizer, target and drafters on the Python standard library and export them."""
+    import torch
+
+    from .fixturegen.build import build
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    build(out_dir, dev, quick=quick)
+
+
+@fixtures_app.command("verify")
+def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture folder.")] = Path("fixtures")
+                    ) -> None:
+    """Check every fixture file against the sha256 in MANIFEST.json."""
+    from .fixturegen.build import verify
+
+    problems = verify(out_dir)
+    for p in problems:
+        err.print(f"[red]{p}[/]", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    out.print(f"fixtures in {out_dir}: every file matches MANIFEST.json")
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as e:   # a reader error outside a command's own handling
+        err.print(f"error: {e}", highlight=False)
+        sys.exit(EXIT_INPUT)

@@ -1,0 +1,116 @@
+"""The printed gate contract (CONTRACT.md): the single owner of every line's spelling.
+
+Each check line ends in PASS or FAIL; the run's verdict is its exit code (0 all passed, 1 any
+failed). ``ids identical N`` and ``accept_mean=`` start at column 0 with exactly that spelling.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import Tally, macro_accept_mean
+
+PASS, FAIL = "PASS", "FAIL"
+PASSED_HEAD, FAILED_LINE = "PASSED:", "FAILED: one or more checks above did not pass"
+
+
+def verdict(ok: bool) -> str:
+    return PASS if ok else FAIL
+
+
+def fmt_list(xs: list[float] | list[int]) -> str:
+    return "[" + ",".join(f"{x:.3f}" if isinstance(x, float) else str(x) for x in xs) + "]"
+
+
+def kv(**items: Any) -> str:
+    return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+@dataclass
+class Report:
+    """Collects the gate's lines and facts; prints each line as it is made."""
+
+    name: str
+    emit: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    failed: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+        self.emit(text)
+
+    def check(self, text: str, ok: bool) -> bool:
+        self.line(f"{text} {verdict(ok)}")
+        self.failed += 0 if ok else 1
+        self.facts.setdefault("checks", []).append({"line": text, "ok": ok})
+        return ok
+
+    # --- the contract's lines, in order ---
+    def header(self, target: str, draft: str, device: str, dtype: str, n: int, prompts: int) -> None:
+        self.facts.update(gate=self.name, target=target, draft=draft, device=device, dtype=dtype, n=n, prompts=prompts)
+        self.line(f"gate {self.name} " + kv(target=target, draft=draft, device=device, dtype=dtype, n=n, prompts=prompts))
+
+    def load(self, kind: str, **sizes: Any) -> None:
+        self.facts["load"] = {"draft": kind, **sizes}
+        self.line("load " + kv(draft=kind, **sizes))
+
+    def reference(self, what: str, checked: int, worst: float, band: float, tag: str = "(r)",
+                  ref: str = "host f64") -> bool:
+        """Tier 2 ((r), against our f64 reference) or tier 3 ((o), against an external oracle)."""
+        return self.check(f"{tag} {what} vs {ref}: {checked} checked, worst rel {worst:.3e} (band {band:.3e})",
+                          worst <= band)
+
+    def integer_match(self, what: str, checked: int, differ: int, excused: int, tag: str = "(r)",
+                      ref: str = "host f64") -> bool:
+        """Greedy ids / integer outputs: equal, a flip excused only inside the reference's top-2 margin band."""
+        note = f", {excused} inside the top-2 margin band" if excused else ""
+        return self.check(f"{tag} {what} vs {ref}: {checked} checked, {differ} differ{note}", differ == excused)
+
+    def ids(self, prompt: int, plain: list[int], drafted: list[int], margin: float | None = None) -> bool:
+        if plain == drafted:
+            return self.check(f"(w) prompt {prompt}: ids identical {len(plain)}", True)
+        pairs = enumerate(zip(plain, drafted, strict=False))
+        k = next((i for i, (a, b) in pairs if a != b), min(len(plain), len(drafted)))
+        a = plain[k] if k < len(plain) else None
+        b = drafted[k] if k < len(drafted) else None
+        m = f" (margin {margin:.3e})" if margin is not None else ""
+        return self.check(f"(w) prompt {prompt}: ids differ at {k} of {len(plain)}: plain {a} drafted {b}{m}", False)
+
+    def branches(self, tally: Tally) -> bool:
+        a, p = tally.accepts, tally.proposals
+        return self.check(f"(b) accepts {a} of {p} proposals: both branches ran", 0 < a < p)
+
+    def identical(self, n: int) -> None:
+        self.line(f"ids identical {n}")
+
+    def acceptance(self, pooled: Tally, per_prompt: list[Tally], verify_rows: int) -> None:
+        facts = {
+            "accept_mean": round(pooled.accept_mean, 4), "accept_mean_macro": round(macro_accept_mean(per_prompt), 4),
+            "windows": pooled.windows, "kept": pooled.histogram(),
+            "pos_accept": [round(x, 4) for x in pooled.pos_accept()],
+            "pos_accept_cond": [round(x, 4) for x in pooled.pos_accept_cond()],
+            "draft_share": round(pooled.draft_share, 4), "verify_rows": verify_rows,
+        }
+        self.facts["acceptance"] = facts
+        self.line(f"accept_mean={pooled.accept_mean:.3f} windows={pooled.windows} kept={fmt_list(facts['kept'])} "
+                  f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
+                  f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
+
+    def note(self, text: str) -> None:
+        """Informational lines (external anchors, oracle details); never a check."""
+        self.line(text)
+
+    def finish(self) -> int:
+        ok = self.failed == 0
+        self.facts["passed"] = ok
+        self.line(f"{PASSED_HEAD} {self.name}" if ok else FAILED_LINE)
+        return 0 if ok else 1
+
+
+def stdout_emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

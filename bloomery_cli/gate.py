@@ -1,0 +1,200 @@
+"""One gate run, for any (target family, drafter) pair: load, check against the f64 reference,
+run plain and drafted, print the contract, write the record. Pairs supply a `GateDef`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .contract import Report
+from .errors import BadConfig, InputError, MissingFile
+from .loading import load_target, load_tokenizer
+from .metrics import Tally
+from .records import conditions, write_atomic
+from .speculative import generate
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GateDef:
+    """What a (target, drafter) pair brings; the runner does the rest."""
+
+    name: str
+    family: str
+    draft_kind: str
+    target: Path
+    draft: Path
+    prompts: Path
+    about: str
+    load_draft: Callable[[Path, Any], Any]                 # (path, target spec) -> draft spec
+    make_draft: Callable[[Any, Any, int], Any]             # (draft spec, target engine, max_len) -> Draft
+    block: Callable[[Any], int]                            # draft spec -> verify rows per pass
+    describe: Callable[[Any], dict[str, Any]]              # draft spec -> load-line facts
+    check_draft: Callable[..., None]                       # (report, DraftCheck) -> (r) lines
+    n: int = 256
+    anchors: tuple[str, ...] = ()                          # published numbers, printed as external
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GateOptions:
+    target: Path | None = None
+    draft: Path | None = None
+    device: str = "cpu"
+    dtype: str = "f32"
+    n: int | None = None
+    prompts: Path | None = None
+    json: Path | None = None
+    oracle: bool = False
+    max_prompts: int | None = None
+
+
+@dataclass
+class DraftCheck:
+    """What a draft's (r) checks get: both specs, the engines, the prompt, the target's taps."""
+
+    target_spec: Any
+    draft_spec: Any
+    engine: Any
+    draft: Any
+    prompt: list[int]
+    prefill: Any        # the engine's Pass over the prompt
+    ref: Any            # the target reference's RefOut over the prompt
+    dtype: str
+
+
+def resolve_device(device: str) -> torch.device:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError("--device", f"{device} asked for, but CUDA is not available on this machine")
+        return torch.device(device)
+    if device != "cpu":
+        raise InputError("--device", f"{device!r}: expected cpu, cuda or cuda:<i>")
+    return torch.device("cpu")
+
+
+def read_prompts(path: Path, tokenizer: Callable[[], Any], limit: int | None) -> list[list[int]]:
+    """JSONL, one object a line with "text" (tokenized with ``tokenizer()``, loaded on first need) or "ids"."""
+    if not path.is_file():
+        raise MissingFile(path, "prompts file not found (JSONL with a 'text' or 'ids' field per line)")
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadConfig(f"{path}:{i}", f"not JSON ({e.msg})") from None
+        if "ids" in obj:
+            ids = [int(x) for x in obj["ids"]]
+        elif "text" in obj:
+            ids = tokenizer().encode(obj["text"]).ids
+        else:
+            raise BadConfig(f"{path}:{i}", "expected a 'text' or 'ids' field")
+        if not ids:
+            raise BadConfig(f"{path}:{i}", "empty prompt")
+        prompts.append(ids)
+    if not prompts:
+        raise BadConfig(path, "no prompts in file")
+    return prompts[:limit] if limit else prompts
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
+    """Raises InputError before anything is printed past the header when the run cannot start."""
+    from bloomery_gates.gates.targets import FAMILIES, check_target
+
+    t0 = time.perf_counter()
+    device = resolve_device(opts.device)
+    if opts.dtype not in DTYPES:
+        raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
+    n = opts.n or gate.n
+    if n < 2:
+        raise InputError("-n", f"{n}: need at least 2 ids to compare")
+    target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
+    target_spec = load_target(target_path)
+    if target_spec.family != gate.family:
+        raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")
+    draft_spec = gate.load_draft(draft_path, target_spec)
+    prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts)
+    family = FAMILIES[gate.family]
+    if opts.oracle and family.oracle is None:
+        raise InputError("--oracle", f"no external oracle for family {gate.family}")
+
+    report = Report(gate.name, **({"emit": emit} if emit else {}))
+    report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
+    b = gate.block(draft_spec)
+    max_len = max(len(p) for p in prompts) + n + b + 1
+    engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
+    draft = gate.make_draft(draft_spec, engine, max_len)
+    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors), target_resident=tensor_bytes(target_spec.tensors),
+                **gate.describe(draft_spec))
+    for line in gate.anchors:
+        report.note(line)
+
+    # (r) the kernels against the float64 host reference, on the first prompt
+    ref = family.reference(target_spec, prompts[0])
+    prefill = engine.prefill(prompts[0], logits=True)
+    check_target(report, target_spec, prefill, ref, opts.dtype)
+    gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref, opts.dtype))
+
+    # (w) lossless: drafted ids == plain ids, per prompt
+    per_prompt: list[Tally] = []
+    all_same = True
+    plain_runs = []
+    for i, p in enumerate(prompts):
+        plain = generate(engine, None, p, n)
+        drafted = generate(engine, draft, p, n)
+        plain_runs.append(plain.ids)
+        all_same &= report.ids(i, plain.ids, drafted.ids)
+        per_prompt.append(drafted.tally)
+    pooled = Tally()
+    for t in per_prompt:
+        pooled = pooled.merge(t)
+    report.branches(pooled)
+    if all_same:
+        report.identical(n)
+    report.acceptance(pooled, per_prompt, b)
+    if opts.oracle:
+        check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
+    code = report.finish()
+    report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
+    if opts.json:
+        write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
+    return code, report
+
+
+def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: list[int], prefill, dtype: str) -> None:
+    """Tier 3: transformers' own modeling code, float64 on CPU, on the same weights: our reference's
+    logits, the kernel's logits, and the plain run's greedy ids (teacher-forced) against it."""
+    from bloomery_gates.gates.targets import greedy_flips, to_np
+
+    from .bands import flip_excused, logits_band, worst_rel
+
+    seq = prompt + plain_ids[:64]
+    hf = family.oracle(spec, seq)
+    ref = family.reference(spec, seq)
+    band = logits_band("f64", spec.layer, spec.num_layers, len(seq))
+    w = worst_rel(ref.logits, hf)
+    report.reference("host f64 logits", hf.size, w, band.value, tag="(o)", ref="transformers f64")
+    kband = logits_band(dtype, spec.layer, spec.num_layers, len(seq))
+    got = to_np(prefill.logits)
+    w = worst_rel(got, hf[: len(prompt)])
+    report.reference("kernel logits", got.size, w, kband.value, tag="(o)", ref="transformers f64")
+    differ, excused = greedy_flips(got, hf[: len(prompt)], kband)
+    report.integer_match("kernel greedy ids", len(prompt), differ, excused, tag="(o)", ref="transformers f64")
+    # plain_ids[j] was the argmax after row P-1+j; transformers, teacher-forced on seq, must agree
+    p, m = len(prompt), len(seq) - len(prompt)
+    bad = [j for j in range(m) if int(hf[p - 1 + j].argmax()) != plain_ids[j]]
+    excused = sum(flip_excused(hf[p - 1 + j], kband) for j in bad)
+    report.integer_match("plain run greedy ids", m, len(bad), excused, tag="(o)", ref="transformers f64")

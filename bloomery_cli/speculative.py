@@ -1,0 +1,76 @@
+"""The speculative loop, one owner for every (target, draft) pair.
+
+    pass:  rows = [x, d_1 .. d_{R-1}]  at positions s .. s+R-1       (x = last emitted id)
+           a    = target.verify(rows).argmax                          a[r] = next id after row r
+           kept = 1 + |longest prefix with d_{r+1} == a[r]|
+           emit a[:kept]  (the last one is the target's bonus id);  target.commit(kept);
+           draft.accept(kept, taps of the kept rows)
+The plain run is the same loop with no draft: one row per pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .metrics import Tally
+from .timing import PhaseTimer
+
+
+class Target(Protocol):
+    device: torch.device
+
+    def prefill(self, ids: list[int]): ...
+    def verify(self, ids: list[int]): ...
+    def commit(self, kept: int) -> None: ...
+
+
+class Draft(Protocol):
+    def prompt(self, taps: torch.Tensor) -> None: ...
+    def propose(self, anchor: int): ...
+    def accept(self, kept: int, taps: torch.Tensor) -> None: ...
+
+
+def kept_rows(proposals: list[int], argmax: list[int]) -> int:
+    """1 + the longest prefix r with proposals[r] == argmax[r]."""
+    k = 0
+    while k < len(proposals) and proposals[k] == argmax[k]:
+        k += 1
+    return k + 1
+
+
+@dataclass
+class Run:
+    ids: list[int]        # the first n emitted ids (the prompt excluded)
+    tally: Tally
+
+
+def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width: int | None = None) -> Run:
+    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass."""
+    timer = PhaseTimer(target.device)
+    tally = Tally()
+    first = target.prefill(prompt)
+    if draft is not None:
+        draft.prompt(first.taps)
+    out = [first.argmax[-1]]
+    while len(out) < n:
+        proposals: list[int] = []
+        if draft is not None:
+            with timer.phase("draft"):
+                proposals = draft.propose(out[-1]).ids
+            if width is not None:
+                proposals = proposals[: max(width - 1, 0)]
+        with timer.phase("verify"):
+            v = target.verify([out[-1], *proposals])
+        kept = kept_rows(proposals, v.argmax)
+        with timer.phase("commit"):
+            target.commit(kept)
+            if draft is not None:
+                draft.accept(kept, v.taps)
+        out.extend(v.argmax[:kept])
+        if draft is not None:
+            tally.add(len(proposals), kept)
+    tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
+    return Run(out[:n], tally)

@@ -1,0 +1,42 @@
+"""The loop's rules on their own: kept, emitted ids, metrics."""
+
+from __future__ import annotations
+
+import torch
+
+from bloomery_cli.metrics import Tally
+from bloomery_cli.speculative import generate, kept_rows
+from bloomery_gates.kernels.drafts.dflash import DFlashDraft
+from bloomery_gates.kernels.families.qwen3 import Qwen3Target
+
+
+def test_kept_rule_design_example():
+    # DRAFTERS.md: proposals [7, 9, 2], target argmax [7, 9, 1, 4] -> kept 3 (7, 9, then 1)
+    assert kept_rows([7, 9, 2], [7, 9, 1, 4]) == 3
+    assert kept_rows([], [5]) == 1
+    assert kept_rows([1, 2], [1, 2, 3]) == 3
+    assert kept_rows([4, 2], [1, 2, 3]) == 1
+
+
+def test_tally_metrics():
+    t = Tally()
+    for p, k in [(3, 1), (3, 4), (3, 2), (2, 3)]:
+        t.add(p, k)
+    assert t.accept_mean == 10 / 4
+    assert t.histogram() == [1, 1, 1, 1]
+    assert t.pos_accept() == [3 / 4, 2 / 4, 1 / 3]
+    assert t.pos_accept_cond() == [3 / 4, 2 / 3, 1.0]
+    assert t.accepts == 6 and t.proposals == 11
+
+
+def test_drafted_equals_plain_on_random_pair(tiny_target, tiny_dflash):
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79]
+
+    def engine():
+        return Qwen3Target(tiny_target, "cpu", torch.float32, max_len=128, rows=tiny_dflash.block_size)
+
+    plain = generate(engine(), None, prompt, 40)
+    eng = engine()
+    drafted = generate(eng, DFlashDraft(tiny_dflash, eng, 128), prompt, 40)
+    assert drafted.ids == plain.ids
+    assert drafted.tally.windows > 0 and drafted.tally.windows < 40
