@@ -1,0 +1,151 @@
+"""Derived reference bands (CONTRACT.md, tier 2): how far a kernel tap may sit from the f64 reference.
+
+Model. A tapped stage is reached through a chain of k ops. Op i does one reduction of length n_i
+accumulated in float32 (torch accumulates bf16/f16 matmuls in f32), then rounds its output once to
+the storage dtype. Standard first-order forward error analysis (Higham, ch. 3) gives op i a
+relative error of at most u_store + gamma(n_i, u_acc), gamma(n, u) = n u / (1 - n u), and errors of
+chained ops add to first order. The band on the metric ``worst_rel`` is
+
+    band = kappa * sum_i ( u_store + gamma(n_i, u_acc) ),     u_acc = 2^-24
+
+kappa = KAPPA = 8 is a stated conditioning constant, not a fitted one. The per-op bound is relative
+to sum|w x| (a well-conditioned dot product); two ops amplify beyond that to first order: RMSNorm
+(divides by a computed rms and multiplies by gains w, which can lift small channels) and softmax
+(an absolute score error e becomes a relative weight error of about e, and a score of size |s|
+carries |s| times its relative error). kappa = 8 covers gains and score magnitudes of order a few.
+It is fixed here from op counts and dtypes alone: a band never depends on a measured error, and
+is never relaxed to make a gate pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import LayerShape
+
+KAPPA = 8.0
+U_ACC = 2.0**-24  # float32 accumulation
+_UNIT_ROUNDOFF = {"f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11, "f64": 2.0**-53}
+_ALIASES = {"float32": "f32", "float": "f32", "bfloat16": "bf16", "float16": "f16", "half": "f16",
+            "float64": "f64", "double": "f64"}
+
+
+@dataclass(frozen=True)
+class Band:
+    """An allowed ``worst_rel`` and the sentence that derives it."""
+
+    value: float
+    derivation: str
+
+    def contains(self, rel: float) -> bool:
+        return bool(rel <= self.value)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a chain: a reduction of length n (n = 1 for an elementwise op), output rounded once."""
+
+    name: str
+    n: int
+
+
+def unit_roundoff(dtype: object) -> float:
+    """u of a storage dtype: f32 2^-24, bf16 2^-8, f16 2^-11 (f64 2^-53). Accepts 'bf16',
+    'bfloat16', torch.bfloat16, ..."""
+    key = str(dtype).removeprefix("torch.").lower()
+    key = _ALIASES.get(key, key)
+    if key not in _UNIT_ROUNDOFF:
+        raise ValueError(f"no unit roundoff for dtype {dtype!r}; expected one of f32, bf16, f16, f64")
+    return _UNIT_ROUNDOFF[key]
+
+
+def gamma(n: int, u: float) -> float:
+    """gamma(n, u) = n u / (1 - n u): the relative error bound of an n-term sum with roundoff u."""
+    if n < 0 or n * u >= 1.0:
+        raise ValueError(f"gamma undefined for n={n}, u={u} (needs 0 <= n u < 1)")
+    return n * u / (1.0 - n * u)
+
+
+def chain_band(dtype: object, ops: Sequence[Op], what: str, kappa: float = KAPPA) -> Band:
+    """kappa * sum over ops of (u_store + gamma(n_i, u_acc)), with its derivation spelled out."""
+    u = unit_roundoff(dtype)
+    u_acc = min(U_ACC, u)   # accumulation is float32, or float64 when the data are float64
+    value = kappa * sum(u + gamma(op.n, u_acc) for op in ops)
+    lengths = sorted({op.n for op in ops})
+    derivation = (f"{what}: kappa={kappa:g} * sum over {len(ops)} chained ops of "
+                  f"(u_store={u:.3g} [{dtype}] + gamma(n, u_acc={u_acc:.3g})), "
+                  f"reduction lengths n in {lengths}")
+    return Band(value=value, derivation=derivation)
+
+
+def layer_ops(shape: LayerShape, seq_len: int) -> list[Op]:
+    """The chained stored ops of one Qwen3-style layer, in order (q/k/v run side by side: one op)."""
+    h, d, nh, i = shape.hidden_size, shape.head_dim, shape.num_heads, shape.intermediate_size
+    return [
+        Op("input_layernorm", h),
+        Op("q/k/v proj", h),
+        Op("q/k norm", d),
+        Op("rope", 2),
+        Op("scores q.k", d),
+        Op("softmax + AV", seq_len),
+        Op("o proj", nh * d),
+        Op("residual add", 1),
+        Op("post_attention_layernorm", h),
+        Op("gate/up proj", h),
+        Op("silu(gate) * up", 1),
+        Op("down proj", i),
+        Op("residual add", 1),
+    ]
+
+
+def layer_band(dtype: object, shape: LayerShape, layers: int, seq_len: int) -> Band:
+    """Band for the output of the ``layers``-th layer (hidden[layers]; 1 = the first layer's output).
+
+    seq_len: the longest row of attention in the run (context + rows), the softmax + AV length.
+    """
+    if layers < 0 or seq_len < 1:
+        raise ValueError(f"layers={layers}, seq_len={seq_len}: need layers >= 0, seq_len >= 1")
+    ops = layer_ops(shape, seq_len) * layers
+    return chain_band(dtype, ops, f"hidden after {layers} layer(s), seq_len {seq_len}")
+
+
+def logits_band(dtype: object, shape: LayerShape, layers: int, seq_len: int) -> Band:
+    """Band for logits: ``layers`` layers, then the final norm (n = H) and the head (n = H)."""
+    if layers < 0 or seq_len < 1:
+        raise ValueError(f"layers={layers}, seq_len={seq_len}: need layers >= 0, seq_len >= 1")
+    h = shape.hidden_size
+    ops = layer_ops(shape, seq_len) * layers + [Op("final norm", h), Op("lm head", h)]
+    return chain_band(dtype, ops, f"logits after {layers} layer(s), seq_len {seq_len}")
+
+
+def worst_rel(got: np.ndarray, ref: np.ndarray) -> float:
+    """max over rows of max|got_row - ref_row| / max|ref_row| (a row = the last axis).
+
+    Both are taken to float64. A row whose reference is all zero counts its absolute error.
+    Any NaN/inf in ``got`` gives inf.
+    """
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if g.shape != r.shape:
+        raise ValueError(f"shape mismatch: got {g.shape}, ref {r.shape}")
+    if g.size == 0:
+        return 0.0
+    if not np.isfinite(g).all():
+        return float("inf")
+    err = np.max(np.abs(g - r), axis=-1)
+    scale = np.max(np.abs(r), axis=-1)
+    return float(np.max(err / np.where(scale > 0, scale, 1.0)))
+
+
+def flip_excused(ref_row: np.ndarray, band: Band) -> bool:
+    """A greedy flip is excused when the reference's top-2 margin is inside the band.
+
+    Every logit may move by band * max|ref_row|, so top-1 and top-2 can swap only if
+    (top1 - top2) <= 2 * band * max|ref_row|.
+    """
+    r = np.asarray(ref_row, dtype=np.float64)
+    top2 = np.sort(r)[-2:]
+    return bool(top2[1] - top2[0] <= 2.0 * band.value * np.max(np.abs(r)))

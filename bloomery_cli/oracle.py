@@ -1,0 +1,111 @@
+"""Tier-3 oracle (CONTRACT.md): HF transformers' own Qwen3 modeling code on the spec's weights.
+
+Built from the spec's numbers (never ``from_pretrained`` on a hub name, so no network), on CPU, in
+float64. Meant for tiny configs in tests and checks: it holds a float64 copy of every weight.
+
+Float32 islands. Even in a float64 model, HF's Qwen3 computes three things in float32: RMSNorm
+(``hidden_states.to(torch.float32)``), the RoPE cos/sin table (``inv_freq`` and the angles in
+float), and eager attention's softmax (``softmax(..., dtype=torch.float32)``). Stock, the oracle
+therefore agrees with an exact float64 computation only to about 1e-7 relative. With
+``promote_f32=True`` (the default) those islands are lifted to float64 on this model instance only
+(nothing global is patched): RMSNorm and rotary modules get float64 forwards of the same formulas,
+and attention runs through HF's "sdpa" path (torch's own kernel, which computes float64 inputs in
+float64) instead of "eager". Everything structural stays HF's: layer wiring, where q/k norms sit,
+GQA head grouping, rotate-half, the causal mask, head tying. ``promote_f32=False`` runs the stock
+model with attn_implementation "eager".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class HFOut:
+    """logits [T, V]; hidden_states [L+1, T, H] in HF's convention (index L is post-final-norm)."""
+
+    logits: np.ndarray
+    hidden_states: np.ndarray
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise InputError("transformers", "not installed: pip install '.[dev]' for --oracle") from e
+    return transformers
+
+
+def _promote_rms_norm(mod: torch.nn.Module) -> None:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return mod.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + mod.variance_epsilon))
+
+    mod.forward = forward
+
+
+def _promote_rotary(mod: torch.nn.Module, theta: float, head_dim: int) -> None:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+    def forward(x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    mod.forward = forward
+
+
+def build_hf_qwen3(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
+    """A float64 ``Qwen3ForCausalLM`` on CPU carrying the spec's weights (eval mode)."""
+    tf = _transformers()
+    if spec.family != "qwen3":
+        raise InputError(spec.source, f"the HF oracle covers family qwen3, not {spec.family!r}")
+    ls = spec.layer
+    config = tf.Qwen3Config(
+        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=ls.num_heads,
+        num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim, rms_norm_eps=ls.rms_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta},
+        max_position_embeddings=spec.max_position, tie_word_embeddings=spec.tie_word_embeddings,
+        attention_bias=False, use_sliding_window=False, hidden_act="silu",
+    )
+    config._attn_implementation = "sdpa" if promote_f32 else "eager"
+    model = tf.Qwen3ForCausalLM(config).to(torch.float64).eval()
+    state = {name: t.detach().to(torch.float64) for name, t in spec.tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    allowed_missing = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+    if unexpected or set(missing) - allowed_missing:
+        raise InputError(spec.source, f"HF Qwen3 state dict mismatch: missing {sorted(missing)}, "
+                                      f"unexpected {sorted(unexpected)}")
+    if spec.tie_word_embeddings and model.lm_head.weight.data_ptr() != \
+            model.model.embed_tokens.weight.data_ptr():
+        model.lm_head.weight = model.model.embed_tokens.weight
+    if promote_f32:
+        rms_cls = type(model.model.norm)
+        for mod in model.modules():
+            if isinstance(mod, rms_cls):
+                _promote_rms_norm(mod)
+        _promote_rotary(model.model.rotary_emb, ls.rope_theta, ls.head_dim)
+    return model
+
+
+def hf_qwen3(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:
+    """HF's logits and hidden_states for one sequence (positions 0..T-1, no cache)."""
+    model = build_hf_qwen3(spec, promote_f32)
+    input_ids = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.no_grad():
+        out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+    hidden = torch.stack([h[0] for h in out.hidden_states])
+    return HFOut(logits=out.logits[0].numpy(), hidden_states=hidden.numpy())
+
+
+def hf_qwen3_logits(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> np.ndarray:
+    """HF transformers' Qwen3ForCausalLM float64 logits [T, V] on the spec's weights."""
+    return hf_qwen3(spec, ids, promote_f32).logits

@@ -1,0 +1,94 @@
+"""DFlash block drafter, float64 host reference (DRAFTERS.md section 2). No cache: one call = one block.
+
+Inputs: the target's reference taps over the context positions 0..s-1 and the anchor id x_s.
+
+    c_p = concat_j hf_hidden[l_j + 1][p]                   p < s, j over target_layer_ids  [s, n*H]
+    u_p = rms( c_p fc^T, hidden_norm )                     context features                 [s, H]
+    y   = [x_s, m, ..., m]  (B rows, m = mask_token_id)   at positions s..s+B-1
+    h   = E(y)                                             the TARGET's embedding           [B, H]
+    per layer:  a = rms(h, input_layernorm)
+                Q = q_norm(a Wq^T)                           rope at s..s+B-1
+                K = k_norm([u ; a] Wk^T),  V = [u ; a] Wv^T  rope at 0..s-1, s..s+B-1
+                h = h + softmax(Q K^T / sqrt(d)) V Wo^T      NO mask: every block row sees all s
+                                                             context rows and all B block rows
+                h = h + MLP( rms(h, post_attention_layernorm) )
+    logits = rms(h, norm)[1:] head^T                       the TARGET's head; row i predicts s+i
+
+hf_hidden is HF's ``output_hidden_states`` convention (what z-lab's code indexes): index 0 is the
+embedding output, index l+1 < L the output of layer l, and index L the POST-final-norm rows. So a
+layer id l_j = L-1 reads the target's ``final`` rows, not hidden[L]. To make that unambiguous this
+function takes the target's whole ``RefOut`` rather than a raw [L+1, S, H] array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bloomery_cli.spec import DFlashSpec, ModelSpec
+
+from ..families.qwen3 import RefOut, embed, head_weight, hf_hidden_states, mlp, self_attention
+from ..ops.norm import rms_norm
+from ..weights import as_f64
+
+
+@dataclass(frozen=True)
+class DraftRefOut:
+    """One block. logits [B-1, V] (row i predicts the token at s+1+i); layer_out [n_layers, B, H]
+    (output of each draft layer, before the final norm); ids [B-1] = argmax of logits (lowest index
+    on ties); u [s, H] the context features; final [B, H] = rms(layer_out[-1], norm)."""
+
+    logits: np.ndarray
+    layer_out: np.ndarray
+    ids: np.ndarray
+    u: np.ndarray
+    final: np.ndarray
+
+
+def context_features(draft: DFlashSpec, taps: RefOut, s: int) -> np.ndarray:
+    """u = rms(fc(c), hidden_norm) for context positions 0..s-1, c_p = concat_j hf_hidden[l_j+1][p].
+
+    Returns [s, H].
+    """
+    hf = hf_hidden_states(taps)
+    num_layers = hf.shape[0] - 1
+    for l in draft.target_layer_ids:
+        if not 0 <= l < num_layers:
+            raise ValueError(f"target layer id {l} is outside 0..{num_layers - 1}")
+    c = np.concatenate([hf[l + 1, :s] for l in draft.target_layer_ids], axis=-1)
+    w = as_f64(draft)
+    return rms_norm(c @ w["fc.weight"].T, w["hidden_norm.weight"], draft.layer.rms_eps)
+
+
+def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
+            s: int | None = None) -> DraftRefOut:
+    """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``).
+
+    taps: the target reference's ``forward`` over at least s ids (rows past s are ignored);
+    anchor_id: x_s, the last id the target emitted (it sits at position s).
+    """
+    t = taps.hidden.shape[1]
+    s = t if s is None else s
+    if not 1 <= s <= t:
+        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    shape, w, b = draft.layer, as_f64(draft), draft.block_size
+    u = context_features(draft, taps, s)
+    y = [anchor_id] + [draft.mask_token_id] * (b - 1)
+    h = embed(target, y)
+    pos_q = np.arange(s, s + b)
+    pos_kv = np.arange(s + b)
+    no_mask = np.ones((b, s + b), dtype=bool)
+    layer_out = []
+    for i in range(draft.num_layers):
+        p = f"layers.{i}."
+        a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
+        x_kv = np.concatenate([u, a], axis=0)
+        h = h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, no_mask)
+        m = rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)
+        h = h + mlp(w, p + "mlp.", m)
+        layer_out.append(h)
+    final = rms_norm(h, w["norm.weight"], shape.rms_eps)
+    logits = final[1:] @ head_weight(target).T
+    return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
+                       u=u, final=final)

@@ -1,0 +1,46 @@
+"""Grouped-query attention with an explicit boolean mask, in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x - max) / sum exp(x - max) along ``axis``; entries equal to -inf get weight 0."""
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def causal_mask(t: int) -> np.ndarray:
+    """mask[i, j] = (j <= i): row i may attend to rows 0..i. Returns bool [T, T]."""
+    return np.tril(np.ones((t, t), dtype=bool))
+
+
+def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
+    """[S, nkv, d] -> [S, nkv * n_rep, d]: query head i reads kv head i // n_rep."""
+    return np.repeat(x, n_rep, axis=1)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Scaled dot-product attention, GQA.
+
+        scores[h, t, s] = q[t, h] . k[s, h // r] / sqrt(d)       (r = nh / nkv)
+        p[h, t, :]      = softmax over s of scores, masked entries (mask[t, s] False) get 0
+        out[t, h]       = sum_s p[h, t, s] * v[s, h // r]
+
+    q: [T, nh, d]; k, v: [S, nkv, d]; mask: bool [T, S] (True = may attend), every row needs at
+    least one True. Returns [T, nh, d].
+    """
+    t, nh, d = q.shape
+    s, nkv, _ = k.shape
+    if nh % nkv:
+        raise ValueError(f"num_heads {nh} is not a multiple of num_kv_heads {nkv}")
+    if mask.shape != (t, s) or not mask.any(axis=1).all():
+        raise ValueError(f"mask must be bool [{t}, {s}] with a True in every row")
+    kk = repeat_kv(k, nh // nkv)
+    vv = repeat_kv(v, nh // nkv)
+    scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(d)
+    scores = np.where(mask[None, :, :], scores, -np.inf)
+    p = softmax(scores, axis=-1)
+    return np.einsum("hts,shd->thd", p, vv)

@@ -1,0 +1,17 @@
+"""RMSNorm in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """Root-mean-square norm over the last axis, then a per-channel scale.
+
+        y[..., i] = x[..., i] / sqrt(mean_j x[..., j]^2 + eps) * w[i]
+
+    x: [..., n]; w: [n]; returns [..., n]. Used with n = hidden size (layer norms, final norm)
+    and n = head_dim (Qwen3's per-head q_norm / k_norm).
+    """
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * w
