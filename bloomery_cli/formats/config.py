@@ -1,0 +1,78 @@
+"""Typed, named access to config values (HF config.json objects or GGUF metadata).
+
+Every problem is a ``BadConfig`` whose message names the file and the key and says what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bloomery_cli.errors import BadConfig
+
+_MISSING: Any = object()
+
+
+class Cfg:
+    """A config mapping plus where it came from; ``prefix`` only spells nested keys in messages."""
+
+    def __init__(self, data: Mapping[str, Any], where: str | Path, prefix: str = ""):
+        self.data = data
+        self.where = str(where)
+        self.prefix = prefix
+
+    def sub(self, key: str) -> Cfg:
+        """A nested object (``dflash_config``); absent or null is an empty one."""
+        value = self.get(key, None)
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise self.bad(key, f"expected an object, got {value!r}")
+        return Cfg(value, self.where, f"{self.prefix}{key}.")
+
+    def bad(self, key: str, problem: str) -> BadConfig:
+        return BadConfig(f"{self.where}: key {self.prefix}{key}", problem)
+
+    def get(self, key: str, default: Any = _MISSING, what: str = "") -> Any:
+        """The raw value; a missing or null key with no default is a ``BadConfig``."""
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.bad(key, "missing" + (f"; expected {what}" if what else ""))
+            return default
+        return value
+
+    def int(self, key: str, default: Any = _MISSING, what: str = "an integer",
+            minimum: int | None = 1) -> int:
+        value = self.get(key, default, what)
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise self.bad(key, f"{value!r}; expected {what}")
+        if minimum is not None and value < minimum:
+            raise self.bad(key, f"{value}; expected {what} >= {minimum}")
+        return value
+
+    def float(self, key: str, default: Any = _MISSING, what: str = "a number",
+              positive: bool = True) -> float:
+        value = self.get(key, default, what)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.bad(key, f"{value!r}; expected {what}")
+        if positive and not value > 0:
+            raise self.bad(key, f"{value}; expected {what} > 0")
+        return float(value)
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self.get(key, default, "true or false")
+        if not isinstance(value, bool):
+            raise self.bad(key, f"{value!r}; expected true or false")
+        return value
+
+    def int_list(self, key: str, what: str = "a list of integers") -> list[int]:
+        value = self.get(key, what=what)
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if not ok:
+            raise self.bad(key, f"{value!r}; expected {what}")
+        return list(value)

@@ -1,0 +1,116 @@
+"""DFlash block drafters (z-lab layout, DRAFTERS.md section 2): ``DFlashSpec`` from an HF directory.
+
+config.json: architectures contains "DFlashDraftModel"; the usual Qwen3 layer keys (hidden_size,
+num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps, rope);
+num_hidden_layers = draft depth; block_size at the top level or in dflash_config (>= 2);
+dflash_config.mask_token_id (required); dflash_config.target_layer_ids (optional; default: with
+n = fc.weight columns / target hidden, n == 1 -> [L // 2], else round(1 + i*(L-4)/(n-1)) for
+i = 0..n-1, L = target layers); optional num_target_layers, vocab_size (checked against the target).
+dflash_config.causal true and sliding-window layers are refused (not implemented by the kernels).
+
+Tensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per draft layer i
+layers.{i}.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
+mlp.{gate,up,down}_proj}.weight, shapes as in a Qwen3 layer.
+
+Target layer ids: id l means the OUTPUT of target layer l (HF ``hidden_states[l + 1]``). Ids
+0..L-1 are accepted. Caveat for l = L-1: HF's ``hidden_states[L]`` is taken after the final norm,
+while this harness's taps are pre-norm for every layer; z-lab's default rule never picks L-1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bloomery_cli.errors import BadTensor, Mismatch
+from bloomery_cli.formats.config import Cfg
+from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
+from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
+from bloomery_cli.spec import DFlashSpec, ModelSpec
+
+ARCHITECTURE = "DFlashDraftModel"
+
+
+def default_target_layer_ids(n: int, num_target_layers: int) -> tuple[int, ...]:
+    """z-lab's rule: n == 1 -> (L // 2,), else round(1 + i*(L-4)/(n-1)) for i in 0..n-1."""
+    L = num_target_layers
+    if n == 1:
+        return (L // 2,)
+    # Python's round() (half to even), as z-lab's build_target_layer_ids uses.
+    return tuple(int(round(1 + i * (L - 4) / (n - 1))) for i in range(n))
+
+
+def _block_size(cfg: Cfg, dcfg: Cfg) -> int:
+    top = cfg.get("block_size", None)
+    inner = dcfg.get("block_size", None)
+    if top is None and inner is None:
+        raise cfg.bad("block_size", "missing (also in dflash_config); expected the draft block size >= 2")
+    if top is not None and inner is not None and top != inner:
+        raise dcfg.bad("block_size", f"{inner}, but the top-level block_size is {top}; expected one value")
+    return cfg.int("block_size", minimum=2) if top is not None else dcfg.int("block_size", minimum=2)
+
+
+def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
+    """A DFlash drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
+    cfg = Cfg(read_config(directory), directory / "config.json")
+    tensors = open_safetensors_dir(directory)  # headers only
+    archs = cfg.get("architectures", what=f'a list containing "{ARCHITECTURE}"')
+    if not isinstance(archs, list) or ARCHITECTURE not in archs:
+        raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{ARCHITECTURE}\"")
+    dcfg = cfg.sub("dflash_config")
+    if dcfg.get("causal", False) is not False:
+        raise dcfg.bad("causal", f"{dcfg.get('causal')!r} is not supported; "
+                                 "expected false (bidirectional block)")
+    layer = layer_shape_from_hf(cfg)
+    depth = cfg.int("num_hidden_layers")
+    block = _block_size(cfg, dcfg)
+    mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
+
+    def mismatch(problem: str) -> Mismatch:
+        return Mismatch(f"draft {directory} vs target {target.source}", problem)
+
+    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
+    if layer.hidden_size != H:
+        raise mismatch(f"draft hidden_size {layer.hidden_size} != target hidden size {H}; "
+                       "expected equal (the draft reads the target's embeddings and features)")
+    draft_vocab = cfg.int("vocab_size") if cfg.get("vocab_size", None) is not None else None
+    if draft_vocab is not None and draft_vocab != V:
+        raise mismatch(f"draft vocab_size {draft_vocab} != target vocab {V}; expected equal")
+    if mask_id >= V:
+        raise mismatch(f"dflash_config.mask_token_id {mask_id} >= target vocab {V}; expected an id < {V}")
+    n_target = cfg.int("num_target_layers") if cfg.get("num_target_layers", None) is not None else None
+    if n_target is not None and n_target != L:
+        raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
+
+    if "fc.weight" not in tensors:
+        raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
+    fc_shape = tensors.shape_of("fc.weight")
+    if len(fc_shape) != 2 or fc_shape[0] != H or fc_shape[1] % H or fc_shape[1] == 0:
+        raise mismatch(f"fc.weight shape {list(fc_shape)}; expected [{H}, n*{H}] (n target features of "
+                       f"the target hidden size {H})")
+    n = fc_shape[1] // H
+    how = "from dflash_config"
+    if dcfg.get("target_layer_ids", None) is None:
+        ids = default_target_layer_ids(n, L)
+        how = "by the default rule, dflash_config.target_layer_ids being absent"
+    else:
+        ids = tuple(dcfg.int_list("target_layer_ids", "a list of target layer indices"))
+        if len(ids) != n:
+            raise mismatch(f"dflash_config.target_layer_ids lists {len(ids)} layers but fc.weight has "
+                           f"{fc_shape[1]} = {n}*{H} columns; expected {n} ids")
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad:
+        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
+
+    shapes: Shapes = {
+        "fc.weight": ((H, n * H), "[hidden_size, n_features*hidden_size]"),
+        "hidden_norm.weight": ((H,), "[hidden_size]"),
+        "norm.weight": ((H,), "[hidden_size]"),
+    }
+    for i in range(depth):
+        shapes.update(layer_tensor_shapes(f"layers.{i}.", layer))
+    check_shapes(tensors, shapes, directory)
+    return DFlashSpec(
+        kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
+        mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors,
+    )

@@ -1,0 +1,154 @@
+"""Hugging Face checkpoint directories: ``config.json`` plus safetensors (one file or index shards).
+
+Expected layout::
+
+    <dir>/config.json                          # parsed as JSON data only; auto_map is never acted on
+    <dir>/model.safetensors                    # one file, or
+    <dir>/model.safetensors.index.json         # {"weight_map": {tensor name: shard file}} + the shards
+
+Tensors are memory-mapped with ``safetensors.safe_open`` and read on first access. Stored dtypes
+F32, F16 and BF16 are accepted; any other dtype is a ``BadTensor`` when that tensor is needed.
+Pickle checkpoints (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) are refused: we never unpickle.
+Nothing in the directory is imported or executed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from bloomery_cli.errors import BadTensor, InputError, MissingFile, Refused
+from bloomery_cli.formats.lazy import LazyTensors
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def refuse_pickle(path: Path) -> None:
+    """Raise ``Refused`` if ``path`` is a pickle checkpoint file."""
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise Refused(path, "a pickle checkpoint; we never unpickle (it can run code). "
+                            "Convert it to safetensors and pass the directory")
+
+
+def read_json(path: Path, what: str = "JSON file") -> dict[str, Any]:
+    """Read a JSON object; a missing file is ``MissingFile``, a bad one ``InputError`` naming the file."""
+    if not path.is_file():
+        raise MissingFile(path, f"missing; expected the {what}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"cannot parse the {what}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """``<directory>/config.json`` as a dict (data only)."""
+    return read_json(directory / "config.json", "model config (config.json)")
+
+
+class SafetensorsTensors(LazyTensors):
+    """HF tensor name -> torch tensor (stored dtype), read from memory-mapped safetensors files."""
+
+    def __init__(self, files: list[Path]):
+        super().__init__()
+        self.files = files
+        self._where: dict[str, Path] = {}
+        self._handles: dict[Path, Any] = {}
+        for f in files:
+            handle = _open(f)
+            self._handles[f] = handle
+            names = handle.keys()
+            for name in names:
+                if name in self._where:
+                    raise BadTensor(f"{f}: tensor {name}", f"also stored in {self._where[name]}; "
+                                                           "expected each tensor in one file")
+                self._where[name] = f
+
+    def _names(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def _slice(self, name: str) -> Any:
+        return self._handles[self._where[name]].get_slice(name)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._slice(name).get_shape())
+
+    def dtype_of(self, name: str) -> str:
+        return str(self._slice(name).get_dtype())
+
+    def file_of(self, name: str) -> Path:
+        return self._where[name]
+
+    def check_dtype(self, name: str) -> None:
+        dtype = self.dtype_of(name)
+        if dtype not in TORCH_DTYPES:
+            raise BadTensor(self.label(name), f"dtype {dtype}; expected one of {', '.join(TORCH_DTYPES)}")
+
+    def _load(self, name: str) -> torch.Tensor:
+        f = self._where[name]
+        try:
+            return self._handles[f].get_tensor(name)
+        except (SafetensorError, RuntimeError, OSError) as exc:
+            raise InputError(f, f"cannot read tensor {name}: {exc}") from None
+
+
+def _open(path: Path) -> Any:
+    if not path.is_file():
+        raise MissingFile(path, "missing; expected a safetensors file")
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise InputError(path, f"not a readable safetensors file (truncated or corrupt?): {exc}") from None
+
+
+def _shards_from_index(index_path: Path) -> tuple[dict[str, str], list[Path]]:
+    index = read_json(index_path, "safetensors shard index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(index_path, "expected a non-empty 'weight_map' object {tensor name: shard file}")
+    shards: list[Path] = []
+    for shard in weight_map.values():
+        if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
+            raise InputError(index_path, f"weight_map entry {shard!r}: expected a file name in this folder")
+        p = index_path.parent / shard
+        if p not in shards:
+            shards.append(p)
+    return weight_map, shards
+
+
+def open_safetensors_dir(directory: Path) -> SafetensorsTensors:
+    """All tensors of an HF directory: the shards of ``*.safetensors.index.json`` or every ``*.safetensors``.
+
+    Raises ``Refused`` when the directory holds only pickle weights, ``MissingFile`` when it holds none.
+    """
+    indexes = sorted(directory.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise InputError(directory, f"several shard indexes ({', '.join(p.name for p in indexes)}); "
+                                    "expected one *.safetensors.index.json")
+    if indexes:
+        weight_map, shards = _shards_from_index(indexes[0])
+        tensors = SafetensorsTensors(shards)
+        for name, shard in weight_map.items():
+            if name not in tensors or tensors.file_of(name).name != shard:
+                raise BadTensor(f"{directory / shard}: tensor {name}",
+                                f"listed in {indexes[0].name} but not in that file")
+        return tensors
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        return SafetensorsTensors(files)
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise Refused(directory, f"only pickle weights ({', '.join(pickles[:4])}); we never unpickle. "
+                                 "Convert them to safetensors")
+    raise MissingFile(directory, "no *.safetensors weights; expected model.safetensors or "
+                                 "model.safetensors.index.json with its shards")

@@ -1,0 +1,100 @@
+"""A read-only, lazy name -> tensor mapping shared by the checkpoint readers.
+
+Readers know every tensor's name, shape and dtype from the file header without reading the data;
+the data is read (and for GGUF, dequantized) on first ``__getitem__`` and cached. ``check_shapes``
+validates a set of expected shapes from the headers alone, so a bad checkpoint fails before any
+weight byte is touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from bloomery_cli.errors import BadTensor
+
+
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """Base class: subclasses implement ``_names``, ``_load``, ``shape_of``, ``dtype_of``, ``file_of``."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, torch.Tensor] = {}
+
+    # -- subclass hooks ------------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        raise NotImplementedError
+
+    def _load(self, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """Logical (numpy/torch order) shape of ``name``, from the header only."""
+        raise NotImplementedError
+
+    def dtype_of(self, name: str) -> str:
+        """Stored dtype as the file spells it (safetensors ``BF16``, GGUF ``Q8_0``)."""
+        raise NotImplementedError
+
+    def file_of(self, name: str) -> Path:
+        """The file holding ``name``."""
+        raise NotImplementedError
+
+    def label(self, name: str) -> str:
+        """How an error message names the tensor: ``<file>: <name as stored>``."""
+        return f"{self.file_of(name)}: tensor {name}"
+
+    def check_dtype(self, name: str) -> None:
+        """Raise ``BadTensor`` if ``name``'s stored dtype cannot be read."""
+
+    # -- Mapping -------------------------------------------------------------------------------
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        if name not in self:
+            raise KeyError(name)
+        self.check_dtype(name)
+        tensor = self._load(name)
+        self._cache[name] = tensor
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def clear_cache(self) -> None:
+        """Forget the tensors read so far (the next access reads the file again)."""
+        self._cache.clear()
+
+
+def _shape_and_label(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[tuple[int, ...], str]:
+    if isinstance(tensors, LazyTensors):
+        return tensors.shape_of(name), tensors.label(name)
+    return tuple(tensors[name].shape), f"tensor {name}"
+
+
+Shapes = Mapping[str, tuple[tuple[int, ...], str]]
+
+
+def check_shapes(tensors: Mapping[str, torch.Tensor], expected: Shapes, where: str | Path) -> None:
+    """Check that every ``name -> (shape, why)`` in ``expected`` is present with exactly that shape.
+
+    ``why`` spells the shape in config terms (``"[num_heads*head_dim, hidden_size]"``) for the message.
+    Raises ``BadTensor`` naming the tensor (and its file) with expected vs got. For lazy mappings the
+    dtype is checked too; nothing is read beyond the headers.
+    """
+    for name, (shape, why) in expected.items():
+        if name not in tensors:
+            raise BadTensor(f"{where}: tensor {name}", f"missing; expected shape {list(shape)} {why}")
+        got, label = _shape_and_label(tensors, name)
+        if tuple(got) != tuple(shape):
+            raise BadTensor(label, f"shape {list(got)}, expected {list(shape)} {why}")
+        if isinstance(tensors, LazyTensors):
+            tensors.check_dtype(name)

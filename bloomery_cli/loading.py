@@ -1,0 +1,59 @@
+"""Entry points that turn checkpoint paths into validated specs (see docs/INTERFACES.md).
+
+- ``load_target(path)``: a Qwen3 target from an HF directory (config.json + safetensors, one file or
+  shards) or a llama.cpp ``*.gguf`` file.
+- ``load_dflash(path, target)``: a DFlash drafter from an HF directory, checked to fit ``target``.
+- ``load_tokenizer(path)``: the ``tokenizer.json`` in the target directory or beside the GGUF.
+
+Every user error is a ``bloomery_cli.errors.InputError`` subclass whose one-line message names the
+file, key or tensor and what was expected. Tensors stay lazy (memory-mapped) until indexed. Pickle
+checkpoints are refused; nothing in a checkpoint directory is imported or executed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from bloomery_cli.errors import InputError, MissingFile
+from bloomery_cli.formats.dflash import dflash_from_hf
+from bloomery_cli.formats.gguf_file import is_gguf
+from bloomery_cli.formats.hf_dir import refuse_pickle
+from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
+from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
+from bloomery_cli.spec import DFlashSpec, ModelSpec
+
+__all__ = ["load_target", "load_dflash", "load_tokenizer"]
+
+
+def _existing(path: str | Path, role: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise MissingFile(p, f"no such file or directory; expected the {role}")
+    if p.is_file():
+        refuse_pickle(p)
+    return p
+
+
+def load_target(path: str | Path) -> ModelSpec:
+    """The target model at ``path``: an HF directory or a ``*.gguf`` file (only Qwen3 for now)."""
+    p = _existing(path, "target checkpoint (an HF directory or a .gguf file)")
+    if p.is_dir():
+        return qwen3_from_hf(p)
+    if is_gguf(p):
+        return qwen3_from_gguf(p)
+    raise InputError(p, "expected an HF directory (config.json + *.safetensors) or a .gguf file")
+
+
+def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:
+    """The DFlash drafter in the HF directory ``path``; raises ``Mismatch`` if it does not fit ``target``."""
+    p = _existing(path, "DFlash draft directory")
+    if not p.is_dir():
+        raise InputError(p, "expected the DFlash draft's HF directory (config.json + *.safetensors)")
+    return dflash_from_hf(p, target)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """``tokenizers.Tokenizer`` for the target at ``path`` (``MissingFile`` if tokenizer.json is absent)."""
+    return _load_tokenizer(_existing(path, "target checkpoint"))
