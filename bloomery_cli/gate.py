@@ -137,15 +137,15 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     max_len = max(len(p) for p in prompts) + n + b + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
     draft = gate.make_draft(draft_spec, engine, max_len)
-    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors), target_resident=tensor_bytes(target_spec.tensors),
-                **gate.describe(draft_spec))
+    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
+                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec))
     for line in gate.anchors:
         report.note(line)
 
     # (r) the kernels against the float64 host reference, on the first prompt
     ref = family.reference(target_spec, prompts[0])
     prefill = engine.prefill(prompts[0], logits=True)
-    check_target(report, target_spec, prefill, ref, opts.dtype)
+    check_target(report, family, target_spec, prefill, ref, opts.dtype)
     gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref, opts.dtype))
 
     # (w) lossless: drafted ids == plain ids, per prompt

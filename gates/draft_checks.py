@@ -6,12 +6,26 @@ from bloomery_cli.bands import layer_band, logits_band, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck
 
+from ..reference.families.qwen3 import RefOut
+from ..reference.ops.norm import rms_norm
+from ..reference.weights import as_f64
 from .targets import greedy_flips, to_np
 
 
+def kernel_taps(c: DraftCheck) -> RefOut:
+    """The engine's own target taps over the prompt, in float64, shaped as the reference's RefOut.
+
+    The draft's reference reads these (not the target reference's taps), so a draft line measures the
+    draft alone: the target's error was already checked layer by layer."""
+    hidden = to_np(c.prefill.taps)
+    w = as_f64(c.target_spec)
+    final = rms_norm(hidden[-1], w["model.norm.weight"], c.target_spec.layer.rms_eps)
+    return RefOut(logits=to_np(c.prefill.logits), hidden=hidden, final=final)
+
+
 def draft_depth_band(c: DraftCheck, extra_layers: int, logits: bool):
-    """The draft reads target taps up to layer max(l_j)+1, then fc (one layer's worth) and its own layers."""
-    depth = max(c.draft_spec.target_layer_ids) + 1 + 1 + extra_layers
+    """From the target taps: fc + hidden_norm (one layer's worth of ops), then the draft's own layers."""
+    depth = 1 + extra_layers
     seq = len(c.prompt) + c.draft_spec.block_size
     fn = logits_band if logits else layer_band
     return fn(c.dtype, c.target_spec.layer, depth, seq)

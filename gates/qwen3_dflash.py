@@ -11,7 +11,7 @@ from bloomery_cli.spec import DFlashSpec
 
 from ..kernels.drafts.dflash import DFlashDraft
 from ..reference.drafts import dflash as ref_dflash
-from .draft_checks import check_block
+from .draft_checks import check_block, kernel_taps
 from .fixtures import FIXTURES, PROMPTS
 
 
@@ -19,7 +19,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
-    ref = ref_dflash.forward(c.draft_spec, c.target_spec, c.ref, anchor)
+    ref = ref_dflash.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor)
     check_block(report, c, "dflash", got, ref)
 
 

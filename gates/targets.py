@@ -15,6 +15,8 @@ from bloomery_cli.spec import ModelSpec
 
 from ..kernels.families.qwen3 import Pass, Qwen3Target
 from ..reference.families import qwen3 as ref_qwen3
+from ..reference.ops.attention import causal_mask
+from ..reference.weights import as_f64
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Family:
     key: str
     engine: type
     reference: Callable            # (spec, ids) -> RefOut
+    reference_layer: Callable      # (spec, l, h_in [T, H] f64) -> layer l's output [T, H], positions 0..T-1
     oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
 
 
@@ -30,7 +33,12 @@ def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
     return hf_qwen3_logits(spec, ids)
 
 
-FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _hf_qwen3)}
+def _qwen3_layer(spec: ModelSpec, l: int, h: np.ndarray) -> np.ndarray:
+    t = len(h)
+    return ref_qwen3.decoder_layer(spec.layer, as_f64(spec), f"model.layers.{l}.", h, np.arange(t), causal_mask(t))
+
+
+FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -44,14 +52,17 @@ def greedy_flips(got_logits: np.ndarray, ref_logits: np.ndarray, band) -> tuple[
     return len(differ), sum(flip_excused(ref_logits[r], band) for r in differ)
 
 
-def check_target(report: Report, spec: ModelSpec, prefill: Pass, ref, dtype: str) -> None:
-    """(r) lines for every layer output, the logits and the greedy ids of the prompt rows."""
+def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass, ref, dtype: str) -> None:
+    """(r) lines: each layer on its own (the kernel's input to layer l fed to the reference's layer l,
+    band of one layer, so a deep model's accumulated error cannot hide a broken layer), then the
+    logits end to end (band of the whole depth) and the greedy ids of the prompt rows."""
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
-    for l in range(1, spec.num_layers + 1):
-        band = layer_band(dtype, shape, l, t)
-        report.reference(f"target layer {l - 1} out [{t}x{spec.hidden_size}]", taps[l].size,
-                         worst_rel(taps[l], ref.hidden[l]), band.value)
+    band = layer_band(dtype, shape, 1, t)
+    for l in range(spec.num_layers):
+        want = family.reference_layer(spec, l, taps[l])
+        report.reference(f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1].size,
+                         worst_rel(taps[l + 1], want), band.value)
     band = logits_band(dtype, shape, spec.num_layers, t)
     got = to_np(prefill.logits)
     report.reference(f"target logits [{t}x{spec.vocab_size}]", got.size, worst_rel(got, ref.logits), band.value)
