@@ -51,8 +51,9 @@ class Report:
 
     # --- the contract's lines, in order ---
     def header(self, target: str, draft: str, device: str, dtype: str, n: int, prompts: int) -> None:
-        self.facts.update(gate=self.name, target=target, draft=draft, device=device, dtype=dtype, n=n, prompts=prompts)
-        self.line(f"gate {self.name} " + kv(target=target, draft=draft, device=device, dtype=dtype, n=n, prompts=prompts))
+        head = {"target": target, "draft": draft, "device": device, "dtype": dtype, "n": n, "prompts": prompts}
+        self.facts.update(gate=self.name, **head)
+        self.line(f"gate {self.name} " + kv(**head))
 
     def load(self, kind: str, **sizes: Any) -> None:
         self.facts["load"] = {"draft": kind, **sizes}

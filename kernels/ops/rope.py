@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 
-def rope_tables(head_dim: int, theta: float, length: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(head_dim: int, theta: float, length: int,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [length, head_dim] in float32."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
     angle = torch.arange(length, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
