@@ -8,11 +8,11 @@ import importlib.util
 
 import numpy as np
 import pytest
-from bloomery_gates.reference.families import qwen3
 from test_reference import IDS, SHAPE, tiny_qwen3
 
 from bloomery_cli import bands, oracle
 from bloomery_cli.errors import InputError
+from bloomery_gates.reference.families import qwen3
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                               reason="transformers not installed (pip install '.[dev]')")
