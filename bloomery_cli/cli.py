@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import EXIT_INPUT, InputError
@@ -29,7 +30,7 @@ out = Console()
 
 
 def fail_input(e: InputError) -> None:
-    err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INPUT)
 
 
@@ -107,7 +108,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:
-            err.print(f"[bold red]error:[/] {g.name}: {e}", highlight=False)
+            err.print(f"[bold red]error:[/] {g.name}: {escape(str(e))}", highlight=False, soft_wrap=True)
             rows.append((g.name, "ERROR", "-", "-", "-", f"{time.perf_counter() - t0:.1f}s"))
             worst = max(worst, EXIT_INPUT)
             continue
@@ -147,7 +148,7 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
 
     problems = verify(out_dir)
     for p in problems:
-        err.print(f"[red]{p}[/]", highlight=False)
+        err.print(f"[red]{escape(p)}[/]", highlight=False, soft_wrap=True)
     if problems:
         raise typer.Exit(1)
     out.print(f"fixtures in {out_dir}: every file matches MANIFEST.json")
@@ -157,5 +158,5 @@ def main() -> None:
     try:
         app()
     except InputError as e:   # a reader error outside a command's own handling
-        err.print(f"error: {e}", highlight=False)
+        err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_INPUT)

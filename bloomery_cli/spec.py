@@ -69,3 +69,25 @@ class DFlashSpec:
     target_layer_ids: tuple[int, ...]
     vocab_size: int
     tensors: Tensors = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DSparkSpec:
+    """A DSpark block drafter (DRAFTERS.md section 4, DeepSpec layout): the DFlash backbone fields (same
+    names, so DFlash's context-feature code reads it) plus the Markov head (``markov_rank`` r, type
+    ``markov_head_type``) and the optional confidence head. Tensors may carry ``embed_tokens.weight`` /
+    ``lm_head.weight`` copies; absent, the target's are used. Anchor-first: B rows give B drafts.
+    """
+
+    kind: str                      # "dspark"
+    source: Path
+    layer: LayerShape
+    num_layers: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    vocab_size: int
+    markov_rank: int
+    markov_head_type: str
+    confidence: bool
+    tensors: Tensors = field(repr=False)

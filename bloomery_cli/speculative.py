@@ -33,6 +33,11 @@ class Draft(Protocol):
     def accept(self, kept: int, taps: torch.Tensor) -> None: ...
 
 
+def emitted_ids(argmax: list[int], kept: int) -> list[int]:
+    """The ids a window emits: the target's argmax of every kept row, the bonus (last) one included."""
+    return argmax[:kept]
+
+
 def kept_rows(proposals: list[int], argmax: list[int]) -> int:
     """1 + the longest prefix r with proposals[r] == argmax[r]."""
     k = 0
@@ -69,7 +74,7 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
             target.commit(kept)
             if draft is not None:
                 draft.accept(kept, v.taps)
-        out.extend(v.argmax[:kept])
+        out.extend(emitted_ids(v.argmax, kept))
         if draft is not None:
             tally.add(len(proposals), kept)
     tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))

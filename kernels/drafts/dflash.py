@@ -92,18 +92,23 @@ class DFlashDraft:
         """The verify kept ``kept`` rows starting at the last anchor's position."""
         self.extend(taps[:, :kept], self.ctx_len)
 
+    def block_allowed(self, s: int) -> torch.Tensor:
+        """[B, cap + B]: every block row sees context positions < s and all B block rows (no mask)."""
+        ctx = (self.key_pos < s)[None, :].expand(self.b, -1)
+        return torch.cat([ctx, torch.ones(self.b, self.b, dtype=torch.bool, device=self.device)], dim=1)
+
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
         s, b = self.ctx_len, self.b
         ids = block_ids(torch.tensor([anchor], device=self.device), self.spec.mask_token_id, b)
         h = F.embedding(ids, self.embed)                                                # [1, B, H]
         cos, sin = self.cos[s:s + b], self.sin[s:s + b]
-        allowed = torch.cat([self.key_pos < s, torch.ones(b, dtype=torch.bool, device=self.device)])
+        allowed = self.block_allowed(s)
         outs = []
         for i, w in enumerate(self.layers):
             def with_context(q, k, v, i=i):
                 keys = torch.cat([self.k_ctx[i], k], dim=2)
                 vals = torch.cat([self.v_ctx[i], v], dim=2)
-                return attend(q, keys, vals, allowed[None, :])
+                return attend(q, keys, vals, allowed)
             h = decoder_layer(h, w, self.shape, cos, sin, with_context)
             outs.append(h[0])
         logits = F.linear(rms_norm(h[0, 1:], self.norm, self.shape.rms_eps), self.head)  # [B-1, V]

@@ -1,0 +1,136 @@
+"""The target as a llama.cpp GGUF (arch "qwen3"), written with ``gguf.GGUFWriter``.
+
+Tensor names as llama.cpp's converter writes them; Qwen3 uses NEOX RoPE in llama.cpp, so q/k rows are
+stored unpermuted. Matrices are stored BF16 (bit-exact copies of the bf16 weights), norms F32 (exact
+widening). No ``output.weight``: the head is tied to ``token_embd.weight``. GGUFWriter takes arrays in
+logical numpy order ([out, in]) and records the ggml dims reversed ([in, out]); ``read_gguf`` undoes
+both and is what the tests compare against the HF tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from .tokenizer_train import GGUF_PRE, SPECIALS, merges_list, vocab_list
+from .train import TargetShape
+
+ARCH = "qwen3"
+_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf: str) -> str:
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    if hf.startswith("model.layers."):
+        i, rest = hf[len("model.layers."):].split(".", 1)
+        return f"blk.{int(i)}.{_LAYER[rest]}"
+    raise KeyError(f"no GGUF name for tensor {hf}")
+
+
+def hf_name(name: str) -> str:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name.startswith("blk."):
+        i, rest = name[len("blk."):].split(".", 1)
+        inv = {v: k for k, v in _LAYER.items()}
+        return f"model.layers.{int(i)}.{inv[rest]}"
+    raise KeyError(f"no HF name for GGUF tensor {name}")
+
+
+def _ordered(params: Mapping[str, torch.Tensor], shape: TargetShape) -> list[str]:
+    names = ["model.embed_tokens.weight"]
+    for i in range(shape.num_layers):
+        names += [f"model.layers.{i}.{k}" for k in _LAYER]
+    names.append("model.norm.weight")
+    if "lm_head.weight" in params:
+        names.append("lm_head.weight")
+    missing = set(params) ^ set(names)
+    if missing:
+        raise KeyError(f"tensor set differs from the Qwen3 layout: {sorted(missing)}")
+    return names
+
+
+def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
+                      name: str = "qwen3-tiny") -> Path:
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    w.add_block_count(shape.num_layers)
+    w.add_context_length(shape.max_position)
+    w.add_embedding_length(shape.hidden_size)
+    w.add_feed_forward_length(shape.intermediate_size)
+    w.add_head_count(shape.num_heads)
+    w.add_head_count_kv(shape.num_kv_heads)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_freq_base(float(shape.rope_theta))
+    w.add_layer_norm_rms_eps(float(shape.rms_eps))
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    # tokenizer (byte-level BPE, as convert_hf_to_gguf writes a Qwen2/3 vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(GGUF_PRE)
+    tokens = vocab_list(tok)
+    w.add_token_list(tokens)
+    w.add_token_types([int(gguf.TokenType.CONTROL) if t in SPECIALS else int(gguf.TokenType.NORMAL)
+                       for t in tokens])
+    w.add_token_merges(merges_list(tok))
+    eot = tok.token_to_id(SPECIALS[0])
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(eot)
+    w.add_pad_token_id(eot)
+    w.add_add_bos_token(False)
+    for hf in _ordered(params, shape):
+        t = params[hf].detach().to("cpu")
+        if t.ndim >= 2:
+            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
+            w.add_tensor(gguf_name(hf), raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(gguf_name(hf), t.to(torch.bfloat16).float().numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def read_gguf(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """(HF-named float32 arrays in logical [out, in] order, metadata dict) straight from GGUFReader."""
+    r = gguf.GGUFReader(str(path))
+    tensors: dict[str, np.ndarray] = {}
+    for t in r.tensors:
+        logical = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = gguf.quants.dequantize(t.data, t.tensor_type).reshape(logical)
+        tensors[hf_name(t.name)] = np.asarray(arr, dtype=np.float32)
+    meta: dict[str, object] = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        meta[k] = f.contents()
+    return tensors, meta

@@ -1,0 +1,110 @@
+"""fixtures/MANIFEST.json: every file's sha256 and size, how the fixtures were made, and what they scored.
+
+``verify(out_dir)`` recomputes the hashes; it returns one line per problem (an empty list is a pass).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MANIFEST_NAME = "MANIFEST.json"
+FORMAT = "bloomery-fixtures/1"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+@dataclass
+class Manifest:
+    files: dict[str, dict] = field(default_factory=dict)          # relpath (POSIX) -> {sha256, bytes}
+    made_by: dict = field(default_factory=dict)                   # command, seeds, versions, device
+    corpus: dict = field(default_factory=dict)
+    tokenizer: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)                    # name -> config summary, training, scores
+    prompts: dict = field(default_factory=dict)
+    format: str = FORMAT
+
+    def add_files(self, root: Path, paths: list[Path]) -> None:
+        for p in sorted(paths):
+            rel = p.relative_to(root).as_posix()
+            self.files[rel] = file_entry(p)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(e["bytes"]) for e in self.files.values())
+
+    def to_json(self) -> str:
+        body = {
+            "format": self.format,
+            "total_bytes": self.total_bytes,
+            "files": dict(sorted(self.files.items())),
+            "made_by": self.made_by,
+            "corpus": self.corpus,
+            "tokenizer": self.tokenizer,
+            "prompts": self.prompts,
+            "models": self.models,
+        }
+        return json.dumps(body, indent=2) + "\n"
+
+    def write(self, root: Path) -> Path:
+        path = Path(root) / MANIFEST_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, root: Path) -> Manifest:
+        d = json.loads((Path(root) / MANIFEST_NAME).read_text())
+        return cls(files=d.get("files", {}), made_by=d.get("made_by", {}), corpus=d.get("corpus", {}),
+                   tokenizer=d.get("tokenizer", {}), models=d.get("models", {}), prompts=d.get("prompts", {}),
+                   format=d.get("format", ""))
+
+
+def verify(out_dir: Path) -> list[str]:
+    """Problems with ``out_dir`` against its manifest: missing, resized or changed files, files the
+    manifest does not list (hidden files and caches ignored), an unreadable manifest."""
+    root = Path(out_dir)
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        return [f"{mpath}: missing (run `bloomery fixtures build`)"]
+    try:
+        man = Manifest.read(root)
+    except (OSError, ValueError) as e:
+        return [f"{mpath}: unreadable ({e})"]
+    if man.format != FORMAT:
+        return [f"{mpath}: format {man.format!r}, expected {FORMAT!r}"]
+    problems = []
+    for rel, want in sorted(man.files.items()):
+        p = root / rel
+        if not p.is_file():
+            problems.append(f"{p}: missing (listed in {MANIFEST_NAME})")
+            continue
+        size = p.stat().st_size
+        if size != int(want["bytes"]):
+            problems.append(f"{p}: {size} bytes, manifest says {want['bytes']}")
+            continue
+        got = sha256_file(p)
+        if got != want["sha256"]:
+            problems.append(f"{p}: sha256 {got[:16]}..., manifest says {str(want['sha256'])[:16]}...")
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not p.is_file() or rel == MANIFEST_NAME or any(part.startswith(".") or part == "__pycache__"
+                                                          for part in rel.split("/")):
+            continue
+        if rel not in man.files:
+            problems.append(f"{p}: not listed in {MANIFEST_NAME}")
+    return problems

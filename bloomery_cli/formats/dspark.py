@@ -1,0 +1,141 @@
+"""DSpark block drafters (DeepSpec layout, DRAFTERS.md section 4): ``DSparkSpec`` from an HF directory.
+
+config.json: architectures contains "Qwen3DSparkModel"; the Qwen3 layer keys of the draft stack
+(hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
+rope); num_hidden_layers = draft depth. The DSpark keys may sit at the top level or inside a
+``dspark_config`` or ``dflash_config`` object (the same value twice is fine, two values are a
+``BadConfig``): block_size (>= 1; B rows give B drafts), mask_token_id (required), target_layer_ids
+(optional, DFlash's default rule when absent), markov_rank r (required, >= 0; 0 = no Markov head),
+markov_head_type (default "low_rank"; the only type built), enable_confidence_head (default false).
+Optional vocab_size / num_target_layers are checked against the target.
+
+Tensors (H hidden, V vocab, n features): the DFlash set fc.weight [H, n*H], hidden_norm.weight [H],
+norm.weight [H], layers.{i}.* (a Qwen3 layer); optional embed_tokens.weight [V, H] and
+lm_head.weight [V, H] (the drafter's own copies, else the target's are used);
+markov_head.markov_w1.weight [V, r] and markov_head.markov_w2.weight [V, r] when r > 0
+(logits_k += W2 . W1[x_{k-1}]); confidence_head.proj.weight [1, H + r] and .bias [1] when the
+confidence head is enabled (c_k = sigmoid(proj . [h_k ; W1[x_{k-1}]] + bias)).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bloomery_cli.errors import BadTensor, Mismatch
+from bloomery_cli.formats.config import Cfg
+from bloomery_cli.formats.dflash import default_target_layer_ids
+from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
+from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
+from bloomery_cli.spec import DSparkSpec, ModelSpec
+
+ARCHITECTURE = "Qwen3DSparkModel"
+BUILT_MARKOV_HEADS = ("low_rank",)
+NESTED = ("dspark_config", "dflash_config")
+
+
+def find_key(cfg: Cfg, key: str) -> Cfg | None:
+    """The Cfg (top level, dspark_config or dflash_config) that holds ``key``; None if none does.
+
+    Raises ``BadConfig`` when two places hold different values.
+    """
+    holders = [c for c in (cfg, *(cfg.sub(n) for n in NESTED)) if c.get(key, None) is not None]
+    for other in holders[1:]:
+        if other.get(key) != holders[0].get(key):
+            raise other.bad(key, f"{other.get(key)!r}, but {holders[0].prefix}{key} is "
+                                 f"{holders[0].get(key)!r}; expected one value")
+    return holders[0] if holders else None
+
+
+def _need(cfg: Cfg, key: str, what: str) -> Cfg:
+    where = find_key(cfg, key)
+    if where is None:
+        raise cfg.bad(key, f"missing (also in {' / '.join(NESTED)}); expected {what}")
+    return where
+
+
+def _optional(cfg: Cfg, key: str, default: Any) -> Any:
+    where = find_key(cfg, key)
+    return default if where is None else where.get(key)
+
+
+def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
+    """A DSpark drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
+    cfg = Cfg(read_config(directory), directory / "config.json")
+    tensors = open_safetensors_dir(directory)  # headers only
+    archs = cfg.get("architectures", what=f'a list containing "{ARCHITECTURE}"')
+    if not isinstance(archs, list) or ARCHITECTURE not in archs:
+        raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{ARCHITECTURE}\"")
+    layer = layer_shape_from_hf(cfg)
+    depth = cfg.int("num_hidden_layers")
+    block = _need(cfg, "block_size", "the block size B >= 1").int("block_size", minimum=1)
+    mask_id = _need(cfg, "mask_token_id", "the mask token id").int("mask_token_id", minimum=0)
+    rank = _need(cfg, "markov_rank", "the Markov head rank r >= 0 (0: no Markov head)").int("markov_rank", minimum=0)
+    head_type = _optional(cfg, "markov_head_type", BUILT_MARKOV_HEADS[0])
+    if head_type not in BUILT_MARKOV_HEADS:
+        where = find_key(cfg, "markov_head_type") or cfg
+        raise where.bad("markov_head_type", f"{head_type!r} is not built; built Markov head types: "
+                                            f"{', '.join(BUILT_MARKOV_HEADS)}")
+    conf = _optional(cfg, "enable_confidence_head", False)
+    if not isinstance(conf, bool):
+        raise (find_key(cfg, "enable_confidence_head") or cfg).bad("enable_confidence_head",
+                                                                    f"{conf!r}; expected true or false")
+
+    def mismatch(problem: str) -> Mismatch:
+        return Mismatch(f"draft {directory} vs target {target.source}", problem)
+
+    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
+    if layer.hidden_size != H:
+        raise mismatch(f"draft hidden_size {layer.hidden_size} != target hidden size {H}; "
+                       "expected equal (the draft reads the target's features)")
+    draft_vocab = cfg.int("vocab_size") if cfg.get("vocab_size", None) is not None else None
+    if draft_vocab is not None and draft_vocab != V:
+        raise mismatch(f"draft vocab_size {draft_vocab} != target vocab {V}; expected equal")
+    if mask_id >= V:
+        raise mismatch(f"mask_token_id {mask_id} >= target vocab {V}; expected an id < {V}")
+    n_target = _optional(cfg, "num_target_layers", None)
+    if n_target is not None and n_target != L:
+        raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
+
+    if "fc.weight" not in tensors:
+        raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
+    fc_shape = tensors.shape_of("fc.weight")
+    if len(fc_shape) != 2 or fc_shape[0] != H or fc_shape[1] % H or fc_shape[1] == 0:
+        raise mismatch(f"fc.weight shape {list(fc_shape)}; expected [{H}, n*{H}] (n target features of "
+                       f"the target hidden size {H})")
+    n = fc_shape[1] // H
+    ids_at = find_key(cfg, "target_layer_ids")
+    if ids_at is None:
+        ids, how = default_target_layer_ids(n, L), "by the default rule, target_layer_ids being absent"
+    else:
+        ids, how = tuple(ids_at.int_list("target_layer_ids", "a list of target layer indices")), "from the config"
+        if len(ids) != n:
+            raise mismatch(f"target_layer_ids lists {len(ids)} layers but fc.weight has {fc_shape[1]} = {n}*{H} "
+                           f"columns; expected {n} ids")
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad:
+        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
+
+    shapes: Shapes = {
+        "fc.weight": ((H, n * H), "[hidden_size, n_features*hidden_size]"),
+        "hidden_norm.weight": ((H,), "[hidden_size]"),
+        "norm.weight": ((H,), "[hidden_size]"),
+    }
+    for i in range(depth):
+        shapes.update(layer_tensor_shapes(f"layers.{i}.", layer))
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            shapes[name] = ((V, H), "[target vocab_size, hidden_size] (the drafter's own copy)")
+    if rank > 0 or "markov_head.markov_w1.weight" in tensors:
+        for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
+            shapes[name] = ((V, rank), f"[target vocab_size, markov_rank] (markov_rank {rank})")
+    if conf:
+        shapes["confidence_head.proj.weight"] = ((1, H + rank), f"[1, hidden_size + markov_rank] ({H} + {rank})")
+        shapes["confidence_head.proj.bias"] = ((1,), "[1]")
+    check_shapes(tensors, shapes, directory)
+    return DSparkSpec(
+        kind="dspark", source=directory, layer=layer, num_layers=depth, block_size=block, mask_token_id=mask_id,
+        target_layer_ids=ids, vocab_size=V, markov_rank=rank, markov_head_type=head_type, confidence=conf,
+        tensors=tensors,
+    )
