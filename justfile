@@ -7,7 +7,7 @@ setup:
 
 # the test suite (GPU-only tests skip with a reason on CPU)
 test *ARGS:
-    python3 -m pytest -q {{ARGS}}
+    pytest -q {{ARGS}}
 
 # every gate on the bundled fixtures, then a summary table
 gates device="cpu" dtype="f32":
