@@ -80,12 +80,21 @@ Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against tra
 @gate_app.command("run")
 def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery gate list`).")],
              target: Target = None, draft: DraftOpt = None, device: Device = "cpu", dtype: Dtype = "f32",
-             n: N = None, prompts: Prompts = None, json: Json = None, oracle: Oracle = False) -> None:
+             n: N = None, prompts: Prompts = None, json: Json = None, oracle: Oracle = False,
+             confidence_cut: Annotated[float | None, typer.Option(
+                 "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
+                 "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
+                 "accept_mean change, and ids must stay identical.")] = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
 
     gate = lookup(name)
-    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle)
+    extra = {}
+    if confidence_cut is not None:
+        if not 0.0 <= confidence_cut <= 1.0:
+            fail_input(InputError("--confidence-cut", f"{confidence_cut}: expected a threshold in [0, 1]"))
+        extra["confidence_cut"] = confidence_cut
+    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:

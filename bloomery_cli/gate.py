@@ -54,6 +54,7 @@ class GateOptions:
     json: Path | None = None
     oracle: bool = False
     max_prompts: int | None = None
+    draft_options: dict[str, Any] = field(default_factory=dict)   # e.g. {"confidence_cut": 0.5}
 
 
 @dataclass
@@ -118,6 +119,11 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     device = resolve_device(opts.device)
     if opts.dtype not in DTYPES:
         raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
+    unknown = sorted(set(opts.draft_options) - set(gate.options))
+    if unknown:
+        flag = "--" + unknown[0].replace("_", "-")
+        raise InputError(flag, f"gate {gate.name} does not act on it (it takes: "
+                               f"{', '.join('--' + k.replace('_', '-') for k in gate.options) or 'no draft options'})")
     n = opts.n or gate.n
     if n < 2:
         raise InputError("-n", f"{n}: need at least 2 ids to compare")
@@ -136,9 +142,9 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     b = gate.block(draft_spec)
     max_len = max(len(p) for p in prompts) + n + b + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
-    draft = gate.make_draft(draft_spec, engine, max_len)
+    draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
     report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
-                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec))
+                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options))
     for line in gate.anchors:
         report.note(line)
 

@@ -57,3 +57,27 @@ def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """``tokenizers.Tokenizer`` for the target at ``path`` (``MissingFile`` if tokenizer.json is absent)."""
     return _load_tokenizer(_existing(path, "target checkpoint"))
+
+
+from bloomery_cli.formats.dspark import dspark_from_hf  # noqa: E402
+from bloomery_cli.spec import DSparkSpec  # noqa: E402
+
+
+def load_dspark(path: str | Path, target: ModelSpec) -> DSparkSpec:
+    """The DSpark drafter (DeepSpec layout) in the HF directory ``path``; ``Mismatch`` if it does not fit."""
+    p = _existing(path, "DSpark draft directory")
+    if not p.is_dir():
+        raise InputError(p, "expected the DSpark draft's HF directory (config.json + *.safetensors)")
+    return dspark_from_hf(p, target)
+
+
+from bloomery_cli.formats.dflash2 import dflash2_from_hf  # noqa: E402
+from bloomery_cli.spec import DFlash2Spec  # noqa: E402
+
+
+def load_dflash2(path: str | Path, target: ModelSpec) -> DFlash2Spec:
+    """The DFlash2 drafter in the HF directory ``path``; raises ``Mismatch`` if it does not fit ``target``."""
+    p = _existing(path, "DFlash2 draft directory")
+    if not p.is_dir():
+        raise InputError(p, "expected the DFlash2 draft's HF directory (config.json + *.safetensors)")
+    return dflash2_from_hf(p, target)

@@ -91,3 +91,31 @@ class DSparkSpec:
     markov_head_type: str
     confidence: bool
     tensors: Tensors = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DFlash2Spec:
+    """A DFlash2 block drafter (DRAFTERS.md section 3): the DFlash backbone fields (same names, so
+    DFlash's context-feature code reads it) plus the grouped dynamic depthwise conv (kernel size
+    ``conv_kernel_size`` T, group ``conv_group_size`` g, G = H / g kernels per side and tap) and the
+    low-rank top-K path selector (rank ``selector_rank`` r, ``selector_top_k`` K). Head logits are
+    ``head(h) * output_multiplier``, then ``c * tanh(l / c)`` when ``final_logit_softcapping`` c is set;
+    block rows enter as ``E(y) * input_embedding_scale``. B-1 drafts per block (DFlash's convention).
+    """
+
+    kind: str                      # "dflash2"
+    source: Path
+    layer: LayerShape
+    num_layers: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    vocab_size: int
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    tensors: Tensors = field(repr=False)
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    input_embedding_scale: float = 1.0

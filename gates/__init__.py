@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
-from . import qwen3_dflash
+from . import qwen3_dflash, qwen3_dspark
 
-GATES = {g.name: g for g in (qwen3_dflash.GATE,)}
+GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE)}
+
+from . import qwen3_dflash2  # noqa: E402
+
+GATES[qwen3_dflash2.GATE.name] = qwen3_dflash2.GATE

@@ -127,3 +127,9 @@ def test_gguf_target_ok_shape(tmp_path):
     path, _ = make_qwen3_gguf(tmp_path / "t.gguf")
     assert load_target(path).num_layers == 2
     assert dflash_config()["architectures"] == ["DFlashDraftModel"]
+
+
+def test_flag_the_gate_does_not_act_on(pair):
+    target, draft, prompts = pair
+    assert_input_error(run("--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                           "--confidence-cut", "0.5"), "--confidence-cut", "qwen3-dflash")

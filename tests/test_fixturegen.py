@@ -235,7 +235,18 @@ def test_tiny_build_end_to_end(tmp_path):
 
     out = tmp_path / "fixtures"
     calls = []
-    man = build(out, "cpu", config=_tiny_config(), quiet=True, progress=lambda *a: calls.append(a))
+
+    def extra(ctx):                                  # the hook other drafters (DFlash2, DSpark) plug into
+        assert ctx.pool.ndim == 2 and ctx.held_greedy.shape[1] == ctx.pool.shape[1]
+        assert set(ctx.target_params) == set(ctx.target_spec.tensors)
+        d = ctx.work / "extra-draft"
+        d.mkdir()
+        (d / "config.json").write_text("{}\n")
+        return "extra-draft", [d / "config.json"], {"note": "planted"}
+
+    man = build(out, "cpu", config=_tiny_config(), quiet=True, progress=lambda *a: calls.append(a),
+                extra_drafters=[extra])
+    assert man.models["extra-draft"] == {"note": "planted"} and "extra-draft/config.json" in man.files
     assert calls and build_verify(out) == []
     assert not (tmp_path / ".fixtures-work").exists()
     assert man.total_bytes < 12 * 1024 * 1024
@@ -264,7 +275,6 @@ def test_tiny_build_end_to_end(tmp_path):
     assert any("qwen3-tiny/config.json" in x for x in build_verify(out))
 
 
-@pytest.mark.slow
 def test_build_is_reproducible(tmp_path):
     _needs_kernels()
     from bloomery_cli.fixturegen.build import build

@@ -1,0 +1,145 @@
+"""DSpark block drafter, float64 host reference (DRAFTERS.md section 4). No cache: one call = one block.
+
+The backbone is DFlash's (reference.drafts.dflash): context features u [s, H] from the target's taps,
+block rows y = [x_s, m, ..., m] (B rows) at positions s..s+B-1, bidirectional attention over
+[u ; block]. What differs is the read-out, ANCHOR-FIRST (the opposite of DFlash's infill rows):
+
+    h_k   = rms(layer_out[-1][k], norm)                        k = 0..B-1             [B, H]
+    base  = h head^T                                            head: the drafter's lm_head copy if
+                                                                it has one, else the target's   [B, V]
+    prev_0 = x_s (the anchor);  prev_k = d_{k-1} for k >= 1     serial over the rows
+    e_k   = W1[prev_k]                                          markov_w1 [V, r] row            [r]
+    logits_k = base_k + W2 e_k                                  markov_w2 [V, r]                [V]
+    d_k   = argmax logits_k (lowest index on ties)              row k predicts the token at s+k+1
+    z_k   = proj . [h_k ; e_k] + bias,  c_k = sigmoid(z_k)      confidence head (when enabled)
+
+B rows give B drafts. The embedding E() of the block rows is the drafter's embed_tokens copy when
+it has one, else the target's. With r = 0 (or W2 = 0) the drafts are the per-row argmax of base.
+
+Cut rule (``cut_length``): with a threshold t > 0 the proposal keeps the drafts before the first k
+with c_k < t, but always at least one (a 2-row verify costs about what a 1-row step costs); t <= 0
+or no confidence head keeps all B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bloomery_cli.spec import DSparkSpec, ModelSpec
+
+from ..families.qwen3 import RefOut, embed, head_weight, mlp, self_attention
+from ..ops.norm import rms_norm
+from ..weights import as_f64
+from .dflash import context_features
+
+
+@dataclass(frozen=True)
+class DSparkRefOut:
+    """One block. logits [B, V] (Markov term included; row k predicts the token at s+k+1); base [B, V]
+    the head's logits alone; layer_out [n_layers, B, H] (each draft layer's output, before the final
+    norm); ids [B] the drafts; prev [B] the previous id each row's Markov term read; confidence [B]
+    (ones without a confidence head) and conf_logits [B] (None without one); u [s, H]; final [B, H]."""
+
+    logits: np.ndarray
+    base: np.ndarray
+    layer_out: np.ndarray
+    ids: np.ndarray
+    prev: np.ndarray
+    confidence: np.ndarray
+    conf_logits: np.ndarray | None
+    u: np.ndarray
+    final: np.ndarray
+
+
+def draft_embed(draft: DSparkSpec, target: ModelSpec, ids: Sequence[int]) -> np.ndarray:
+    """E(ids) [T, H]: the drafter's embed_tokens copy when present, else the target's embedding."""
+    if "embed_tokens.weight" in draft.tensors:
+        return as_f64(draft)["embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
+    return embed(target, ids)
+
+
+def draft_head(draft: DSparkSpec, target: ModelSpec) -> np.ndarray:
+    """The LM head [V, H]: the drafter's lm_head copy when present, else the target's head."""
+    return as_f64(draft)["lm_head.weight"] if "lm_head.weight" in draft.tensors else head_weight(target)
+
+
+def backbone(draft: DSparkSpec, target: ModelSpec, u: np.ndarray, anchor_id: int) -> np.ndarray:
+    """DFlash's block layers over rows [x_s, m x (B-1)] at positions s..s+B-1 (s = len(u)), no mask.
+
+    Returns layer_out [n_layers, B, H]."""
+    shape, w, b, s = draft.layer, as_f64(draft), draft.block_size, len(u)
+    h = draft_embed(draft, target, [anchor_id] + [draft.mask_token_id] * (b - 1))
+    pos_q, pos_kv, no_mask = np.arange(s, s + b), np.arange(s + b), np.ones((b, s + b), dtype=bool)
+    out = []
+    for i in range(draft.num_layers):
+        p = f"layers.{i}."
+        a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
+        h = h + self_attention(shape, w, p + "self_attn.", a, np.concatenate([u, a], axis=0), pos_q, pos_kv,
+                               no_mask)
+        h = h + mlp(w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps))
+        out.append(h)
+    return np.stack(out)
+
+
+def markov_rows(draft: DSparkSpec, prev: Sequence[int]) -> np.ndarray:
+    """e_k = W1[prev_k] for each row: [len(prev), r] (r = 0: an empty [n, 0])."""
+    if draft.markov_rank == 0:
+        return np.zeros((len(prev), 0))
+    return as_f64(draft)["markov_head.markov_w1.weight"][np.asarray(prev, dtype=np.int64)]
+
+
+def markov_term(draft: DSparkSpec, e: np.ndarray) -> np.ndarray:
+    """W2 e_k for rows e [n, r] -> [n, V] (zeros when r = 0)."""
+    if draft.markov_rank == 0:
+        return np.zeros((len(e), draft.vocab_size))
+    return e @ as_f64(draft)["markov_head.markov_w2.weight"].T
+
+
+def cut_length(confidence: np.ndarray, threshold: float) -> int:
+    """Drafts kept: before the first k with c_k < t, at least 1; all of them when t <= 0."""
+    b = len(confidence)
+    if threshold <= 0:
+        return b
+    low = np.nonzero(np.asarray(confidence) < threshold)[0]
+    return b if len(low) == 0 else max(1, int(low[0]))
+
+
+def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, s: int | None = None,
+            prev: Sequence[int] | None = None) -> DSparkRefOut:
+    """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``).
+
+    taps: the target reference's ``forward`` over at least s ids; anchor_id: x_s (at position s).
+    prev: None runs the serial greedy chain (prev_0 = anchor, prev_k = d_{k-1}); a list of B ids
+    teacher-forces the Markov inputs instead (the gate passes [anchor, kernel drafts[:-1]] so that a
+    kernel's logits compare row by row even past an excused greedy flip).
+    """
+    t = taps.hidden.shape[1]
+    s = t if s is None else s
+    if not 1 <= s <= t:
+        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    b, w = draft.block_size, as_f64(draft)
+    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
+        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
+    u = context_features(draft, taps, s)
+    layer_out = backbone(draft, target, u, anchor_id)
+    final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
+    base = final @ draft_head(draft, target).T
+    if prev is None:
+        chain = [anchor_id]
+        for k in range(b - 1):
+            row = base[k] + markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0]
+            chain.append(int(np.argmax(row)))
+        prev = chain
+    prev = np.asarray(prev, dtype=np.int64)
+    e = markov_rows(draft, prev)
+    logits = base + markov_term(draft, e)
+    conf_logits, confidence = None, np.ones(b)
+    if draft.confidence:
+        z = np.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]
+        conf_logits = z + w["confidence_head.proj.bias"][0]
+        confidence = 1.0 / (1.0 + np.exp(-conf_logits))
+    return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=np.argmax(logits, axis=-1), prev=prev,
+                        confidence=confidence, conf_logits=conf_logits, u=u, final=final)
