@@ -169,3 +169,7 @@ def main() -> None:
     except InputError as e:   # a reader error outside a command's own handling
         err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_INPUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,10 @@ import torch
 
 
 def git_commit() -> str:
+    """The checkout's commit (``-dirty`` when tracked files changed); $BLOOMERY_COMMIT where there is no
+    git checkout (a copied working tree on the device machine)."""
+    if os.environ.get("BLOOMERY_COMMIT"):
+        return os.environ["BLOOMERY_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)

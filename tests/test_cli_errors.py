@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest_formats import dflash_config, make_dflash, make_qwen3_gguf, make_qwen3_hf, write_tokenizer
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from conftest_formats import dflash_config, make_dflash, make_qwen3_gguf, make_qwen3_hf, write_tokenizer
 
 runner = CliRunner()
 

@@ -19,8 +19,9 @@ def _budget(ctx: DraftContext) -> dict:
 
 
 def _mask_id(ctx: DraftContext) -> int:
-    from . import tokenizer_train
     from tokenizers import Tokenizer
+
+    from . import tokenizer_train
 
     return Tokenizer.from_file(str(ctx.work / "tokenizer.json")).token_to_id(tokenizer_train.MASK)
 
