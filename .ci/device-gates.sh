@@ -13,9 +13,9 @@ log="$OUT/results/gates-cuda-bf16.log"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } | tee "$log"
-python3 -m bloomery_cli.cli gates --device cuda --dtype bf16 --results "$OUT/results" 2>&1 | tee -a "$log"
+python3 -P -m bloomery_cli.cli gates --device cuda --dtype bf16 --results "$OUT/results" 2>&1 | tee -a "$log"
 gates=${PIPESTATUS[0]}
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/ 2>&1 | tail -25 | tee "$OUT/results/pytest-gpu.log"
-python3 -m bloomery_cli.bench_dflash2 --device cuda --json "$OUT/results/bench-dflash2-kernels.json" 2>&1 \
+python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/ 2>&1 | tail -25 | tee "$OUT/results/pytest-gpu.log"
+python3 -P -m bloomery_cli.bench_dflash2 --device cuda --json "$OUT/results/bench-dflash2-kernels.json" 2>&1 \
   | tee "$OUT/results/bench-dflash2-kernels.log"
 exit "$gates"

@@ -18,14 +18,15 @@ from tokenizers import Tokenizer
 
 from bloomery_cli.errors import InputError, MissingFile
 from bloomery_cli.formats.dflash import dflash_from_hf
+from bloomery_cli.formats.dflash2 import dflash2_from_hf
+from bloomery_cli.formats.dspark import dspark_from_hf
 from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
-from bloomery_cli.spec import DFlashSpec, ModelSpec
+from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
 
-__all__ = ["load_target", "load_dflash", "load_tokenizer"]
-
+__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_tokenizer"]
 
 def _existing(path: str | Path, role: str) -> Path:
     p = Path(path).expanduser()
@@ -34,7 +35,6 @@ def _existing(path: str | Path, role: str) -> Path:
     if p.is_file():
         refuse_pickle(p)
     return p
-
 
 def load_target(path: str | Path) -> ModelSpec:
     """The target model at ``path``: an HF directory or a ``*.gguf`` file (only Qwen3 for now)."""
@@ -45,7 +45,6 @@ def load_target(path: str | Path) -> ModelSpec:
         return qwen3_from_gguf(p)
     raise InputError(p, "expected an HF directory (config.json + *.safetensors) or a .gguf file")
 
-
 def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:
     """The DFlash drafter in the HF directory ``path``; raises ``Mismatch`` if it does not fit ``target``."""
     p = _existing(path, "DFlash draft directory")
@@ -53,15 +52,9 @@ def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:
         raise InputError(p, "expected the DFlash draft's HF directory (config.json + *.safetensors)")
     return dflash_from_hf(p, target)
 
-
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """``tokenizers.Tokenizer`` for the target at ``path`` (``MissingFile`` if tokenizer.json is absent)."""
     return _load_tokenizer(_existing(path, "target checkpoint"))
-
-
-from bloomery_cli.formats.dspark import dspark_from_hf  # noqa: E402
-from bloomery_cli.spec import DSparkSpec  # noqa: E402
-
 
 def load_dspark(path: str | Path, target: ModelSpec) -> DSparkSpec:
     """The DSpark drafter (DeepSpec layout) in the HF directory ``path``; ``Mismatch`` if it does not fit."""
@@ -69,11 +62,6 @@ def load_dspark(path: str | Path, target: ModelSpec) -> DSparkSpec:
     if not p.is_dir():
         raise InputError(p, "expected the DSpark draft's HF directory (config.json + *.safetensors)")
     return dspark_from_hf(p, target)
-
-
-from bloomery_cli.formats.dflash2 import dflash2_from_hf  # noqa: E402
-from bloomery_cli.spec import DFlash2Spec  # noqa: E402
-
 
 def load_dflash2(path: str | Path, target: ModelSpec) -> DFlash2Spec:
     """The DFlash2 drafter in the HF directory ``path``; raises ``Mismatch`` if it does not fit ``target``."""

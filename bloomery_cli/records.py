@@ -51,6 +51,7 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=2, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)                      # mkstemp makes 0600; a record is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

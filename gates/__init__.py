@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from . import qwen3_dflash, qwen3_dspark
+from . import qwen3_dflash, qwen3_dflash2, qwen3_dspark
 
-GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE)}
-
-from . import qwen3_dflash2  # noqa: E402
-
-GATES[qwen3_dflash2.GATE.name] = qwen3_dflash2.GATE
+GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2.GATE)}
