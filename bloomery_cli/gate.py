@@ -160,8 +160,13 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     plain_runs = []
     for i, p in enumerate(prompts):
         plain = generate(engine, None, p, n)
-        drafted = generate(engine, draft, p, n)
         plain_runs.append(plain.ids)
+        try:
+            drafted = generate(engine, draft, p, n)
+        except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
+            all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
+                                     f"{type(e).__name__}: {e}", False)
+            continue
         all_same &= report.ids(i, plain.ids, drafted.ids)
         per_prompt.append(drafted.tally)
     pooled = Tally()
