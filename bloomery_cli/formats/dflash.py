@@ -26,7 +26,7 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes
 from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
-from bloomery_cli.spec import DFlashSpec, ModelSpec
+from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -82,6 +82,19 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     if n_target is not None and n_target != L:
         raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
 
+    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch)
+    shapes = backbone_shapes(H, len(ids), depth, layer)
+    check_shapes(tensors, shapes, directory)
+    return DFlashSpec(
+        kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
+        mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors,
+    )
+
+
+def feature_layer_ids(directory, tensors, target: ModelSpec, holder: Cfg | None, mismatch) -> tuple[int, ...]:
+    """The target layers whose outputs a block drafter reads: n = fc.weight columns / H features, ids from
+    ``holder.target_layer_ids`` (or the default rule when absent), each checked against the target."""
+    H, L = target.hidden_size, target.num_layers
     if "fc.weight" not in tensors:
         raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
     fc_shape = tensors.shape_of("fc.weight")
@@ -89,28 +102,27 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
         raise mismatch(f"fc.weight shape {list(fc_shape)}; expected [{H}, n*{H}] (n target features of "
                        f"the target hidden size {H})")
     n = fc_shape[1] // H
-    how = "from dflash_config"
-    if dcfg.get("target_layer_ids", None) is None:
-        ids = default_target_layer_ids(n, L)
-        how = "by the default rule, dflash_config.target_layer_ids being absent"
+    where = f"{holder.prefix}target_layer_ids" if holder is not None else "target_layer_ids"
+    if holder is None or holder.get("target_layer_ids", None) is None:
+        ids, how = default_target_layer_ids(n, L), f"by the default rule, {where} being absent"
     else:
-        ids = tuple(dcfg.int_list("target_layer_ids", "a list of target layer indices"))
+        ids, how = tuple(holder.int_list("target_layer_ids", "a list of target layer indices")), f"from {where}"
         if len(ids) != n:
-            raise mismatch(f"dflash_config.target_layer_ids lists {len(ids)} layers but fc.weight has "
-                           f"{fc_shape[1]} = {n}*{H} columns; expected {n} ids")
+            raise mismatch(f"{where} lists {len(ids)} layers but fc.weight has {fc_shape[1]} = {n}*{H} "
+                           f"columns; expected {n} ids")
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
         raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
+    return ids
 
+
+def backbone_shapes(hidden: int, n_features: int, depth: int, layer: LayerShape) -> Shapes:
+    """The DFlash backbone every block drafter shares: fc, hidden_norm, norm and ``depth`` Qwen3 layers."""
     shapes: Shapes = {
-        "fc.weight": ((H, n * H), "[hidden_size, n_features*hidden_size]"),
-        "hidden_norm.weight": ((H,), "[hidden_size]"),
-        "norm.weight": ((H,), "[hidden_size]"),
+        "fc.weight": ((hidden, n_features * hidden), "[hidden_size, n_features*hidden_size]"),
+        "hidden_norm.weight": ((hidden,), "[hidden_size]"),
+        "norm.weight": ((hidden,), "[hidden_size]"),
     }
     for i in range(depth):
         shapes.update(layer_tensor_shapes(f"layers.{i}.", layer))
-    check_shapes(tensors, shapes, directory)
-    return DFlashSpec(
-        kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
-        mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors,
-    )
+    return shapes

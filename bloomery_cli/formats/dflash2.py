@@ -22,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bloomery_cli.errors import BadTensor, Mismatch
+from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import _block_size, default_target_layer_ids
+from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes
-from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
+from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf
 from bloomery_cli.spec import DFlash2Spec, ModelSpec
 
 ARCHITECTURE = "DFlash2DraftModel"
@@ -120,31 +120,9 @@ def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     cap = _opt_float(cfg, dcfg, "final_logit_softcapping", None)
     emb_scale = _opt_float(cfg, dcfg, "input_embedding_scale", 1.0)
 
-    if "fc.weight" not in tensors:
-        raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
-    fc_shape = tensors.shape_of("fc.weight")
-    if len(fc_shape) != 2 or fc_shape[0] != H or fc_shape[1] % H or fc_shape[1] == 0:
-        raise mismatch(f"fc.weight shape {list(fc_shape)}; expected [{H}, n*{H}] (n target features)")
-    n = fc_shape[1] // H
-    if dcfg.get("target_layer_ids", None) is None:
-        ids, how = default_target_layer_ids(n, L), "by the default rule"
-    else:
-        ids, how = tuple(dcfg.int_list("target_layer_ids", "a list of target layer indices")), "from dflash_config"
-        if len(ids) != n:
-            raise mismatch(f"dflash_config.target_layer_ids lists {len(ids)} layers but fc.weight has "
-                           f"{fc_shape[1]} = {n}*{H} columns; expected {n} ids")
-    bad = [i for i in ids if not 0 <= i < L]
-    if bad:
-        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
-
-    shapes: Shapes = {
-        "fc.weight": ((H, n * H), "[hidden_size, n_features*hidden_size]"),
-        "hidden_norm.weight": ((H,), "[hidden_size]"),
-        "norm.weight": ((H,), "[hidden_size]"),
-        **selector_tensor_shapes(V, H, r),
-    }
+    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch)
+    shapes = {**backbone_shapes(H, len(ids), depth, layer), **selector_tensor_shapes(V, H, r)}
     for i in range(depth):
-        shapes.update(layer_tensor_shapes(f"layers.{i}.", layer))
         shapes.update(conv_tensor_shapes(f"layers.{i}.", t, H, g))
     check_shapes(tensors, shapes, directory)
     return DFlash2Spec(

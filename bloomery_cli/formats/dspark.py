@@ -22,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bloomery_cli.errors import BadTensor, Mismatch
+from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import default_target_layer_ids
+from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes
-from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
+from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.spec import DSparkSpec, ModelSpec
 
 ARCHITECTURE = "Qwen3DSparkModel"
@@ -98,32 +98,8 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
     if n_target is not None and n_target != L:
         raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
 
-    if "fc.weight" not in tensors:
-        raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
-    fc_shape = tensors.shape_of("fc.weight")
-    if len(fc_shape) != 2 or fc_shape[0] != H or fc_shape[1] % H or fc_shape[1] == 0:
-        raise mismatch(f"fc.weight shape {list(fc_shape)}; expected [{H}, n*{H}] (n target features of "
-                       f"the target hidden size {H})")
-    n = fc_shape[1] // H
-    ids_at = find_key(cfg, "target_layer_ids")
-    if ids_at is None:
-        ids, how = default_target_layer_ids(n, L), "by the default rule, target_layer_ids being absent"
-    else:
-        ids, how = tuple(ids_at.int_list("target_layer_ids", "a list of target layer indices")), "from the config"
-        if len(ids) != n:
-            raise mismatch(f"target_layer_ids lists {len(ids)} layers but fc.weight has {fc_shape[1]} = {n}*{H} "
-                           f"columns; expected {n} ids")
-    bad = [i for i in ids if not 0 <= i < L]
-    if bad:
-        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
-
-    shapes: Shapes = {
-        "fc.weight": ((H, n * H), "[hidden_size, n_features*hidden_size]"),
-        "hidden_norm.weight": ((H,), "[hidden_size]"),
-        "norm.weight": ((H,), "[hidden_size]"),
-    }
-    for i in range(depth):
-        shapes.update(layer_tensor_shapes(f"layers.{i}.", layer))
+    ids = feature_layer_ids(directory, tensors, target, find_key(cfg, "target_layer_ids"), mismatch)
+    shapes = backbone_shapes(H, len(ids), depth, layer)
     for name in ("embed_tokens.weight", "lm_head.weight"):
         if name in tensors:
             shapes[name] = ((V, H), "[target vocab_size, hidden_size] (the drafter's own copy)")
