@@ -71,30 +71,21 @@ class DFlashSpec:
     tensors: Tensors = field(repr=False)
 
 
-@dataclass(frozen=True)
-class DSparkSpec:
-    """A DSpark block drafter (DRAFTERS.md section 4, DeepSpec layout): the DFlash backbone fields (same
-    names, so DFlash's context-feature code reads it) plus the Markov head (``markov_rank`` r, type
-    ``markov_head_type``) and the optional confidence head. Tensors may carry ``embed_tokens.weight`` /
-    ``lm_head.weight`` copies; absent, the target's are used. Anchor-first: B rows give B drafts.
+@dataclass(frozen=True, kw_only=True)
+class DSparkSpec(DFlashSpec):
+    """A DSpark block drafter (DRAFTERS.md section 4, DeepSpec layout): the DFlash backbone plus the Markov
+    head (``markov_rank`` r, type ``markov_head_type``) and the optional confidence head. Tensors may carry
+    ``embed_tokens.weight`` / ``lm_head.weight`` copies; absent, the target's are used. Anchor-first: B rows
+    give B drafts.
     """
 
-    kind: str                      # "dspark"
-    source: Path
-    layer: LayerShape
-    num_layers: int
-    block_size: int
-    mask_token_id: int
-    target_layer_ids: tuple[int, ...]
-    vocab_size: int
     markov_rank: int
     markov_head_type: str
     confidence: bool
-    tensors: Tensors = field(repr=False)
 
 
-@dataclass(frozen=True)
-class DFlash2Spec:
+@dataclass(frozen=True, kw_only=True)
+class DFlash2Spec(DFlashSpec):
     """A DFlash2 block drafter (DRAFTERS.md section 3): the DFlash backbone fields (same names, so
     DFlash's context-feature code reads it) plus the grouped dynamic depthwise conv (kernel size
     ``conv_kernel_size`` T, group ``conv_group_size`` g, G = H / g kernels per side and tap) and the
@@ -103,19 +94,10 @@ class DFlash2Spec:
     block rows enter as ``E(y) * input_embedding_scale``. B-1 drafts per block (DFlash's convention).
     """
 
-    kind: str                      # "dflash2"
-    source: Path
-    layer: LayerShape
-    num_layers: int
-    block_size: int
-    mask_token_id: int
-    target_layer_ids: tuple[int, ...]
-    vocab_size: int
     conv_kernel_size: int
     conv_group_size: int
     selector_rank: int
     selector_top_k: int
-    tensors: Tensors = field(repr=False)
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0

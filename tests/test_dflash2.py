@@ -60,7 +60,9 @@ def make_dflash2(target, seed=1, layers=2, block=4, layer_ids=(0, 1), t=2, g=8, 
     tens["candidate_selector.successor_codebook"] = torch.randn(v, r, generator=gen)
     ids = base.target_layer_ids if base is not None else layer_ids
     blk = base.block_size if base is not None else block
-    return DFlash2Spec("dflash2", Path("memory"), s, layers, blk, v - 1, tuple(ids), v, t, g, r, k, tens, **extra)
+    return DFlash2Spec(kind="dflash2", source=Path("memory"), layer=s, num_layers=layers, block_size=blk,
+                       mask_token_id=v - 1, target_layer_ids=tuple(ids), vocab_size=v, tensors=tens,
+                       conv_kernel_size=t, conv_group_size=g, selector_rank=r, selector_top_k=k, **extra)
 
 
 def propose(target, d, impl="torch", prompt=PROMPT, dtype=torch.float32, device="cpu"):

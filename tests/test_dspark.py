@@ -47,8 +47,9 @@ def make_dspark(target, seed: int = 2, block: int = 5, rank: int = 6, confidence
     if confidence:
         t["confidence_head.proj.weight"] = torch.randn(1, h + rank, generator=gen) * 0.3
         t["confidence_head.proj.bias"] = torch.full((1,), 0.5)
-    return DSparkSpec("dspark", Path("memory"), target.layer, 1, block, V - 1, tuple(layer_ids), V, rank, "low_rank",
-                      confidence, t)
+    return DSparkSpec(kind="dspark", source=Path("memory"), layer=target.layer, num_layers=1, block_size=block,
+                      mask_token_id=V - 1, target_layer_ids=tuple(layer_ids), vocab_size=V, tensors=t,
+                      markov_rank=rank, markov_head_type="low_rank", confidence=confidence)
 
 
 def with_tensors(d: DSparkSpec, **changes) -> DSparkSpec:
