@@ -4,8 +4,10 @@ run plain and drafted, print the contract, write the record. Pairs supply a `Gat
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,20 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+@contextmanager
+def progress_bar(what: str, total: int):
+    """A transient rich bar on a terminal; nothing at all when stdout is not a tty (CI logs, pipes)."""
+    if not sys.stdout.isatty():
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)
+
+
 def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
     """Raises InputError before anything is printed past the header when the run cannot start."""
     from bloomery_gates.gates.targets import FAMILIES, check_target
@@ -158,17 +174,20 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     per_prompt: list[Tally] = []
     all_same = True
     plain_runs = []
-    for i, p in enumerate(prompts):
-        plain = generate(engine, None, p, n)
-        plain_runs.append(plain.ids)
-        try:
-            drafted = generate(engine, draft, p, n)
-        except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
-            all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
-                                     f"{type(e).__name__}: {e}", False)
-            continue
-        all_same &= report.ids(i, plain.ids, drafted.ids)
-        per_prompt.append(drafted.tally)
+    with progress_bar(f"{gate.name}: plain + drafted runs", len(prompts)) as advance:
+        for i, p in enumerate(prompts):
+            plain = generate(engine, None, p, n)
+            plain_runs.append(plain.ids)
+            try:
+                drafted = generate(engine, draft, p, n)
+            except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
+                all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
+                                         f"{type(e).__name__}: {e}", False)
+                continue
+            finally:
+                advance()
+            all_same &= report.ids(i, plain.ids, drafted.ids)
+            per_prompt.append(drafted.tally)
     pooled = Tally()
     for t in per_prompt:
         pooled = pooled.merge(t)

@@ -40,3 +40,29 @@ def test_drafted_equals_plain_on_random_pair(tiny_target, tiny_dflash):
     drafted = generate(eng, DFlashDraft(tiny_dflash, eng, 128), prompt, 40)
     assert drafted.ids == plain.ids
     assert drafted.tally.windows > 0 and drafted.tally.windows < 40
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), min_size=9, max_size=9))
+def test_kept_is_one_plus_longest_matching_prefix(proposals, argmax):
+    k = kept_rows(proposals, argmax)
+    assert 1 <= k <= len(proposals) + 1
+    assert proposals[: k - 1] == argmax[: k - 1]                      # every kept proposal matched
+    if k <= len(proposals):
+        assert proposals[k - 1] != argmax[k - 1]                      # and the first rejected one did not
+
+
+@given(st.lists(st.tuples(st.integers(1, 7), st.integers(0, 7)), min_size=1, max_size=40))
+def test_tally_rates_are_consistent(windows):
+    t = Tally()
+    for proposed, accepted in windows:
+        t.add(proposed, min(accepted, proposed) + 1)
+    assert sum(t.histogram()) == t.windows
+    assert abs(t.accept_mean - 1 - t.accepts / t.windows) < 1e-12
+    pa, pc = t.pos_accept(), t.pos_accept_cond()
+    assert all(0.0 <= x <= 1.0 for x in pa + pc)
+    assert all(a >= b for a, b in zip(pa, pa[1:], strict=False))     # unconditional rate never rises
+    assert pa[0] == pc[0]
