@@ -136,6 +136,20 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     raise typer.Exit(1 if worst == 1 else worst)
 
 
+@app.command("inventory")
+def inventory(files: Annotated[list[Path], typer.Argument(help="GGUF / safetensors files, shards or HF dirs.")],
+              markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the tables here "
+                                                            "as markdown.")] = None) -> None:
+    """Header-only inventory: tensors by group, bytes, metadata, active bytes per token, and which draft
+    path the file would take (MTP in-file, MTP sidecar, block draft, none) and why."""
+    from .inventory import inventory_command
+
+    try:
+        inventory_command(files, markdown, console=out)
+    except InputError as e:
+        fail_input(e)
+
+
 @fixtures_app.command("build")
 def fixtures_build(out_dir: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("fixtures"),
                    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
