@@ -90,7 +90,7 @@ class Report:
 
     def acceptance(self, pooled: Tally, per_prompt: list[Tally], verify_rows: int) -> None:
         facts = {
-            "accept_mean": round(pooled.accept_mean, 4), "accept_mean_macro": round(macro_accept_mean(per_prompt), 4),
+            "accept_mean": round(pooled.accept_mean, 6), "accept_mean_macro": round(macro_accept_mean(per_prompt), 6),
             "windows": pooled.windows, "kept": pooled.histogram(),
             "pos_accept": [round(x, 4) for x in pooled.pos_accept()],
             "pos_accept_cond": [round(x, 4) for x in pooled.pos_accept_cond()],

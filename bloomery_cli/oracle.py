@@ -109,3 +109,85 @@ def hf_qwen3(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> H
 def hf_qwen3_logits(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> np.ndarray:
     """HF transformers' Qwen3ForCausalLM float64 logits [T, V] on the spec's weights."""
     return hf_qwen3(spec, ids, promote_f32).logits
+
+
+# ---------------------------------------------------------------------------------------------- qwen38
+
+class Float32AsFloat64:
+    """A ``TorchFunctionMode`` (built lazily) under which every float32 request in HF's code runs in float64:
+    ``Tensor.float()`` becomes ``Tensor.double()`` and a ``torch.float32`` dtype argument (``.to(...)``,
+    ``dtype=`` of ``softmax`` / ``arange`` / ...) becomes ``torch.float64``. HF's Qwen3.5 code has float32
+    islands the qwen3 promotion does not reach (the Gated DeltaNet casts q/k/v/beta/g to float32 and
+    computes g from ``A_log.float()``, its gated norm normalises in float32, the rotary table is float32),
+    and this lifts all of them without touching the wiring: the layer code that runs is HF's own."""
+
+    def __new__(cls):
+        from torch.overrides import TorchFunctionMode
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = dict(kwargs or {})
+                if func is torch.Tensor.float:
+                    func = torch.Tensor.double
+                if kwargs.get("dtype") is torch.float32:
+                    kwargs["dtype"] = torch.float64
+                args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+                return func(*args, **kwargs)
+
+        return _Mode()
+
+
+def qwen38_hf_config(spec: ModelSpec) -> Any:
+    """transformers' ``Qwen3_5TextConfig`` carrying the spec's numbers (eager attention)."""
+    tf = _transformers()
+    ls, hy = spec.layer, spec.hybrid
+    config = tf.Qwen3_5TextConfig(
+        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads,
+        head_dim=ls.head_dim, rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
+        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta,
+                         "partial_rotary_factor": hy.partial_rotary_factor},
+        tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False, hidden_act="silu",
+        layer_types=list(hy.layer_types), linear_conv_kernel_dim=hy.linear_conv_kernel_dim,
+        linear_key_head_dim=hy.linear_key_head_dim, linear_value_head_dim=hy.linear_value_head_dim,
+        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads,
+    )
+    config._attn_implementation = "eager"
+    return config
+
+
+def build_hf_qwen38(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
+    """A float64 ``Qwen3_5ForCausalLM`` on CPU carrying the spec's trunk weights (eval mode; ``mtp.*``
+    tensors are not part of that class and are left out, as HF's own loader ignores them). With
+    ``promote_f32`` it is built under ``Float32AsFloat64`` (so its rotary table is float64 too)."""
+    tf = _transformers()
+    if spec.family != "qwen38":
+        raise InputError(spec.source, f"the HF qwen38 oracle covers family qwen38, not {spec.family!r}")
+    import contextlib
+    with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
+        model = tf.Qwen3_5ForCausalLM(qwen38_hf_config(spec)).to(torch.float64).eval()
+    state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items() if not n.startswith("mtp.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    allowed_missing = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+    if unexpected or set(missing) - allowed_missing:
+        raise InputError(spec.source, f"HF Qwen3_5 state dict mismatch: missing {sorted(set(missing) - allowed_missing)}, "
+                                      f"unexpected {sorted(unexpected)}")
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def hf_qwen38(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:
+    """HF's Qwen3_5ForCausalLM logits and hidden_states for one sequence (positions 0..T-1, no cache)."""
+    import contextlib
+    model = build_hf_qwen38(spec, promote_f32)
+    input_ids = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.no_grad(), Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
+        out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+    hidden = torch.stack([h[0] for h in out.hidden_states])
+    return HFOut(logits=out.logits[0].numpy(), hidden_states=hidden.numpy())
+
+
+def hf_qwen38_logits(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> np.ndarray:
+    """HF transformers' Qwen3_5ForCausalLM float64 logits [T, V] on the spec's weights."""
+    return hf_qwen38(spec, ids, promote_f32).logits

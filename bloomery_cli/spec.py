@@ -101,3 +101,74 @@ class DFlash2Spec(DFlashSpec):
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """The qwen38 hybrid's extra numbers (HF model_type ``qwen3_5`` text config; GGUF arch ``qwen35``).
+
+    ``layer_types[l]`` is ``"linear_attention"`` (a Gated DeltaNet layer) or ``"full_attention"`` (gated
+    attention: the q projection also yields the output gate). Attention layers rotate the first
+    ``rotary_dim = int(head_dim * partial_rotary_factor)`` channels of each head (rotate-half within them).
+    Gated DeltaNet: nk key heads of width dk, nv value heads of width dv (value head j reads key head
+    j // (nv / nk)), a depthwise causal conv of ``linear_conv_kernel_dim`` K taps over the
+    ``conv_dim = 2 nk dk + nv dv`` projected channels. ``mtp_num_hidden_layers`` counts the shipped
+    next-token layers (``mtp.*``; 0 when absent); they are not part of the trunk.
+    """
+
+    layer_types: tuple[str, ...]
+    partial_rotary_factor: float
+    rotary_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    mtp_num_hidden_layers: int = 0
+
+    @property
+    def key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def is_linear(self, layer: int) -> bool:
+        return self.layer_types[layer] == "linear_attention"
+
+
+@dataclass(frozen=True)
+class Qwen38Spec(ModelSpec):
+    """A qwen38 target (family ``"qwen38"``): a ``ModelSpec`` whose ``layer`` holds the full-attention
+    layers' numbers (heads, head_dim, MLP width, eps, rope_theta) plus ``hybrid``. Norm weights are stored
+    zero-centred as HF stores them (gain 1 + w), except the Gated DeltaNet's output norm (gain w)."""
+
+    hybrid: HybridShape
+
+
+@dataclass(frozen=True)
+class MTPSpec:
+    """An MTP / NextN head shipped with a qwen38 (Qwen3.5/3.8) target (DRAFTERS.md section 1).
+
+    Canonical HF names under ``mtp.``: ``mtp.fc.weight`` [H, 2H] (input [E(tok) ; h], embedding
+    first), ``mtp.pre_fc_norm_embedding.weight``, ``mtp.pre_fc_norm_hidden.weight``, ``mtp.norm.weight``
+    [H], and one gated full-attention decoder layer ``mtp.layers.0.*`` (q_proj [2*nh*d, H] = query and
+    output gate per head, k/v/o, q/k_norm, input/post_attention_layernorm, mlp). Every norm weight is
+    zero-centred (applied as 1 + w); a GGUF's baked-in +1 is taken off by the reader. ``rotary_dim``:
+    the first channels of each head that RoPE rotates (partial RoPE). The embedding and head are the
+    target's.
+    """
+
+    kind: str                      # "mtp"
+    source: Path
+    source_format: str             # "hf" | "gguf"
+    layer: LayerShape
+    rotary_dim: int
+    num_layers: int                # nextn layers (1 is what the kernels implement)
+    vocab_size: int
+    tensors: Tensors = field(repr=False)
