@@ -168,9 +168,9 @@ def build_hf_qwen38(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Modul
         model = tf.Qwen3_5ForCausalLM(qwen38_hf_config(spec)).to(torch.float64).eval()
     state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items() if not n.startswith("mtp.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    allowed_missing = {"lm_head.weight"} if spec.tie_word_embeddings else set()
-    if unexpected or set(missing) - allowed_missing:
-        raise InputError(spec.source, f"HF Qwen3_5 state dict mismatch: missing {sorted(set(missing) - allowed_missing)}, "
+    missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
+    if unexpected or missing:
+        raise InputError(spec.source, f"HF Qwen3_5 state dict mismatch: missing {missing}, "
                                       f"unexpected {sorted(unexpected)}")
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -14,7 +14,9 @@ from bloomery_cli.contract import Report
 from bloomery_cli.spec import ModelSpec
 
 from ..kernels.families.qwen3 import Pass, Qwen3Target
+from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import qwen3 as ref_qwen3
+from ..reference.families import qwen38 as ref_qwen38
 from ..reference.ops.attention import causal_mask
 from ..reference.weights import as_f64
 
@@ -38,7 +40,13 @@ def _qwen3_layer(spec: ModelSpec, l: int, h: np.ndarray) -> np.ndarray:
     return ref_qwen3.decoder_layer(spec.layer, as_f64(spec), f"model.layers.{l}.", h, np.arange(t), causal_mask(t))
 
 
-FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3)}
+def _hf_qwen38(spec: ModelSpec, ids: list[int]) -> np.ndarray:
+    from bloomery_cli.oracle import hf_qwen38_logits
+    return hf_qwen38_logits(spec, ids)
+
+
+FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3),
+            "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,248 @@
+"""Qwen3.5 / 3.6 / 3.8 dense hybrid ("qwen38") on the device (torch, CPU or CUDA): its layers, a
+differentiable full forward, and the target engine the speculative loop drives. The math is written out
+in ``reference.families.qwen38``; here: norms n1(x, w) = rms(x) * (1 + w) with the gain 1 + w formed in
+float32 (``norm_gain``), rows x [N, R, H].
+
+Engine state, per layer kind:
+  full_attention   static KV cache [nkv, cap, d] cut by position (as qwen3): rows past the commit point
+                   are masked out by position and overwritten by the next pass.
+  linear_attention conv tail [K-1, C] and recurrent state [nv, dk, dv] (float32). A verify of R rows keeps
+                   its conv buffer [tail ; R rows] and the state after EVERY row [R, nv, dk, dv]; commit(k)
+                   selects tail = buffer[k : k+K-1] and state = states[k-1]: the state after row k-1,
+                   restored without re-running anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from bloomery_cli.spec import Qwen38Spec
+
+from ..ops.attention import attend
+from ..ops.causal_conv import causal_conv, with_tail
+from ..ops.gated_deltanet import delta_chunked, delta_scan, gated_rms_norm, gates, prepare_qk
+from ..ops.mlp import swiglu
+from ..ops.norm import rms_norm
+from ..ops.rope import apply_rope, rope_tables
+from .qwen3 import Pass
+
+T = torch.Tensor
+Scan = Callable[[T, T, T, T, T], T]      # (q, k, v, g, b) prepared f32 -> o [N, R, nv, dv]
+
+
+def norm_gain(w: T) -> T:
+    """The zero-centred norm's gain 1 + w, float32 (HF: ``output * (1.0 + weight.float())``)."""
+    return 1.0 + w.float()
+
+
+@dataclass
+class Qwen38Pass(Pass):
+    """``Pass`` plus ``final`` [R, H]: the post-final-norm rows n1(taps[L], model.norm), the vectors that
+    enter the head (what an MTP draft reads as the target hidden)."""
+
+    final: T | None = field(default=None)
+
+
+def _mlp(h: T, t: Mapping[str, T], p: str, eps: float) -> T:
+    a = rms_norm(h, norm_gain(t[p + "post_attention_layernorm.weight"]), eps)
+    return h + swiglu(a, t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], t[p + "mlp.down_proj.weight"])
+
+
+def partial_rope(x: T, cos: T, sin: T) -> T:
+    """x [..., R, d], cos/sin [R, r]: rotate channels [0, r), pass the rest."""
+    r = cos.shape[-1]
+    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+
+def attention_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, cos: T, sin: T,
+                    attend_kv: Callable[[T, T, T], T]) -> T:
+    """Gated attention on normed rows a [N, R, H] -> [N, R, H]; ``attend_kv(q, k, v)`` [N, heads, R, d]
+    -> [N, R, nh d] owns where keys come from (cache or the rows themselves). ``p`` ends in "self_attn."."""
+    s = spec.layer
+    n, r, _ = a.shape
+    d, eps = s.head_dim, s.rms_eps
+    qg = F.linear(a, t[p + "q_proj.weight"]).view(n, r, s.num_heads, 2 * d)
+    q, gate = qg[..., :d], qg[..., d:].reshape(n, r, s.num_heads * d)
+    k = F.linear(a, t[p + "k_proj.weight"]).view(n, r, s.num_kv_heads, d)
+    v = F.linear(a, t[p + "v_proj.weight"]).view(n, r, s.num_kv_heads, d).transpose(1, 2)
+    q = partial_rope(rms_norm(q, norm_gain(t[p + "q_norm.weight"]), eps).transpose(1, 2), cos, sin)
+    k = partial_rope(rms_norm(k, norm_gain(t[p + "k_norm.weight"]), eps).transpose(1, 2), cos, sin)
+    return F.linear(attend_kv(q, k, v) * torch.sigmoid(gate), t[p + "o_proj.weight"])
+
+
+def deltanet_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, tail: T | None, scan: Scan) -> tuple[T, T]:
+    """Gated DeltaNet on normed rows a [N, R, H] after conv tail ``tail`` [N, K-1, C] (None: zeros) ->
+    (out [N, R, H], the conv buffer [tail ; x] [N, K-1+R, C]). ``scan`` runs the delta rule from the
+    layer's state. ``p`` ends in "linear_attn."."""
+    hy, eps = spec.hybrid, spec.layer.rms_eps
+    n, r, _ = a.shape
+    nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
+        hy.linear_value_head_dim
+    buf = with_tail(F.linear(a, t[p + "in_proj_qkv.weight"]), hy.linear_conv_kernel_dim, tail)
+    x = F.silu(causal_conv(buf, t[p + "conv1d.weight"].reshape(hy.conv_dim, -1)))
+    kd = hy.key_dim
+    q, k = prepare_qk(x[..., :kd].reshape(n, r, nk, dk), x[..., kd:2 * kd].reshape(n, r, nk, dk), nv)
+    v = x[..., 2 * kd:].reshape(n, r, nv, dv)
+    g, b = gates(F.linear(a, t[p + "in_proj_a.weight"]), F.linear(a, t[p + "in_proj_b.weight"]), t[p + "A_log"],
+                 t[p + "dt_bias"])
+    o = scan(q, k, v, g, b)
+    z = F.linear(a, t[p + "in_proj_z.weight"]).view(n, r, nv, dv)
+    o = gated_rms_norm(o, t[p + "norm.weight"], z, eps, a.dtype).reshape(n, r, nv * dv)
+    return F.linear(o, t[p + "out_proj.weight"]), buf
+
+
+def forward_train(params: Mapping[str, T], spec: Qwen38Spec, ids: T, chunk: int = 64) -> tuple[T, list[T]]:
+    """Differentiable full-sequence forward (chunked delta rule, SDPA attention). ids [N, T] ->
+    (logits [N, T, V], hidden: L+1 x [N, T, H]; hidden[0] the embeddings, hidden[l+1] layer l's output,
+    before the final norm)."""
+    s, hy = spec.layer, spec.hybrid
+    n, tl = ids.shape
+    cos, sin = rope_tables(hy.rotary_dim, s.rope_theta, tl, ids.device)
+    rep = s.num_heads // s.num_kv_heads
+
+    def causal(q, k, v):
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1).to(q.dtype),
+                                           v.repeat_interleave(rep, 1).to(q.dtype), is_causal=True)
+        return o.transpose(1, 2).reshape(n, tl, -1)
+
+    def scan(q, k, v, g, b):
+        return delta_chunked(q, k, v, g, b, chunk=chunk)[0]
+
+    h = F.embedding(ids, params["model.embed_tokens.weight"])
+    hidden = [h]
+    for l in range(spec.num_layers):
+        p = f"model.layers.{l}."
+        a = rms_norm(h, norm_gain(params[p + "input_layernorm.weight"]), s.rms_eps)
+        if hy.is_linear(l):
+            h = h + deltanet_mixer(spec, params, p + "linear_attn.", a, None, scan)[0]
+        else:
+            h = h + attention_mixer(spec, params, p + "self_attn.", a, cos, sin, causal)
+        h = _mlp(h, params, p, s.rms_eps)
+        hidden.append(h)
+    head = params["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"]
+    logits = F.linear(rms_norm(h, norm_gain(params["model.norm.weight"]), s.rms_eps), head)
+    return logits, hidden
+
+
+class Qwen38Target:
+    """The target engine: prefill / verify / commit with Qwen3Target's API (see the module docstring for
+    the state). ``final_norm`` is the final norm's effective float32 gain 1 + w, so that
+    ``rms_norm(taps[L], final_norm, shape.rms_eps)`` is the head's input, as for qwen3. Every verify runs
+    exactly ``rows`` rows when set (short passes padded at the end), so plain and drafted runs have equal
+    shapes; the delta-rule scan is sequential over rows, so a row's numbers never depend on the row count.
+    """
+
+    def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
+                 rows: int | None = None):
+        self.spec, self.shape, self.hybrid = spec, spec.layer, spec.hybrid
+        self.device, self.dtype, self.rows = torch.device(device), dtype, rows
+        cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
+        self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.")}
+        self.embed = cast(spec.tensors["model.embed_tokens.weight"])
+        self.head = cast(spec.head_weight())
+        self.final_norm = norm_gain(spec.tensors["model.norm.weight"]).to(self.device)
+        self.cap = max_len + (rows or 0)
+        s, hy = self.shape, self.hybrid
+        self.cos, self.sin = rope_tables(hy.rotary_dim, s.rope_theta, self.cap, self.device)
+        self.attn_layers = [l for l in range(spec.num_layers) if not hy.is_linear(l)]
+        self.lin_layers = [l for l in range(spec.num_layers) if hy.is_linear(l)]
+        kv = (len(self.attn_layers), 1, s.num_kv_heads, self.cap, s.head_dim)
+        self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
+        self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
+        self.key_pos = torch.arange(self.cap, device=self.device)
+        k, c = hy.linear_conv_kernel_dim, hy.conv_dim
+        self.conv_tail = torch.zeros(len(self.lin_layers), 1, k - 1, c, device=self.device, dtype=dtype)
+        self.state = torch.zeros(len(self.lin_layers), 1, hy.linear_num_value_heads, hy.linear_key_head_dim,
+                                 hy.linear_value_head_dim, device=self.device, dtype=torch.float32)
+        self._pending: list[tuple[T, T, int]] | None = None   # per linear layer: (conv buffer, states, first row)
+        self.length = 0
+        self.rows_run = 0                                      # rows pushed through the layers so far
+
+    def reset(self) -> None:
+        self.length = 0
+        self.conv_tail.zero_()
+        self.state.zero_()
+        self._pending = None
+
+    def prefill(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
+        """Run the prompt from position 0 (fresh conv tails and states) and commit it whole."""
+        self.reset()
+        out = self._run(ids, logits, keep_rows=False)
+        self.commit(len(ids))
+        return out
+
+    def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
+        """Run rows ids at positions length..length+R-1 (KV written, per-row states kept, nothing committed)."""
+        real = len(ids)
+        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
+        out = self._run(padded, logits, keep_rows=True)
+        out.argmax, out.taps, out.final = out.argmax[:real], out.taps[:, :real], out.final[:real]
+        out.logits = out.logits[:real] if out.logits is not None else None
+        return out
+
+    def commit(self, kept: int) -> None:
+        """Keep the first ``kept`` rows of the last pass: KV by position; per linear layer the conv tail and
+        the recurrent state after row kept-1, selected from what that pass kept (nothing is re-run)."""
+        if self._pending is None:
+            raise RuntimeError("commit without a pass to commit")
+        k = self.hybrid.linear_conv_kernel_dim
+        for i, (buf, states, first) in enumerate(self._pending):
+            row = self._rollback_row(kept, first, states.shape[0])
+            self.state[i] = states[row]
+            self.conv_tail[i] = buf[:, kept:kept + k - 1]
+        self.length += kept
+        self._pending = None
+
+    def _rollback_row(self, kept: int, first: int, n_states: int) -> int:
+        """Index into the pass's kept states of the state after row kept-1."""
+        row = kept - 1 - first
+        if not 0 <= row < n_states:
+            raise ValueError(f"cannot commit {kept} rows: this pass kept the states after rows "
+                             f"{first}..{first + n_states - 1}")
+        return row
+
+    def _run(self, ids: list[int], want_logits: bool, keep_rows: bool) -> Qwen38Pass:
+        p0, r = self.length, len(ids)
+        if p0 + r > self.cap:
+            raise ValueError(f"KV cache of {self.cap} positions is full (pass ends at {p0 + r})")
+        s, eps = self.shape, self.shape.rms_eps
+        pos = torch.arange(p0, p0 + r, device=self.device)
+        cos, sin = self.cos[p0:p0 + r], self.sin[p0:p0 + r]
+        allowed = self.key_pos[None, :] <= pos[:, None]                                  # [R, cap]
+        h = F.embedding(torch.tensor([ids], device=self.device), self.embed)             # [1, R, H]
+        taps, pending = [h[0]], []
+        for l in range(self.spec.num_layers):
+            p = f"model.layers.{l}."
+            a = rms_norm(h, norm_gain(self.t[p + "input_layernorm.weight"]), eps)
+            if self.hybrid.is_linear(l):
+                i = self.lin_layers.index(l)
+                kept: list[T] = []
+
+                def scan(q, k, v, g, b, i=i, kept=kept):
+                    o, st = delta_scan(q, k, v, g, b, self.state[i], keep=keep_rows)
+                    kept.append(st[0] if keep_rows else st[0][None])                     # [R|1, nv, dk, dv]
+                    return o
+
+                out, buf = deltanet_mixer(self.spec, self.t, p + "linear_attn.", a, self.conv_tail[i], scan)
+                pending.append((buf, kept[0], 0 if keep_rows else r - 1))
+                h = h + out
+            else:
+                j = self.attn_layers.index(l)
+
+                def cached(q, k, v, j=j):
+                    self.k_cache[j, :, :, p0:p0 + r] = k
+                    self.v_cache[j, :, :, p0:p0 + r] = v
+                    return attend(q, self.k_cache[j], self.v_cache[j], allowed)
+
+                h = h + attention_mixer(self.spec, self.t, p + "self_attn.", a, cos, sin, cached)
+            h = _mlp(h, self.t, p, eps)
+            taps.append(h[0])
+        self._pending = pending
+        self.rows_run += r
+        final = rms_norm(h[0], self.final_norm, s.rms_eps)
+        logits = F.linear(final, self.head)
+        return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final)

@@ -1,0 +1,125 @@
+"""Qwen3.5 / 3.6 / 3.8 dense hybrid ("qwen38"), float64 host reference (no cache: every call runs the
+whole sequence). HF model_type ``qwen3_5`` (text config); weights [out, in], y = x W^T.
+
+Every layer l (h: [T, H]) is pre-norm with zero-centred norms, n1(x, w) = rms(x) * (1 + w):
+
+    a = n1(h, input_layernorm)
+    h = h + mixer_l(a)             linear_attention -> gated_deltanet(a), full_attention -> gated_attention(a)
+    h = h + swiglu(n1(h, post_attention_layernorm))
+
+gated_attention(a), nh heads of d, nkv kv heads, rotary dim r = int(d * partial_rotary_factor):
+    [q | gate] = (a Wq^T) viewed [T, nh, 2d]          (per head: d query channels, then d gate channels)
+    q = n1(q, q_norm), k = n1(a Wk^T, k_norm)          per head over d;  v = a Wv^T
+    q, k: rope on channels [0, r) (rotate-half inside them), channels [r, d) pass
+    o = softmax(q k^T / sqrt(d) + causal) v  -> [T, nh d];   out = (o * sigmoid(gate)) Wo^T
+
+gated_deltanet(a), nk key heads of dk, nv value heads of dv:
+    x = a Wqkv^T  [T, 2 nk dk + nv dv];  x = silu(causal_conv(x, conv1d))      (K taps, depthwise)
+    q, k, v = split(x) -> [T, nk, dk], [T, nk, dk], [T, nv, dv];  q, k repeated to nv heads (j -> j // (nv/nk))
+    g, b = gates(a Wa^T, a Wb^T, A_log, dt_bias);  o = delta_rule(l2(q)/sqrt(dk), l2(k), v, g, b)
+    out = (gated_rms_norm(o, norm, z) viewed [T, nv dv]) Wout^T,  z = a Wz^T viewed [T, nv, dv]
+
+logits = n1(h, model.norm) head^T (head = lm_head.weight, or embed_tokens.weight when tied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from bloomery_cli.spec import Qwen38Spec
+
+from ..ops.attention import attention, causal_mask
+from ..ops.causal_conv import causal_conv
+from ..ops.gated_deltanet import delta_rule, gated_rms_norm, gates, l2norm, sigmoid
+from ..ops.mlp import silu
+from ..ops.norm import rms_norm
+from ..ops.rope import apply_rope
+from ..weights import as_f64
+from .qwen3 import RefOut, Weights, embed, head_weight, hf_hidden_states, mlp
+
+__all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_layer", "norm1p"]
+
+
+def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """Zero-centred RMSNorm: x / sqrt(mean x^2 + eps) * (1 + w) over the last axis."""
+    return rms_norm(x, 1.0 + w, eps)
+
+
+def partial_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float) -> np.ndarray:
+    """x [T, heads, d]: rotate channels [0, rotary_dim) by position (rotate-half), pass the rest."""
+    rot = apply_rope(x[..., :rotary_dim], positions, theta)
+    return np.concatenate([rot, x[..., rotary_dim:]], axis=-1)
+
+
+def gated_attention(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray, positions: np.ndarray,
+                    mask: np.ndarray) -> np.ndarray:
+    """a [T, H] normed rows -> [T, H]; ``prefix`` e.g. "model.layers.3.self_attn."."""
+    s, t = spec.layer, len(a)
+    nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+    qg = (a @ w[prefix + "q_proj.weight"].T).reshape(t, nh, 2 * d)
+    q, gate = qg[..., :d], qg[..., d:].reshape(t, nh * d)
+    k = (a @ w[prefix + "k_proj.weight"].T).reshape(t, nkv, d)
+    v = (a @ w[prefix + "v_proj.weight"].T).reshape(t, nkv, d)
+    q = partial_rope(norm1p(q, w[prefix + "q_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
+                     s.rope_theta)
+    k = partial_rope(norm1p(k, w[prefix + "k_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
+                     s.rope_theta)
+    o = attention(q, k, v, mask).reshape(t, nh * d) * sigmoid(gate)
+    return o @ w[prefix + "o_proj.weight"].T
+
+
+def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> np.ndarray:
+    """a [T, H] normed rows -> [T, H], from the start of the sequence (zero conv tail and state);
+    ``prefix`` e.g. "model.layers.0.linear_attn."."""
+    hy, t = spec.hybrid, len(a)
+    nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
+        hy.linear_value_head_dim
+    x = a @ w[prefix + "in_proj_qkv.weight"].T
+    x = silu(causal_conv(x, w[prefix + "conv1d.weight"].reshape(hy.conv_dim, -1)))
+    q = x[:, :hy.key_dim].reshape(t, nk, dk)
+    k = x[:, hy.key_dim:2 * hy.key_dim].reshape(t, nk, dk)
+    v = x[:, 2 * hy.key_dim:].reshape(t, nv, dv)
+    q = np.repeat(l2norm(q), nv // nk, axis=1) / np.sqrt(dk)
+    k = np.repeat(l2norm(k), nv // nk, axis=1)
+    g, b = gates(a @ w[prefix + "in_proj_a.weight"].T, a @ w[prefix + "in_proj_b.weight"].T,
+                 w[prefix + "A_log"], w[prefix + "dt_bias"])
+    o, _ = delta_rule(q, k, v, g, b)
+    z = (a @ w[prefix + "in_proj_z.weight"].T).reshape(t, nv, dv)
+    o = gated_rms_norm(o, w[prefix + "norm.weight"], z, spec.layer.rms_eps).reshape(t, nv * dv)
+    return o @ w[prefix + "out_proj.weight"].T
+
+
+def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions: np.ndarray,
+                  mask: np.ndarray) -> np.ndarray:
+    """Layer l over the whole sequence h [T, H] (positions [T], causal mask [T, T]) -> [T, H]."""
+    p, eps = f"model.layers.{l}.", spec.layer.rms_eps
+    a = norm1p(h, w[p + "input_layernorm.weight"], eps)
+    if spec.hybrid.is_linear(l):
+        h = h + gated_deltanet(spec, w, p + "linear_attn.", a)
+    else:
+        h = h + gated_attention(spec, w, p + "self_attn.", a, positions, mask)
+    return h + mlp(w, p + "mlp.", norm1p(h, w[p + "post_attention_layernorm.weight"], eps))
+
+
+def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
+    """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H] (the gates' per-layer check)."""
+    t = len(h)
+    return decoder_layer(spec, as_f64(spec), l, h, np.arange(t), causal_mask(t))
+
+
+def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
+    """Run the whole sequence ids (positions 0..T-1, causal) and keep every layer's output."""
+    if spec.family != "qwen38":
+        raise ValueError(f"reference.families.qwen38 got a {spec.family!r} spec")
+    w = as_f64(spec)
+    h = embed(spec, ids)
+    t = len(h)
+    positions, mask = np.arange(t), causal_mask(t)
+    hidden = [h]
+    for l in range(spec.num_layers):
+        h = decoder_layer(spec, w, l, h, positions, mask)
+        hidden.append(h)
+    final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
+    return RefOut(logits=final @ head_weight(spec).T, hidden=np.stack(hidden), final=final)
