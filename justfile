@@ -23,3 +23,31 @@ fixtures-verify:
 
 gate-qwen3-dflash *ARGS:
     bloomery gate run qwen3-dflash {{ARGS}}
+
+gate-qwen3-dspark *ARGS:
+    bloomery gate run qwen3-dspark {{ARGS}}
+
+gate-qwen3-dflash2 *ARGS:
+    bloomery gate run qwen3-dflash2 {{ARGS}}
+
+gate-qwen38-mtp *ARGS:
+    bloomery gate run qwen38-mtp {{ARGS}}
+
+gate-qwen38-dflash *ARGS:
+    bloomery gate run qwen38-dflash {{ARGS}}
+
+# decode speed at the Qwen3-8B shape on the H200: roofline, verify cost, drafted speed, HF transformers
+bench-qwen3-8b:
+    bloomery bench qwen3-dflash --shape qwen3-8b --device cuda --json results/h200/bench-qwen3-8b-cuda-bf16.json
+
+# the bench on the fixtures (any device)
+bench-fixtures device="auto":
+    bloomery bench qwen3-dflash --device {{device}}
+
+# DFlash2's fused conv / selector kernels against the torch path and the bandwidth floor (H200)
+bench-dflash2-kernels:
+    python3 -m bloomery_cli.bench_dflash2 --device cuda --json results/h200/bench-dflash2-kernels.json
+
+# regenerate results/README.md (and plots with the `plots` extra) from the committed records
+results:
+    bloomery results

@@ -81,6 +81,9 @@ Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against tra
 def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery gate list`).")],
              target: Target = None, draft: DraftOpt = None, device: Device = "cpu", dtype: Dtype = "f32",
              n: N = None, prompts: Prompts = None, json: Json = None, oracle: Oracle = False,
+             width: Annotated[str, typer.Option("--width", help="Verify width policy: fixed (every proposal) or "
+                                                 "cost (per window, by measured cost and running acceptance; "
+                                                 "may change which rows run, never a token).")] = "fixed",
              confidence_cut: Annotated[float | None, typer.Option(
                  "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
                  "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
@@ -94,7 +97,9 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         if not 0.0 <= confidence_cut <= 1.0:
             fail_input(InputError("--confidence-cut", f"{confidence_cut}: expected a threshold in [0, 1]"))
         extra["confidence_cut"] = confidence_cut
-    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra)
+    if width not in ("fixed", "cost"):
+        fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
+    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
@@ -175,6 +180,18 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
     if problems:
         raise typer.Exit(1)
     out.print(f"fixtures in {out_dir}: every file matches MANIFEST.json")
+
+
+def _register_late() -> None:
+    """Commands whose modules pull in more (bench, results): imported when the app is built."""
+    from .bench import bench_command
+    from .results_table import results_command
+
+    app.command("bench")(bench_command)
+    app.command("results")(results_command)
+
+
+_register_late()
 
 
 def main() -> None:

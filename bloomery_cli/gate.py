@@ -20,6 +20,7 @@ from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .records import conditions, write_atomic
 from .speculative import generate
+from .width import width_policy
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -57,6 +58,7 @@ class GateOptions:
     oracle: bool = False
     max_prompts: int | None = None
     draft_options: dict[str, Any] = field(default_factory=dict)   # e.g. {"confidence_cut": 0.5}
+    width: str = "fixed"                                          # verify width policy: fixed | cost
 
 
 @dataclass
@@ -179,7 +181,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
             plain = generate(engine, None, p, n)
             plain_runs.append(plain.ids)
             try:
-                drafted = generate(engine, draft, p, n)
+                drafted = generate(engine, draft, p, n, width=width_policy(opts.width, b))
             except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
                 all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
                                          f"{type(e).__name__}: {e}", False)
@@ -195,6 +197,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     if all_same:
         report.identical(n)
     report.acceptance(pooled, per_prompt, b)
+    report.facts["width_policy"] = opts.width
     if opts.oracle:
         check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
     code = report.finish()

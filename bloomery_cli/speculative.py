@@ -52,8 +52,12 @@ class Run:
     tally: Tally
 
 
-def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width: int | None = None) -> Run:
-    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass."""
+def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None) -> Run:
+    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass: an int (fixed), or
+    a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
+    window; k = 1 runs a plain pass without drafting. Only drafted windows enter the tally then."""
+    if width is not None and hasattr(width, "choose"):
+        return _generate_policy(target, draft, prompt, n, width)
     timer = PhaseTimer(target.device)
     tally = Tally()
     first = target.prefill(prompt)
@@ -76,6 +80,41 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
                 draft.accept(kept, v.taps)
         out.extend(emitted_ids(v.argmax, kept))
         if draft is not None:
+            tally.add(len(proposals), kept)
+    tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
+    return Run(out[:n], tally)
+
+
+def _generate_policy(target: Target, draft: Draft | None, prompt: list[int], n: int, policy) -> Run:
+    """The loop above with a per-window width policy (walls measured around draft + verify: the argmax
+    readback that ends a verify waits for the device)."""
+    import time
+
+    timer = PhaseTimer(target.device)
+    tally = Tally()
+    first = target.prefill(prompt)
+    if draft is not None:
+        draft.prompt(first.taps)
+    out = [first.argmax[-1]]
+    while len(out) < n:
+        k = policy.choose() if draft is not None else 1
+        proposals: list[int] = []
+        t0 = time.perf_counter()
+        if k > 1:
+            with timer.phase("draft"):
+                proposals = draft.propose(out[-1]).ids[: k - 1]
+        with timer.phase("verify"):
+            v = target.verify([out[-1], *proposals])
+        seconds = time.perf_counter() - t0
+        kept = kept_rows(proposals, v.argmax)
+        with timer.phase("commit"):
+            target.commit(kept)
+            if draft is not None:
+                draft.accept(kept, v.taps)
+        out.extend(emitted_ids(v.argmax, kept))
+        if draft is not None:
+            policy.observe(len(proposals) + 1, kept, seconds)
+        if proposals:
             tally.add(len(proposals), kept)
     tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
     return Run(out[:n], tally)

@@ -148,3 +148,103 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlashSpec, target
     head = target_params["model.embed_tokens.weight" if target_spec.tie_word_embeddings else "lm_head.weight"]
     h = rms_norm(h, dparams["norm.weight"], shape.rms_eps).view(n, a, b, -1)[:, :, 1:]
     return F.linear(h, head)
+
+
+class FastDFlashDraft:
+    """DFlashDraft's interface bound to a ``FastQwen3Target`` (whose ``tap_ids`` must be the draft's feature
+    taps, l_j + 1): fused weights and ops, and on CUDA one graph for ``propose`` and one per width for the
+    context extension. The block's K/V are written into the context cache at s..s+B-1 (transient: the next
+    extension overwrites them) and every block row attends keys < s + B, which is DFlash's rule (context < s,
+    the whole block). ``accept`` extends every row of the last verify and advances by ``kept``: rows past it
+    sit beyond the context and are overwritten before any block can read them."""
+
+    def __init__(self, spec: DFlashSpec, target, max_len: int, graphs: bool = True):
+        from ..families.qwen3 import FusedLayer
+        from ..graphs import GraphSet, Staged
+
+        want = tuple(l + 1 for l in spec.target_layer_ids)
+        if tuple(target.tap_ids) != want:
+            raise ValueError(f"the target keeps taps {target.tap_ids}; this draft reads {want}")
+        self.spec, self.shape, self.b, self.target = spec, spec.layer, spec.block_size, target
+        self.device, self.dtype, self.ops = target.device, target.dtype, target.ops
+        cast = lambda x: x.to(device=self.device, dtype=self.dtype)  # noqa: E731
+        self.layers = [FusedLayer.of(LayerWeights.gather(spec.tensors, f"layers.{i}.", cast))
+                       for i in range(spec.num_layers)]
+        self.fc = cast(spec.tensors["fc.weight"])
+        self.hidden32 = spec.tensors["hidden_norm.weight"].to(self.device).float()
+        self.norm32 = spec.tensors["norm.weight"].to(self.device).float()
+        self.embed, self.head = target.embed, target.head
+        s = self.shape
+        self.cap = -(-(max_len + 2 * max(self.b, target.max_width)) // 64) * 64
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        kv = (spec.num_layers, s.num_kv_heads, self.cap, s.head_dim)
+        self.k_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
+        self.v_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
+        self.inp = Staged(2, self.device)                         # [s, anchor]
+        self.ext = Staged(1, self.device)                         # [p0]
+        self.block = torch.full((self.b,), spec.mask_token_id, dtype=torch.long, device=self.device)
+        self.logits_buf = torch.zeros(self.b - 1, spec.vocab_size, device=self.device, dtype=self.dtype)
+        self.ids_buf = torch.zeros(self.b - 1, dtype=torch.long, device=self.device)
+        self.propose_graph = GraphSet(lambda _: self._propose_pass(), self.device, enabled=graphs)
+        self.extend_graphs = GraphSet(lambda r: self._extend(target.taps_buf[:, :r], self.ext.dev), self.device,
+                                      enabled=graphs)
+        self.ctx_len = 0
+
+    def _extend(self, taps: torch.Tensor, p0: torch.Tensor) -> None:
+        """Context K/V at p0.. from the target's kept taps [n, R, H] (graph-safe)."""
+        s, ops = self.shape, self.ops
+        n, r, h = taps.shape
+        last = self.target.spec.num_layers
+        feats = [ops.rms(taps[j], self.target.final32, self.target.shape.rms_eps)
+                 if l + 1 == last else taps[j] for j, l in enumerate(self.spec.target_layer_ids)]
+        u = ops.rms(torch.mm(torch.cat(feats, dim=-1), self.fc.t()), self.hidden32, s.rms_eps)
+        nq, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        for i, w in enumerate(self.layers):
+            kv = torch.mm(u, w.wqkv[nq * d:].t())
+            ops.qk_rope_store(kv, 0, nkv, d, None, w.k_norm, self.cos, self.sin, p0, self.k_ctx[i], self.v_ctx[i],
+                              s.rms_eps)
+
+    def _propose_pass(self) -> None:
+        s, ops = self.shape, self.ops
+        nh, nkv, d, eps = s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps
+        self.block[:1].copy_(self.inp.dev[1:2])
+        p0 = self.inp.dev[:1]
+        h = F.embedding(self.block, self.embed)
+        for i, w in enumerate(self.layers):
+            a = ops.rms(h, w.ln_in, eps)
+            qkv = torch.mm(a, w.wqkv.t())
+            ops.qk_rope_store(qkv, nh, nkv, d, w.q_norm, w.k_norm, self.cos, self.sin, p0, self.k_ctx[i],
+                              self.v_ctx[i], eps)
+            o = ops.attention(qkv, nh, nkv, d, self.k_ctx[i], self.v_ctx[i], p0, causal=False)
+            h = torch.addmm(h, o, w.wo.t())
+            h = torch.addmm(h, ops.silu_mul(torch.mm(ops.rms(h, w.ln_post, eps), w.wgu.t())), w.wd.t())
+        torch.mm(ops.rms(h[1:], self.norm32, eps), self.head.t(), out=self.logits_buf)
+        torch.argmax(self.logits_buf, dim=-1, out=self.ids_buf)
+
+    def capture(self, anchor: int = 0) -> None:
+        """Capture the propose pass and the extension of every width now (idempotent passes at ctx_len)."""
+        self.inp.put([self.ctx_len, anchor])
+        self.propose_graph.capture(0)
+        self.ext.put([self.ctx_len])
+        for r in range(1, self.target.max_width + 1):
+            self.extend_graphs.capture(r)
+
+    def prompt(self, taps: torch.Tensor) -> None:
+        self._extend(taps, torch.zeros(1, dtype=torch.long, device=self.device))
+        self.ctx_len = taps.shape[1]
+
+    def accept(self, kept: int, taps: torch.Tensor) -> None:
+        r = taps.shape[1]
+        if taps.data_ptr() != self.target.taps_buf.data_ptr():
+            raise ValueError("FastDFlashDraft.accept expects the taps of its target's last verify")
+        self.ext.put([self.ctx_len])
+        self.extend_graphs.run(r)
+        self.ctx_len += kept
+
+    def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        if self.ctx_len + self.b > self.cap:
+            raise ValueError(f"draft context of {self.cap} positions is full")
+        self.inp.put([self.ctx_len, anchor])
+        self.propose_graph.run(0)
+        ids = self.ids_buf.tolist()
+        return Proposal(ids, self.logits_buf.clone() if detail else None)

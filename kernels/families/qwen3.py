@@ -186,3 +186,142 @@ class Qwen3Target:
             taps.append(h[0])
         logits = F.linear(rms_norm(h[0], self.final_norm, self.shape.rms_eps), self.head)
         return Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None)
+
+
+# ------------------------------------------------------------------------------------ fast decode engine
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """One layer laid out for memory-bound decode: q/k/v and gate/up fused into one [out, in] matrix each
+    (row views of one buffer when the checkpoint's tensors already sit that way), norm weights in f32."""
+
+    ln_in: torch.Tensor       # [H] f32
+    wqkv: torch.Tensor        # [(nh + 2 nkv) d, H]
+    q_norm: torch.Tensor      # [d] f32
+    k_norm: torch.Tensor      # [d] f32
+    wo: torch.Tensor          # [H, nh d]
+    ln_post: torch.Tensor     # [H] f32
+    wgu: torch.Tensor         # [2 I, H]
+    wd: torch.Tensor          # [H, I]
+
+    @classmethod
+    def of(cls, w: LayerWeights) -> FusedLayer:
+        f32 = lambda x: x.float().contiguous()  # noqa: E731
+        return cls(f32(w.ln_in), stack_rows(w.wq, w.wk, w.wv), f32(w.q_norm), f32(w.k_norm), w.wo.contiguous(),
+                   f32(w.ln_post), stack_rows(w.wg, w.wu), w.wd.contiguous())
+
+
+def stack_rows(*ts: torch.Tensor) -> torch.Tensor:
+    """[sum of rows, in]: a view when the tensors are consecutive row blocks of one buffer, else a copy."""
+    first = ts[0]
+    esz, cols = first.element_size(), first.shape[1]
+    base = first.untyped_storage().data_ptr()
+    adjacent = all(t.is_contiguous() and t.shape[1] == cols and t.dtype == first.dtype and
+                   t.untyped_storage().data_ptr() == base for t in ts) and all(
+        b.data_ptr() == a.data_ptr() + a.numel() * esz for a, b in zip(ts, ts[1:], strict=False))
+    if adjacent:
+        rows = sum(t.shape[0] for t in ts)
+        return first.as_strided((rows, cols), (cols, 1))
+    return torch.cat(ts, 0).contiguous()
+
+
+class FastQwen3Target:
+    """Qwen3Target's interface (prefill / verify / commit, ``Pass`` out) for benches and serving: fused weights,
+    fused ops (``kernels.graphs.decode_ops``), KV cache [L, nkv, cap, d], and on CUDA each pass width captured
+    once as a CUDA graph over static buffers (``graphs=True``); the only host sync of a pass is the argmax
+    readback. ``tap_ids`` picks the taps a pass keeps (indices into L+1, 0 = embeddings; None = all);
+    ``rows`` pads every verify to that many rows (as Qwen3Target does). The prompt runs eagerly."""
+
+    def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype, max_len: int,
+                 rows: int | None = None, max_width: int = 16, tap_ids=None, graphs: bool = True,
+                 impl: str = "auto"):
+        from ..graphs import GraphSet, Staged, decode_ops
+
+        self.spec, self.shape, self.rows = spec, spec.layer, rows
+        self.device, self.dtype = torch.device(device), dtype
+        self.ops = decode_ops(impl, self.device)
+        cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
+        self.layers = [FusedLayer.of(w) for w in layers_of(spec, cast)]
+        self.embed = cast(spec.tensors["model.embed_tokens.weight"])
+        self.head = cast(spec.head_weight())
+        self.final_norm = cast(spec.tensors["model.norm.weight"])
+        self.final32 = self.final_norm.float()
+        self.max_width = max(max_width, rows or 0)
+        self.cap = -(-(max_len + self.max_width) // 64) * 64
+        s = self.shape
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        kv = (spec.num_layers, s.num_kv_heads, self.cap, s.head_dim)
+        self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
+        self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
+        self.tap_ids = tuple(range(spec.num_layers + 1)) if tap_ids is None else tuple(tap_ids)
+        w = self.max_width
+        self.inp = Staged(1 + w, self.device)                    # [p0, ids...]
+        self.taps_buf = torch.zeros(len(self.tap_ids), w, s.hidden_size, device=self.device, dtype=dtype)
+        self.logits_buf = torch.zeros(w, spec.vocab_size, device=self.device, dtype=dtype)
+        self.argmax_buf = torch.zeros(w, dtype=torch.long, device=self.device)
+        self.graphs = GraphSet(self._graph_pass, self.device, enabled=graphs)
+        self.length = 0
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def capture(self, widths) -> None:
+        """Capture the passes of these widths now (they are otherwise captured on first use)."""
+        self.inp.put([self.length] + [0] * self.max_width)
+        for r in widths:
+            self.graphs.capture(r)
+
+    def forward(self, ids: torch.Tensor, p0: torch.Tensor, taps: torch.Tensor | None, logits: torch.Tensor,
+                argmax: torch.Tensor) -> None:
+        """One pass over rows ids [R] at positions p0.. (a one-element device tensor): KV written, taps /
+        logits / argmax written into the given buffers. Graph-safe: no host reads."""
+        s, ops = self.shape, self.ops
+        nh, nkv, d, eps = s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps
+        h = F.embedding(ids, self.embed)
+        keep = {t: j for j, t in enumerate(self.tap_ids)}
+        if taps is not None and 0 in keep:
+            taps[keep[0]].copy_(h)
+        for i, w in enumerate(self.layers):
+            a = ops.rms(h, w.ln_in, eps)
+            qkv = torch.mm(a, w.wqkv.t())
+            ops.qk_rope_store(qkv, nh, nkv, d, w.q_norm, w.k_norm, self.cos, self.sin, p0, self.k_cache[i],
+                              self.v_cache[i], eps)
+            h = torch.addmm(h, ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0), w.wo.t())
+            gu = torch.mm(ops.rms(h, w.ln_post, eps), w.wgu.t())
+            h = torch.addmm(h, ops.silu_mul(gu), w.wd.t())
+            if taps is not None and i + 1 in keep:
+                taps[keep[i + 1]].copy_(h)
+        torch.mm(ops.rms(h, self.final32, eps), self.head.t(), out=logits)
+        torch.argmax(logits, dim=-1, out=argmax)
+
+    def _graph_pass(self, r: int) -> None:
+        self.forward(self.inp.dev[1:1 + r], self.inp.dev[:1], self.taps_buf[:, :r], self.logits_buf[:r],
+                     self.argmax_buf[:r])
+
+    def prefill(self, ids: list[int], logits: bool = False) -> Pass:
+        r = len(ids)
+        if r > self.cap:
+            raise ValueError(f"KV cache of {self.cap} positions is full (prompt of {r})")
+        taps = torch.empty(len(self.tap_ids), r, self.shape.hidden_size, device=self.device, dtype=self.dtype)
+        out = torch.empty(r, self.spec.vocab_size, device=self.device, dtype=self.dtype)
+        am = torch.empty(r, dtype=torch.long, device=self.device)
+        self.forward(torch.tensor(ids, device=self.device), torch.zeros(1, dtype=torch.long, device=self.device),
+                     taps, out, am)
+        self.length = r
+        return Pass(am.tolist(), taps, out if logits else None)
+
+    def verify(self, ids: list[int], logits: bool = False) -> Pass:
+        real = len(ids)
+        r = max(real, self.rows or 0)
+        if r > self.max_width:
+            raise ValueError(f"a pass of {r} rows; this engine captures at most {self.max_width}")
+        if self.length + r > self.cap:
+            raise ValueError(f"KV cache of {self.cap} positions is full (pass ends at {self.length + r})")
+        self.inp.put([self.length, *ids] + [0] * (r - real))
+        self.graphs.run(r)
+        am = self.argmax_buf[:r].tolist()
+        return Pass(am[:real], self.taps_buf[:, :real], self.logits_buf[:real] if logits else None)
+
+    def commit(self, kept: int) -> None:
+        self.length += kept

@@ -1,0 +1,192 @@
+"""``bloomery results``: regenerate results/README.md from the committed JSON records.
+
+Tables: acceptance per target x draft (one row per gate record: accept_mean pooled and macro, pos_accept,
+draft_share, N, device, dtype, commit, date) with the published numbers of ANCHORS.md beside them, marked
+external; the speed benches (``bloomery bench`` records) with their acceptance sweeps; the DFlash2 kernel
+bench. PNG plots (``bloomery_cli.plots``) when matplotlib imports. The output depends only on the records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+# ANCHORS.md (shared design notes): published figures, quoted with their conditions; never ours.
+ANCHORS: tuple[tuple[str, str, str], ...] = (
+    ("dflash", "z-lab DFlash, Qwen3-8B, B=16, T=0, B200",
+     "tau 6.55 GSM8K, 5.84 code avg, 3.71 chat avg; speedup 5.2x / 4.6x / 2.5x"),
+    ("dflash", "EAGLE-3 on the same models (z-lab)", "tau 2.89 / 3.04 / 2.70"),
+    ("dflash2", "DFlash2 blog (Inco AI / Z Lab), Qwen3.5-4B, thinking on, T=1, 5-benchmark mean",
+     "tau 5.97 (DFlash 4.92, DSpark 5.49, MTP 4.54)"),
+    ("dflash2", "DFlash2 blog, Qwen3.8-27B, B=8", "tau 4.80 (GSM8K 5.46, MT-Bench 4.10; MTP 4.28, DSpark 3.62)"),
+    ("dflash2", "ExLlamaV3 on an RTX 3090, Qwen3.8-27B", "tau 5.47 vs MTP 4.10; 152 vs 114 vs 42 (plain) tok/s"),
+    ("dspark", "DSpark paper, Qwen3-8B GSM8K, T=1, B=7", "tau 6.17 (DFlash 5.33, EAGLE-3 5.30)"),
+    ("mtp", "DeepSeek-V3 MTP", "second-token acceptance 85-90%, 1.8x tokens/s"),
+    ("mtp", "MiMo-7B MTP", "acceptance about 90%"),
+)
+BENCH_ANCHOR = ("peer (H200, 2026-11-29, random bf16 weights, batch 1, 512-token prompt): HF transformers 5.17 "
+                "eager generate, Qwen3-8B shape: 12.3 tok/s (bound 259)")
+
+
+def load_records(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for path in sorted(Path(results_dir).rglob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict):
+            out.append((path.relative_to(results_dir), rec))
+    return out
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, float) else ("-" if x is None else str(x))
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |"
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows)]
+
+
+def acceptance_rows(records) -> list[list[Any]]:
+    rows = []
+    for path, r in records:
+        acc = r.get("acceptance")
+        if "gate" not in r or not acc:
+            continue
+        c = r.get("conditions", {})
+        target = Path(str(r.get("target", "?"))).name
+        draft = f"{r.get('load', {}).get('draft', '?')} ({Path(str(r.get('draft', '?'))).name})"
+        pos = ", ".join(f"{x:.2f}" for x in acc.get("pos_accept", [])[:8])
+        n = f"{r.get('n', '?')} x {r.get('prompts', '?')}"
+        rows.append([r["gate"], target, draft, _f(acc.get("accept_mean")), _f(acc.get("accept_mean_macro")),
+                     f"[{pos}]", _f(acc.get("draft_share")), acc.get("verify_rows", "-"), n,
+                     c.get("device_name", r.get("device", "?")), r.get("dtype", "?"),
+                     "PASSED" if r.get("passed") else "FAILED", c.get("commit", "?"), str(c.get("date", "?"))[:10],
+                     f"[{path.name}]({path.as_posix()})"])
+    return rows
+
+
+def bench_rows(records) -> tuple[list[list[Any]], list[str]]:
+    rows, sweeps = [], []
+    for path, r in records:
+        if "bench" not in r or "plain" not in r:
+            continue
+        c, bw, p = r.get("conditions", {}), r.get("bandwidth", {}), r["plain"]
+        ver = {v["rows"]: v["rel_plain"] for v in r.get("verify", [])}
+        top = max(ver) if ver else None
+        hf = r.get("hf", {})
+        t6 = r.get("tau6", {})
+        name = r["bench"] + ("" if r.get("complete", True) else " (partial)")
+        rows.append([name, r.get("shape"), c.get("device_name", "?"), c.get("dtype"), c.get("prompt_len"),
+                     c.get("engine", "-"), _f(bw.get("copy_GBps"), 0), _f(bw.get("roofline_tok_s"), 1),
+                     _f(p.get("tok_s"), 1), _f(p.get("ratio_roofline")),
+                     f"{_f(ver.get(top))} (R={top})" if top else "-",
+                     _f(r.get("draft", {}).get("rel_plain_step")),
+                     f"{_f(t6.get('tok_s'), 1)} ({'met' if t6.get('met') else 'not met'})" if t6 else "-",
+                     _f(hf.get("tok_s"), 2), f"{_f(hf.get('ratio_ours'), 1)}x" if "ratio_ours" in hf else "-",
+                     c.get("commit", "?"), str(c.get("date", "?"))[:10], f"[{path.name}]({path.as_posix()})"])
+        if r.get("sweep"):
+            sweeps += ["", f"Acceptance sweep of `{path.as_posix()}` ({r['bench']} {r.get('shape')}, "
+                           f"{c.get('device_name', '?')}, {c.get('dtype')}, prompt {c.get('prompt_len')}, batch 1, "
+                           f"width {c.get('width', 'fixed')}; plain {_f(p.get('tok_s'), 1)} tok/s):", ""]
+            sweeps += _table(["tau (nominal)", "a", "accept_mean", "tok/s", "speedup", "draft_share",
+                              "of tau x plain", "ids identical"],
+                             [[_f(s["tau_nominal"], 1), _f(s["a"], 4), _f(s["accept_mean"]), _f(s["tok_s"], 1),
+                               f"{_f(s['speedup'], 2)}x", _f(s["draft_share"]), _f(s.get("tau_x_plain_frac")),
+                               s.get("ids_identical")] for s in r["sweep"]])
+        m = r.get("measured")
+        if m:
+            sweeps.append(f"\nMeasured with the real draft on `{path.as_posix()}`: accept_mean "
+                          f"{_f(m['accept_mean'])}, {_f(m['tok_s'], 1)} tok/s, speedup {_f(m['speedup'], 2)}x, "
+                          f"draft_share {_f(m['draft_share'])}, ids identical to the padded plain run "
+                          f"{m.get('ids_identical_padded')}")
+        for pol in r.get("cost_policy", []):
+            sweeps.append(f"\n`--width cost` at a = {pol['a']}: most chosen width {pol['most_chosen']}, "
+                          f"widths {pol['widths']}, {_f(pol['tok_s'], 1)} tok/s, ids identical {pol['ids_identical']}")
+    return rows, sweeps
+
+
+def kernel_rows(records) -> list[list[Any]]:
+    rows = []
+    for path, r in records:
+        if "rows" in r and "impls" in r and "shape" in r:
+            for k in r["rows"]:
+                rows.append([k["case"], r.get("device", "?"), _f(k.get("floor_us"), 2), _f(k.get("torch_us"), 1),
+                             _f(k.get("triton_us"), 1), f"{_f(k.get('speedup'), 1)}x" if "speedup" in k else "-",
+                             k.get("check", "-"), f"[{path.name}]({path.as_posix()})"])
+    return rows
+
+
+def render(results_dir: Path, plots: list[str] | None = None) -> str:
+    """The README text for ``results_dir`` (``plots``: PNG names beside it, linked at the end)."""
+    records = load_records(results_dir)
+    out = ["# Results", "", "Generated by `bloomery results` from the JSON records in this folder; do not edit by "
+           "hand. Acceptance is printed, never pinned (CONTRACT.md). accept_mean = mean kept rows per drafted window "
+           "(bonus included), pooled over prompts; macro = mean of per-prompt means (z-lab's tau). pos_accept[i] = "
+           "P(the first i+1 proposals kept).", "", "## Acceptance per target x draft", ""]
+    acc = acceptance_rows(records)
+    out += _table(["gate", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "verify rows",
+                   "N (ids x prompts)", "device", "dtype", "verdict", "commit", "date", "record"], acc) if acc else \
+        ["No gate records yet."]
+    out += ["", "Published numbers (external: their models, data and conditions, not reproduced here):", ""]
+    out += _table(["draft", "source and conditions (external)", "published"], [list(a) for a in ANCHORS])
+    rows, sweeps = bench_rows(records)
+    out += ["", "## Decode speed (`bloomery bench`)", ""]
+    if rows:
+        out += ["Batch 1; roofline = copy bandwidth / weight bytes (every weight read once a step); verify = cost of "
+                "a pass of R rows over one plain step; draft = the DFlash draft's block + context extension over one "
+                "plain step; tau 6 = drafted tok/s at a synthetic acceptance of tau = 6, met when >= 0.75 x 6 x plain.",
+                ""]
+        out += _table(["bench", "shape", "device", "dtype", "prompt", "engine", "copy GB/s", "roofline tok/s",
+                       "plain tok/s", "of roofline", "verify", "draft", "tau 6 tok/s", "HF eager tok/s", "ours / HF",
+                       "commit", "date", "record"], rows)
+        out += sweeps
+    else:
+        out += ["No bench records yet."]
+    out += ["", f"External: {BENCH_ANCHOR}."]
+    kr = kernel_rows(records)
+    if kr:
+        out += ["", "## DFlash2 kernels", ""]
+        out += _table(["case", "device", "floor us", "torch us", "triton us", "speedup", "check", "record"], kr)
+    if plots:
+        out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(out) + "\n"
+
+
+def write(results_dir: Path, plots: bool = True) -> tuple[Path, list[str]]:
+    """Write results_dir/README.md (and the PNGs when asked and matplotlib imports, else the PNGs already in
+    the folder are linked); returns (path, linked pngs)."""
+    results_dir = Path(results_dir)
+    pngs: list[str] = []
+    if plots:
+        from .plots import make_plots
+        pngs = make_plots(results_dir, load_records(results_dir))
+    if not pngs:                                   # no matplotlib here: link the plots already in the folder
+        pngs = sorted(p.name for p in results_dir.glob("*.png"))
+    path = results_dir / "README.md"
+    text = render(results_dir, pngs)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path, pngs
+
+
+def results_command(
+        results_dir: Annotated[Path, typer.Option("--dir", help="The results folder (JSON records).")]
+        = Path("results"),
+        plots: Annotated[bool, typer.Option("--plots/--no-plots", help="PNG plots (when matplotlib imports).")] = True,
+) -> None:
+    """Regenerate results/README.md (tables, and PNG plots when matplotlib is installed) from the records."""
+    if not Path(results_dir).is_dir():
+        typer.echo(f"error: {results_dir}: no such folder (expected the results folder with JSON records)", err=True)
+        raise typer.Exit(2)
+    path, pngs = write(results_dir, plots)
+    typer.echo(f"wrote {path}" + (f" and {len(pngs)} plots" if pngs else ""))

@@ -1,0 +1,189 @@
+"""CUDA graphs for decode passes, and the graph-friendly decode ops they run.
+
+A pass is a function of static device buffers only: its inputs (ids, the first position p0) are staged into
+device buffers before the pass (``Staged``), positions are computed on the device from p0, and its outputs
+are written into preallocated buffers. Nothing inside a pass reads a device value back to the host, so a
+pass can be captured once per width and replayed (``GraphSet``); the one host sync per pass is the caller's
+readback of argmax ids.
+
+``GraphSet(fn, device)``: ``run(key)`` runs ``fn(key)``. On CUDA the first run of a key warms ``fn`` up on a
+side stream (Triton compiles, cuBLAS picks its kernels), captures it into a CUDA graph (all keys share one
+memory pool) and replays it; later runs replay. ``fn`` must be idempotent for fixed inputs (a pass that
+writes KV rows at its positions and reads them back is). Elsewhere (CPU), or with ``enabled=False``, fn runs.
+
+The ops (``decode_ops(impl)``): the fused Triton kernels of ``kernels.triton.decode`` on CUDA, else these
+torch versions (same signatures, same rule, more launches):
+
+    rms(x [R, H], w32 [H], eps)                 -> x / sqrt(mean(x^2) + eps) * w, f32 arithmetic, x's dtype
+    qk_rope_store(qkv [R, (nq+2nkv)*d], ...)    q heads: rms(q, qn) -> rope, written back in place;
+                                                k heads: rms(k, kn) -> rope -> kc[:, p0+r]; v heads -> vc[:, p0+r]
+    attention(qkv, nq, nkv, d, kc, vc, p0, causal) -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
+                                                k <= p0+R-1 (a bidirectional block), over the whole static cache
+    silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------- graphs
+
+
+class GraphSet:
+    """One CUDA graph per key (e.g. the pass width), captured on first use, sharing a memory pool."""
+
+    def __init__(self, fn: Callable[[Any], None], device: torch.device | str, enabled: bool = True,
+                 warmup: int = 2):
+        self.fn, self.warmup = fn, warmup
+        self.enabled = enabled and torch.device(device).type == "cuda"
+        self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def capture(self, key: Any) -> None:
+        if not self.enabled or key in self.graphs:
+            return
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(key)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.fn(key)
+        self.graphs[key] = graph
+
+    def run(self, key: Any) -> None:
+        if not self.enabled:
+            self.fn(key)
+            return
+        if key not in self.graphs:
+            self.capture(key)
+        self.graphs[key].replay()
+
+
+class Staged:
+    """Host values -> a static device int64 buffer without a sync: a pinned host copy, then an async H2D copy.
+    The next ``put`` waits for the previous copy to have left the host buffer."""
+
+    def __init__(self, n: int, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.dev = torch.zeros(n, dtype=torch.long, device=device)
+        self.host = torch.zeros(n, dtype=torch.long, pin_memory=self.cuda)
+        self.done = torch.cuda.Event() if self.cuda else None
+        self.pending = False
+
+    def put(self, values: list[int]) -> None:
+        if len(values) > self.dev.numel():
+            raise ValueError(f"{len(values)} values for a staging buffer of {self.dev.numel()}")
+        if self.pending:
+            self.done.synchronize()
+        k = len(values)
+        self.host[:k] = torch.tensor(values, dtype=torch.long)
+        self.dev[:k].copy_(self.host[:k], non_blocking=True)
+        if self.cuda:
+            self.done.record()
+            self.pending = True
+
+
+def time_replays(fn: Callable[[], None], device: torch.device, iters: int, warmup: int = 2) -> float:
+    """Seconds per call of ``fn`` (back to back; CUDA events on CUDA, perf_counter elsewhere)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+# ---------------------------------------------------------------------------------------------- torch ops
+
+
+def rms(x: torch.Tensor, w32: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * w32).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    return (x32 * cos + torch.cat([-x32[..., half:], x32[..., :half]], -1) * sin).to(x.dtype)
+
+
+def qk_rope_store(qkv: torch.Tensor, nq: int, nkv: int, d: int, qn32: torch.Tensor | None, kn32: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, p0: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                  eps: float) -> None:
+    """qkv [R, (nq+2nkv)*d] (row stride may exceed the width); kc / vc [nkv, cap, d]; p0 a one-element device
+    tensor. Rotated q goes back into qkv; k / v land in the caches at positions p0..p0+R-1."""
+    r = qkv.shape[0]
+    pos = p0 + torch.arange(r, device=qkv.device)
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    if nq:
+        q = qkv[:, : nq * d].view(r, nq, d)
+        q.copy_(_rope(rms(q, qn32, eps), c, s))
+    k = qkv[:, nq * d:(nq + nkv) * d].reshape(r, nkv, d)
+    v = qkv[:, (nq + nkv) * d:(nq + 2 * nkv) * d].reshape(r, nkv, d)
+    kc.index_copy_(1, pos, _rope(rms(k, kn32, eps), c, s).transpose(0, 1))
+    vc.index_copy_(1, pos, v.transpose(0, 1))
+
+
+def attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, kc: torch.Tensor, vc: torch.Tensor, p0: torch.Tensor,
+              causal: bool = True) -> torch.Tensor:
+    r, g = qkv.shape[0], nq // nkv
+    pos = p0 + torch.arange(r, device=qkv.device)
+    lim = pos if causal else (p0 + r - 1).expand(r)
+    allowed = torch.arange(kc.shape[1], device=qkv.device)[None, :] <= lim[:, None]          # [R, cap]
+    bias = torch.zeros(allowed.shape, dtype=qkv.dtype, device=qkv.device).masked_fill(~allowed, float("-inf"))
+    q = qkv[:, : nq * d].reshape(r, nkv, g, d).permute(1, 2, 0, 3).reshape(1, nkv, g * r, d)
+    o = F.scaled_dot_product_attention(q, kc[None], vc[None], attn_mask=bias.repeat(g, 1)[None, None],
+                                       scale=1.0 / math.sqrt(d))
+    return o.view(nkv, g, r, d).permute(2, 0, 1, 3).reshape(r, nq * d)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    i = gu.shape[-1] // 2
+    g, u = gu[:, :i].float(), gu[:, i:].float()
+    return (F.silu(g) * u).to(gu.dtype)
+
+
+class TorchOps:
+    name = "torch"
+    rms = staticmethod(rms)
+    qk_rope_store = staticmethod(qk_rope_store)
+    attention = staticmethod(attention)
+    silu_mul = staticmethod(silu_mul)
+
+
+def decode_ops(impl: str, device: torch.device | str):
+    """"auto": the Triton kernels where they can run (CUDA + triton, or TRITON_INTERPRET=1), else torch."""
+    from . import triton as kt
+
+    if impl == "auto":
+        impl = "triton" if kt.has_triton() and torch.device(device).type == "cuda" else "torch"
+    if impl == "triton":
+        if not kt.available(device):
+            raise ValueError(f"decode ops impl='triton' asked for, but {kt.why_unavailable(device)}")
+        from .triton.decode import TritonOps
+        return TritonOps
+    if impl != "torch":
+        raise ValueError(f"decode ops impl={impl!r}: expected auto, torch or triton")
+    return TorchOps

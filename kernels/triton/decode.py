@@ -1,0 +1,206 @@
+"""Fused Triton kernels for graph-captured decode passes (same signatures and rules as the torch ops in
+``kernels.graphs``): one launch each for the RMSNorm, the q/k norm + RoPE + KV-cache store, the SiLU gate,
+and a split-key (flash-decoding) attention of two launches.
+
+Attention over the static cache [nkv, cap, d]: the query rows of one kv head are folded (row m = r*g + i for
+query head kv*g + i, position p0 + r); program (kv, split, m-block) scores the keys of its split against a
+BM-row tile with an online softmax (max initialised to -1e30, so a fully masked chunk leaves its state
+unchanged) and writes (max, sum, acc) per row; the combine program rescales and sums the splits. Chunk
+bounds depend only on cap, never on R, so a row's numbers do not depend on how many rows share its pass.
+Forward only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+
+BM, BN, SPLITS = 64, 64, 16
+
+
+@triton.jit
+def _rms_kernel(x_ptr, w_ptr, out_ptr, H, eps, BH: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BH)
+    m = c < H
+    x = tl.load(x_ptr + r * H + c, mask=m, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    w = tl.load(w_ptr + c, mask=m, other=0.0)
+    tl.store(out_ptr + r * H + c, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr, kc_ptr, vc_ptr, cap, eps,
+                    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr):
+    r = tl.program_id(0)
+    hd = tl.program_id(1)
+    half = tl.arange(0, D // 2)
+    p = tl.load(p0_ptr) + r
+    row = qkv_ptr + r.to(tl.int64) * stride_r + hd * D
+    x1 = tl.load(row + half).to(tl.float32)
+    x2 = tl.load(row + D // 2 + half).to(tl.float32)
+    if hd < NQ + NKV:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        if hd < NQ:
+            w1 = tl.load(qn_ptr + half)
+            w2 = tl.load(qn_ptr + D // 2 + half)
+        else:
+            w1 = tl.load(kn_ptr + half)
+            w2 = tl.load(kn_ptr + D // 2 + half)
+        dt = qkv_ptr.dtype.element_ty
+        y1 = (x1 * rstd * w1).to(dt).to(tl.float32)         # the normed head is rounded once, as in eager
+        y2 = (x2 * rstd * w2).to(dt).to(tl.float32)
+        c1 = tl.load(cos_ptr + p * D + half)
+        s1 = tl.load(sin_ptr + p * D + half)
+        c2 = tl.load(cos_ptr + p * D + D // 2 + half)
+        s2 = tl.load(sin_ptr + p * D + D // 2 + half)
+        o1 = (y1 * c1 - y2 * s1).to(dt)
+        o2 = (y2 * c2 + y1 * s2).to(dt)
+        if hd < NQ:
+            tl.store(row + half, o1)
+            tl.store(row + D // 2 + half, o2)
+        else:
+            dst = kc_ptr + ((hd - NQ) * cap + p) * D
+            tl.store(dst + half, o1)
+            tl.store(dst + D // 2 + half, o2)
+    else:
+        dst = vc_ptr + ((hd - NQ - NKV) * cap + p) * D
+        tl.store(dst + half, x1.to(vc_ptr.dtype.element_ty))
+        tl.store(dst + D // 2 + half, x2.to(vc_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
+                       NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, F32DOT: tl.constexpr):
+    kv = tl.program_id(0)
+    sp = tl.program_id(1)
+    mb = tl.program_id(2)
+    p0 = tl.load(p0_ptr)
+    rows = mb * BM + tl.arange(0, BM)
+    rmask = rows < R * G
+    r = rows // G
+    d = tl.arange(0, D)
+    if CAUSAL:  # noqa: SIM108  (a constexpr branch: one side is compiled)
+        lim = p0 + r
+    else:
+        lim = p0 + R - 1 + r * 0
+    q = tl.load(q_ptr + r.to(tl.int64)[:, None] * stride_r + (kv * G + rows % G)[:, None] * D + d[None, :],
+                mask=rmask[:, None], other=0.0)
+    m_i = tl.full([BM], -1e30, tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    top = p0 + R - 1
+    kbase = kv.to(tl.int64) * cap
+    for start in range(sp * chunk, tl.minimum((sp + 1) * chunk, cap), BN):
+        if start <= top:
+            keys = start + tl.arange(0, BN)
+            kmask = keys < cap
+            k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
+            if F32DOT:                     # the CPU interpreter's bf16 dot is wrong; compiled kernels use bf16
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            ok = (keys[None, :] <= lim[:, None]) & kmask[None, :]
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            if F32DOT:  # noqa: SIM108
+                pv = tl.dot(pr.to(v.dtype).to(tl.float32), v.to(tl.float32))
+            else:
+                pv = tl.dot(pr.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+    part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
+    tl.store(m_ptr + part, m_i, mask=rmask)
+    tl.store(l_ptr + part, l_i, mask=rmask)
+    tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
+
+
+@triton.jit
+def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, RG_PAD, n_split,
+                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    row = tl.program_id(0)
+    kv = tl.program_id(1)
+    d = tl.arange(0, D)
+    first = kv.to(tl.int64) * RG_PAD + row
+    mx = tl.load(m_ptr + first)
+    for sp in range(1, n_split):
+        mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + row))
+    w = tl.exp(tl.load(m_ptr + first) - mx)
+    den = w * tl.load(l_ptr + first)
+    acc = w * tl.load(o_ptr + first * D + d)
+    for sp in range(1, n_split):
+        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
+        w = tl.exp(tl.load(m_ptr + part) - mx)
+        den += w * tl.load(l_ptr + part)
+        acc += w * tl.load(o_ptr + part * D + d)
+    r = row // G
+    dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
+    tl.store(dst, (acc / den).to(out_ptr.dtype.element_ty))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class TritonOps:
+    name = "triton"
+
+    @staticmethod
+    def rms(x: torch.Tensor, w32: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.contiguous()
+        r, h = x.shape
+        out = torch.empty_like(x)
+        _rms_kernel[(r,)](x, w32, out, h, eps, BH=_pow2(h), num_warps=8 if h >= 2048 else 4)
+        return out
+
+    @staticmethod
+    def qk_rope_store(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps) -> None:
+        r = qkv.shape[0]
+        _qk_rope_kernel[(r, nq + 2 * nkv)](qkv, qkv.stride(0), qn32 if qn32 is not None else kn32, kn32, cos, sin,
+                                            p0, kc, vc, kc.shape[1], eps, NQ=nq, NKV=nkv, D=d, num_warps=1)
+
+    @staticmethod
+    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True) -> torch.Tensor:
+        r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
+        rg = r * g
+        chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
+        n_split = triton.cdiv(cap, chunk)
+        dev = qkv.device
+        m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
+        l = torch.empty_like(m)
+        o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
+        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, chunk, 1.0 / math.sqrt(d), m, l, o, rg,
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), num_warps=4)
+        out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
+        _attn_combine_kernel[(rg, nkv)](m, l, o, out, rg, n_split, NKV=nkv, G=g, D=d, num_warps=1)
+        return out
+
+    @staticmethod
+    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+        gu = gu.contiguous()
+        r, i2 = gu.shape
+        i = i2 // 2
+        out = torch.empty(r, i, dtype=gu.dtype, device=gu.device)
+        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, num_warps=4)
+        return out
+
+
+@triton.jit
+def _silu_kernel(gu_ptr, out_ptr, I, BI: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BI + tl.arange(0, BI)
+    m = c < I
+    g = tl.load(gu_ptr + r * 2 * I + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * 2 * I + I + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * I + c, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=m)

@@ -1,0 +1,77 @@
+"""`bloomery results`: README tables regenerated from the committed records (results/h200), anchors marked
+external, a bench record's tables, and the PNGs only where matplotlib imports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bloomery_cli.results_table import ANCHORS, load_records, render, write
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def test_acceptance_table_from_the_committed_h200_records():
+    text = render(RESULTS)
+    for rec_path in sorted((RESULTS / "h200").glob("qwen3-*.json")):
+        rec = json.loads(rec_path.read_text())
+        acc = rec["acceptance"]
+        row = next(line for line in text.splitlines() if f"({rec_path.relative_to(RESULTS).as_posix()})" in line)
+        assert row.startswith(f"| {rec['gate']} |")
+        assert f"| {acc['accept_mean']:.3f} | {acc['accept_mean_macro']:.3f} |" in row
+        assert f"| {acc['draft_share']:.3f} |" in row and "NVIDIA H200" in row and "| bf16 |" in row
+        assert f"| {rec['n']} x {rec['prompts']} |" in row and rec["conditions"]["commit"] in row
+    assert "external" in text
+    for _, source, published in ANCHORS:
+        assert f"| {source} | {published} |" in text
+    assert "## DFlash2 kernels" in text and "No bench records yet." in text
+
+
+def test_render_is_a_function_of_the_records():
+    assert render(RESULTS) == render(RESULTS)
+
+
+def test_bench_record_tables(tmp_path):
+    shutil.copytree(RESULTS / "h200", tmp_path / "h200")
+    from bloomery_cli.bench import bench
+
+    rec = bench("qwen3-dflash", "tiny", "cpu", "f32", prompt_len=16, n=24, hf_tokens=4, emit=lambda line: None,
+                quiet=True)
+    (tmp_path / "h200" / "bench-tiny.json").write_text(json.dumps(rec))
+    assert len(load_records(tmp_path)) == len(load_records(RESULTS / "h200")) + 1
+    text = render(tmp_path)
+    bench_row = next(line for line in text.splitlines() if "(h200/bench-tiny.json)" in line)
+    assert bench_row.startswith("| qwen3-dflash | tiny |") and f"{rec['plain']['tok_s']:.1f}" in bench_row
+    assert "Acceptance sweep of `h200/bench-tiny.json`" in text
+    assert "`--width cost` at a = 0.02" in text and "`--width cost` at a = 0.98" in text
+    path, pngs = write(tmp_path, plots=False)
+    assert path.read_text() == text and pngs == []
+    (tmp_path / "kept-histograms.png").write_bytes(b"png")          # made earlier where matplotlib was
+    path, pngs = write(tmp_path, plots=False)
+    assert pngs == ["kept-histograms.png"] and "![kept-histograms.png](kept-histograms.png)" in path.read_text()
+
+
+def test_plots_when_matplotlib_is_there(tmp_path):
+    pytest.importorskip("matplotlib")
+    shutil.copytree(RESULTS / "h200", tmp_path / "h200")
+    path, pngs = write(tmp_path, plots=True)
+    assert "kept-histograms.png" in pngs and (tmp_path / "kept-histograms.png").stat().st_size > 1000
+    assert "![kept-histograms.png](kept-histograms.png)" in path.read_text()
+
+
+def test_results_command_exit_codes(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from bloomery_cli.results_table import results_command
+
+    app = typer.Typer()
+    app.command()(results_command)
+    missing = CliRunner().invoke(app, ["--dir", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "no such folder" in missing.output
+    shutil.copytree(RESULTS / "h200", tmp_path / "h200")
+    ok = CliRunner().invoke(app, ["--dir", str(tmp_path), "--no-plots"])
+    assert ok.exit_code == 0 and (tmp_path / "README.md").is_file()
