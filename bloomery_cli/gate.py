@@ -43,6 +43,7 @@ class GateDef:
     check_draft: Callable[..., None]                       # (report, DraftCheck) -> (r) lines
     n: int = 256
     anchors: tuple[str, ...] = ()                          # published numbers, printed as external
+    check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -200,6 +201,9 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     report.facts["width_policy"] = opts.width
     if opts.oracle:
         check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
+        if gate.check_draft_oracle is not None:
+            gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill,
+                                                       ref, opts.dtype), plain_runs[0])
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:

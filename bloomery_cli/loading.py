@@ -23,10 +23,11 @@ from bloomery_cli.formats.dspark import dspark_from_hf
 from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
+from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
-from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
+from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec, MTPSpec
 
-__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_tokenizer"]
+__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_tokenizer"]
 
 def _existing(path: str | Path, role: str) -> Path:
     p = Path(path).expanduser()
@@ -37,8 +38,11 @@ def _existing(path: str | Path, role: str) -> Path:
     return p
 
 def load_target(path: str | Path) -> ModelSpec:
-    """The target model at ``path``: an HF directory or a ``*.gguf`` file (only Qwen3 for now)."""
+    """The target model at ``path``: an HF directory or a ``*.gguf`` file. Qwen3 (model_type qwen3, arch
+    qwen3) or qwen38 (model_type qwen3_5 / qwen3_5_text, arch qwen35: a ``Qwen38Spec``)."""
     p = _existing(path, "target checkpoint (an HF directory or a .gguf file)")
+    if is_qwen38(p):
+        return qwen38_from_hf(p) if p.is_dir() else qwen38_from_gguf(p)
     if p.is_dir():
         return qwen3_from_hf(p)
     if is_gguf(p):
@@ -69,3 +73,10 @@ def load_dflash2(path: str | Path, target: ModelSpec) -> DFlash2Spec:
     if not p.is_dir():
         raise InputError(p, "expected the DFlash2 draft's HF directory (config.json + *.safetensors)")
     return dflash2_from_hf(p, target)
+
+def load_mtp(path: str | Path, target: ModelSpec) -> MTPSpec:
+    """The MTP / NextN head shipped in ``path`` (an HF directory or a qwen35 GGUF, usually the target's own
+    checkpoint) for the qwen38 ``target``; named errors when absent, incomplete or unfit (formats/mtp.py)."""
+    from bloomery_cli.formats.mtp import mtp_from_file
+
+    return mtp_from_file(_existing(path, "checkpoint holding the MTP head (an HF directory or a .gguf file)"), target)

@@ -155,15 +155,20 @@ def train_dflash2(target_params: Mapping[str, torch.Tensor], target_spec: ModelS
                   dshape: DFlash2Shape | None = None, batch: int = 64, seq: int = 256, anchors_per_row: int = 16,
                   lr: float = 3e-3, warmup: int = 100, selector_weight: float = 1.0, pool_size: int = 8192,
                   pool_prefixes: tuple[int, ...] = (32, 64, 96, 128), eval_rows: torch.Tensor | None = None,
-                  eval_first_anchor: int | None = None,
+                  eval_first_anchor: int | None = None, target_forward=None,
                   quiet: bool = False) -> tuple[dict[str, torch.Tensor], DFlash2Spec, dict]:
     """Distil a DFlash2 draft from the frozen target. ``tokens``: a 1-D training stream (a greedy pool of
     ``pool_size`` rows of ``seq`` tokens is made from it) or a 2-D [n, seq] pool used as is.
     Returns (bf16 CPU params, the spec over them, stats: losses, timings, held-out metrics on ``eval_rows``
     [n, T] (default: 64 pool rows) for the backbone argmax and the walked path, anchors every B from
-    ``eval_first_anchor`` (default: 1 on ``eval_rows``, the shortest pool prefix on pool rows))."""
+    ``eval_first_anchor`` (default: 1 on ``eval_rows``, the shortest pool prefix on pool rows)).
+    ``target_forward``: (params, spec, ids) -> (logits, hidden), the frozen target's differentiable forward
+    (default: the qwen3 family's; a qwen38 target passes a closure over its own spec, as the spec handed in by
+    ``greedy_pool`` / ``eval_draft`` is the qwen3 form of the target's shape)."""
     from bloomery_gates.kernels.drafts.dflash2 import forward_train
-    from bloomery_gates.kernels.families.qwen3 import forward_train as tforward
+    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
+
+    tforward = target_forward or qwen3_forward
 
     dev = torch.device(device)
     d = dshape or DFlash2Shape()
@@ -217,8 +222,8 @@ def train_dflash2(target_params: Mapping[str, torch.Tensor], target_spec: ModelS
     rows = (eval_rows if eval_rows is not None else pool[:64]).to(dev)
     first = eval_first_anchor or (1 if eval_rows is not None else min(pool_prefixes))
 
-    def backbone(dp, _spec, tp, ts, hidden, ids, anchors):
-        return forward_train(dp, qspec, tp, ts, hidden, ids, anchors).logits
+    def backbone(dp, _spec, tp, _ts, hidden, ids, anchors):     # the real target spec: its family's final norm
+        return forward_train(dp, qspec, tp, tspec, hidden, ids, anchors).logits
 
     with torch.no_grad():
         backbone_eval = eval_draft(dq, d.dflash(), tq, shape, rows, tforward, backbone, first_anchor=first)

@@ -95,8 +95,14 @@ def gguf_name(hf: str, trunk: int) -> str:
     raise KeyError(f"no GGUF name for tensor {hf}")
 
 
+MTP_INPUT_NORMS = ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight")
+
+
 def baked_plus_one(hf_name: str) -> bool:
-    """True where llama.cpp's converter stores w + 1: every ``*norm.weight`` but the DeltaNet's ``linear_attn.norm``."""
+    """True where llama.cpp's converter stores w + 1: every zero-centred norm, i.e. every ``*norm.weight`` but the
+    DeltaNet's gated ``linear_attn.norm``, and the MTP input norms (``nextn.enorm`` / ``nextn.hnorm``)."""
+    if hf_name in MTP_INPUT_NORMS:
+        return True
     return hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight")
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from bloomery_cli.spec import DFlash2Spec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, project_kv, project_q
+from ..families.qwen38 import Qwen38Target, norm_gain
 from ..ops.attention import attend
 from ..ops.dynamic_conv import conv_delta, dynamic_conv
 from ..ops.mlp import swiglu
@@ -90,9 +91,10 @@ class Proposal:
 
 
 class DFlash2Draft(DFlashDraft):
-    """Device DFlash2 draft bound to a target engine; the context path (prompt / accept) is DFlash's."""
+    """Device DFlash2 draft bound to a target engine (qwen3, or the qwen38 hybrid: it reads only the engine's
+    taps, embedding, head and final-norm gain); the context path (prompt / accept) is DFlash's."""
 
-    def __init__(self, spec: DFlash2Spec, target: Qwen3Target, max_len: int, impl: str = "auto"):
+    def __init__(self, spec: DFlash2Spec, target: Qwen3Target | Qwen38Target, max_len: int, impl: str = "auto"):
         super().__init__(spec, target, max_len)
         self.impl = resolve_impl(impl, self.device)
         self.conv, self.fused = conv_impl(self.impl), select_impl(self.impl)
@@ -147,6 +149,13 @@ def teacher_candidates(logits: torch.Tensor, labels: torch.Tensor, k: int) -> tu
     return cand, first_argmax((cand == labels[..., None]).int())
 
 
+def target_final_norm(target_spec: ModelSpec, target_params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The gain of the target's final norm, as its engine applies it (``final_norm``): model.norm.weight for
+    qwen3, 1 + w for the zero-centred norm of the qwen38 family. Read by a feature on the target's last layer."""
+    w = target_params["model.norm.weight"]
+    return norm_gain(w) if target_spec.family == "qwen38" else w
+
+
 def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlash2Spec, target_params: Mapping[str, torch.Tensor],
                   target_spec: ModelSpec, hidden: list[torch.Tensor], ids: torch.Tensor, anchors: torch.Tensor,
                   labels: torch.Tensor | None = None) -> TrainOut:
@@ -159,7 +168,7 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlash2Spec, targe
     a = anchors.shape[1]
     cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
     u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
-                         shape.rms_eps, target_params["model.norm.weight"], target_spec.layer.rms_eps)
+                         shape.rms_eps, target_final_norm(target_spec, target_params), target_spec.layer.rms_eps)
     anchor_ids = torch.gather(ids, 1, anchors)                                             # [N, A]
     pos = (anchors[..., None] + torch.arange(b, device=ids.device)).reshape(n, a * b)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]

@@ -1,0 +1,107 @@
+"""MTP / NextN head of a qwen38 (Qwen3.5/3.8) target, float64 host reference (DRAFTERS.md section 1).
+
+No cache: every call runs all of its rows. A row j of the MTP layer reads the token at position j and
+the target's POST-final-norm hidden at j-1 (the rows that enter the LM head), and predicts j+1:
+
+    n(x, w)  = x / sqrt(mean(x^2) + eps) * (1 + w)          every norm here is zero-centred
+    u_j = [ n(E(tok_j), pre_fc_norm_embedding) ; n(h_{j-1}, pre_fc_norm_hidden) ] fc^T   EMBEDDING FIRST
+    one gated full-attention layer (the trunk's full-attention type), rows at RoPE positions j, causal:
+        a = n(u, input_layernorm)
+        [q | gate] per head = a Wq^T  ([T, nh, 2d]: the first d channels the query, the next d the gate)
+        q = n_head(q, q_norm), k = n_head(a Wk^T, k_norm), v = a Wv^T
+        rotate the first rotary_dim channels of each q/k head (rotate-half within them), the rest pass
+        o = softmax(q k^T / sqrt(d) + causal) v * sigmoid(gate)          ->  y = u + o Wo^T
+        y = y + swiglu(n(y, post_attention_layernorm))
+    g_j = n(y_j, mtp.norm);  logits_j = g_j head^T                      the TARGET's head
+
+Chained drafts: the row after the last real one reads (d_i, g) where d_i is the previous row's draft
+and g its normed output; a chained row attends to every row before it (real and chained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bloomery_cli.spec import MTPSpec, Qwen38Spec
+
+from ..families.qwen3 import head_weight
+from ..families.qwen38 import gated_attention, mlp, norm1p
+from ..ops.attention import causal_mask
+from ..weights import as_f64
+
+P = "mtp."
+L0 = "mtp.layers.0."
+
+
+@dataclass(frozen=True)
+class MTPRefOut:
+    """Per row: layer_out [R, H] (the MTP layer's output before mtp.norm), g [R, H] (after it),
+    logits [R, V], ids [R] = argmax (lowest index on ties)."""
+
+    layer_out: np.ndarray
+    g: np.ndarray
+    logits: np.ndarray
+    ids: np.ndarray
+
+
+def mtp_input(mtp: MTPSpec, emb: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    """u = fc([n(emb, pre_fc_norm_embedding) ; n(hidden, pre_fc_norm_hidden)]): [R, H] each -> [R, H]."""
+    w, eps = as_f64(mtp), mtp.layer.rms_eps
+    x = np.concatenate([norm1p(emb, w[P + "pre_fc_norm_embedding.weight"], eps),
+                        norm1p(hidden, w[P + "pre_fc_norm_hidden.weight"], eps)], axis=-1)
+    return x @ w[P + "fc.weight"].T
+
+
+def layer(mtp: MTPSpec, target: Qwen38Spec, u: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The MTP decoder layer over rows u [R, H] at ``positions``, causal among the rows: the trunk's
+    full-attention layer (the target's shape: heads, head_dim, rotary_dim) on the mtp.layers.0 weights."""
+    w, eps = as_f64(mtp), mtp.layer.rms_eps
+    a = norm1p(u, w[L0 + "input_layernorm.weight"], eps)
+    y = u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u)))
+    return y + mlp(w, L0 + "mlp.", norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps))
+
+
+def target_final(target: Qwen38Spec, last_hidden: np.ndarray) -> np.ndarray:
+    """The target's post-final-norm rows from its last layer's output [T, H] (zero-centred model.norm)."""
+    return norm1p(last_hidden, as_f64(target)["model.norm.weight"], target.layer.rms_eps)
+
+
+def rows(mtp: MTPSpec, target: Qwen38Spec, emb: np.ndarray, hidden: np.ndarray, positions: np.ndarray) -> MTPRefOut:
+    """MTP rows (emb_j = E(tok_j), hidden_j = h_{j-1}) at ``positions``, causal among themselves."""
+    y = layer(mtp, target, mtp_input(mtp, emb, hidden), positions)
+    g = norm1p(y, as_f64(mtp)[P + "norm.weight"], mtp.layer.rms_eps)
+    logits = g @ head_weight(target).T
+    return MTPRefOut(layer_out=y, g=g, logits=logits, ids=np.argmax(logits, axis=-1))
+
+
+def teacher_forced(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarray) -> MTPRefOut:
+    """Every row j = 1..T-1 of a sequence: reads (ids[j], final[j-1]), row j-1 of the result predicts ids[j+1].
+
+    final: [T, H] the target's post-final-norm rows over ``ids``."""
+    emb = as_f64(target)["model.embed_tokens.weight"][np.asarray(ids[1:], dtype=np.int64)]
+    return rows(mtp, target, emb, final[:-1], np.arange(1, len(ids)))
+
+
+def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarray, anchor: int, width: int,
+          chain_ids: Sequence[int] | None = None) -> MTPRefOut:
+    """``width`` chained drafts after a context of T = len(ids) positions.
+
+    final [T, H]: the target's post-final-norm rows over ``ids``; anchor: the id at position T (the last
+    one the target emitted). Row T reads (anchor, final[T-1]); chained row T+i reads (d_i, g_{T+i-1}).
+    d_i is the previous row's argmax, or ``chain_ids[i-1]`` when given (so a check can follow another
+    engine's drafts). Returns the ``width`` drafted rows only."""
+    t = len(ids)
+    e = as_f64(target)["model.embed_tokens.weight"]
+    toks = list(ids[1:]) + [anchor]
+    hid = list(final[:t])
+    out = rows(mtp, target, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1))
+    for i in range(1, width):
+        nxt = int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1])
+        toks.append(nxt)
+        hid.append(out.g[-1])
+        out = rows(mtp, target, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1 + i))
+    k = slice(t - 1, t - 1 + width)
+    return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
