@@ -7,19 +7,19 @@ from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck
 
 from ..reference.families.qwen3 import RefOut
-from ..reference.ops.norm import rms_norm
-from ..reference.weights import as_f64
 from .targets import greedy_flips, to_np
 
 
 def kernel_taps(c: DraftCheck) -> RefOut:
-    """The engine's own target taps over the prompt, in float64, shaped as the reference's RefOut.
+    """The engine's own target taps over the prompt, in float64, shaped as the reference's RefOut (``final``
+    through the family's own final norm: plain for qwen3, zero-centred (1+w) for qwen38).
 
     The draft's reference reads these (not the target reference's taps), so a draft line measures the
     draft alone: the target's error was already checked layer by layer."""
+    from .targets import FAMILIES
+
     hidden = to_np(c.prefill.taps)
-    w = as_f64(c.target_spec)
-    final = rms_norm(hidden[-1], w["model.norm.weight"], c.target_spec.layer.rms_eps)
+    final = FAMILIES[c.target_spec.family].final_norm(c.target_spec, hidden[-1])
     return RefOut(logits=to_np(c.prefill.logits), hidden=hidden, final=final)
 
 

@@ -11,35 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gate import GateDef
 from bloomery_cli.loading import load_dflash
 
 from ..kernels.drafts.dflash import DFlashDraft
-from ..reference.drafts import dflash as ref_dflash
-from ..reference.families.qwen3 import RefOut
-from ..reference.families.qwen38 import norm1p
-from ..reference.weights import as_f64
-from .draft_checks import check_block
 from .fixtures import FIXTURES, PROMPTS
-from .qwen3_dflash import describe
-from .targets import to_np
-
-
-def kernel_taps(c: DraftCheck) -> RefOut:
-    """The engine's own taps over the prompt in float64, with ``final`` through the zero-centred final norm."""
-    hidden = to_np(c.prefill.taps)
-    final = norm1p(hidden[-1], as_f64(c.target_spec)["model.norm.weight"], c.target_spec.layer.rms_eps)
-    return RefOut(logits=to_np(c.prefill.logits), hidden=hidden, final=final)
-
-
-def check_draft(report: Report, c: DraftCheck) -> None:
-    anchor = c.prefill.argmax[-1]
-    c.draft.prompt(c.prefill.taps)
-    got = c.draft.propose(anchor, detail=True)
-    ref = ref_dflash.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor)
-    check_block(report, c, "dflash", got, ref)
-
+from .qwen3_dflash import check_draft, describe
 
 GATE = GateDef(
     name="qwen38-dflash", family="qwen38", draft_kind="dflash",

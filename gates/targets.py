@@ -18,6 +18,7 @@ from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import qwen3 as ref_qwen3
 from ..reference.families import qwen38 as ref_qwen38
 from ..reference.ops.attention import causal_mask
+from ..reference.ops.norm import rms_norm
 from ..reference.weights import as_f64
 
 
@@ -28,6 +29,7 @@ class Family:
     reference: Callable            # (spec, ids) -> RefOut
     reference_layer: Callable      # (spec, l, h_in [T, H] f64) -> layer l's output [T, H], positions 0..T-1
     oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
+    final_norm: Callable           # (spec, h [T, H] f64) -> the rows that enter the head (the family's final norm)
 
 
 def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
@@ -45,8 +47,15 @@ def _hf_qwen38(spec: ModelSpec, ids: list[int]) -> np.ndarray:
     return hf_qwen38_logits(spec, ids)
 
 
-FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3),
-            "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38)}
+def _final(norm: Callable) -> Callable:
+    def final(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
+        return norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
+    return final
+
+
+FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm)),
+            "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
+                             _final(ref_qwen38.norm1p))}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:

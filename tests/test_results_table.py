@@ -27,7 +27,12 @@ def test_acceptance_table_from_the_committed_h200_records():
     assert "external" in text
     for _, source, published in ANCHORS:
         assert f"| {source} | {published} |" in text
-    assert "## DFlash2 kernels" in text and "No bench records yet." in text
+    assert "## DFlash2 kernels" in text
+    benches = sorted(RESULTS.glob("h200/bench-qwen3-*.json"))
+    if not benches:
+        assert "No bench records yet." in text
+    for path in benches:                       # every committed bench record has its row
+        assert f"({path.relative_to(RESULTS).as_posix()})" in text
 
 
 def test_render_is_a_function_of_the_records():
