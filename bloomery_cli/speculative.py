@@ -10,6 +10,7 @@ The plain run is the same loop with no draft: one row per pass.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,44 +53,25 @@ class Run:
     tally: Tally
 
 
+class FixedWidth:
+    """The gates' policy: every proposal the draft makes (``width`` None), or at most ``width`` - 1 of them."""
+
+    def __init__(self, width: int | None = None):
+        self.width = width
+
+    def choose(self) -> int:
+        return self.width if self.width is not None else 1 << 30
+
+    def observe(self, k: int, kept: int, seconds: float) -> None:
+        pass
+
+
 def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None) -> Run:
-    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass: an int (fixed), or
-    a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
-    window; k = 1 runs a plain pass without drafting. Only drafted windows enter the tally then."""
-    if width is not None and hasattr(width, "choose"):
-        return _generate_policy(target, draft, prompt, n, width)
-    timer = PhaseTimer(target.device)
-    tally = Tally()
-    first = target.prefill(prompt)
-    if draft is not None:
-        draft.prompt(first.taps)
-    out = [first.argmax[-1]]
-    while len(out) < n:
-        proposals: list[int] = []
-        if draft is not None:
-            with timer.phase("draft"):
-                proposals = draft.propose(out[-1]).ids
-            if width is not None:
-                proposals = proposals[: max(width - 1, 0)]
-        with timer.phase("verify"):
-            v = target.verify([out[-1], *proposals])
-        kept = kept_rows(proposals, v.argmax)
-        with timer.phase("commit"):
-            target.commit(kept)
-            if draft is not None:
-                draft.accept(kept, v.taps)
-        out.extend(emitted_ids(v.argmax, kept))
-        if draft is not None:
-            tally.add(len(proposals), kept)
-    tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
-    return Run(out[:n], tally)
-
-
-def _generate_policy(target: Target, draft: Draft | None, prompt: list[int], n: int, policy) -> Run:
-    """The loop above with a per-window width policy (walls measured around draft + verify: the argmax
-    readback that ends a verify waits for the device)."""
-    import time
-
+    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass: None (all), an int,
+    or a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
+    window; k = 1 runs a plain pass without drafting. Only windows that drafted enter the tally. Walls for the
+    policy are taken around draft + verify (the argmax readback that ends a verify waits for the device)."""
+    policy = width if hasattr(width, "choose") else FixedWidth(width)
     timer = PhaseTimer(target.device)
     tally = Tally()
     first = target.prefill(prompt)
