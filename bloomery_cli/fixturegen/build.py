@@ -216,6 +216,26 @@ def _check_readback(work: Path, tparams_bf16: dict, dparams_bf16: dict, tok) -> 
         raise RuntimeError("tokenizer.json does not read back equal")
 
 
+def keep_other_entries(man: Manifest, out: Path) -> list[str]:
+    """Entries that other builds added to ``out``'s manifest (the qwen38 fixtures) stay listed; this build
+    replaces only the entries it makes. Returns warnings: those fixtures were trained on the old tokenizer
+    and target, so a rebuild here means rebuilding them too."""
+    if not (out / MANIFEST_NAME).is_file():
+        return []
+    old = Manifest.read(out)
+    mine = {rel.split("/")[0] for rel in man.files}
+    kept = sorted({rel.split("/")[0] for rel in old.files if rel.split("/")[0] not in mine and (out / rel).exists()})
+    for rel, entry in old.files.items():
+        if rel.split("/")[0] in kept:
+            man.files[rel] = entry
+    for name, entry in old.models.items():
+        man.models.setdefault(name, entry)
+    if not kept:
+        return []
+    return [f"kept in the manifest from other builds: {', '.join(kept)}; if the tokenizer changed, rebuild them "
+            "(python -m bloomery_cli.fixturegen.qwen38_drafts, then qwen38_dflash2)"]
+
+
 def _install(work: Path, out: Path) -> None:
     """Replace the entries of ``out`` that ``work`` holds (every top-level file or folder), the manifest last."""
     out.mkdir(parents=True, exist_ok=True)
@@ -456,6 +476,8 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
         },
     }
     man.models.update(extra_models)
+    for line in keep_other_entries(man, out_dir):
+        rep.log(line)
     man.write(work)
     _install(work, out_dir)
     shutil.rmtree(work, ignore_errors=True)
