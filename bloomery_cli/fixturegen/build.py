@@ -35,7 +35,9 @@ import torch
 
 from . import corpus as corpus_mod
 from . import export_gguf, export_hf, tokenizer_train
-from .manifest import MANIFEST_NAME, Manifest
+from .install import check_readback, install, keep_other_entries
+from .layout import DRAFT_DIR, PROMPTS, TARGET_DIR, TARGET_GGUF, TOKENIZER
+from .manifest import Manifest
 from .manifest import verify as verify_manifest
 from .train import (
     DraftShape,
@@ -52,11 +54,6 @@ from .train import (
     train_target,
 )
 
-TARGET_DIR = "qwen3-tiny"
-TARGET_GGUF = "qwen3-tiny.gguf"
-DRAFT_DIR = "qwen3-tiny-dflash-b8"
-TOKENIZER = "tokenizer.json"
-PROMPTS = "prompts.jsonl"
 ENTRIES = (TOKENIZER, PROMPTS, TARGET_DIR, TARGET_GGUF, DRAFT_DIR)
 MAX_TOTAL_BYTES = 12 * 1024 * 1024
 
@@ -196,57 +193,10 @@ def _nparams(p) -> int:
     return int(sum(v.numel() for v in p.values()))
 
 
-def _check_readback(work: Path, tparams_bf16: dict, dparams_bf16: dict, tok) -> None:
-    st = export_hf.read_safetensors(work / TARGET_DIR / "model.safetensors")
-    if set(st) != set(tparams_bf16) or any(not torch.equal(st[k], tparams_bf16[k]) for k in st):
-        raise RuntimeError("qwen3-tiny/model.safetensors does not read back equal to the trained weights")
-    ds = export_hf.read_safetensors(work / DRAFT_DIR / "model.safetensors")
-    if set(ds) != set(dparams_bf16) or any(not torch.equal(ds[k], dparams_bf16[k]) for k in ds):
-        raise RuntimeError("qwen3-tiny-dflash-b8/model.safetensors does not read back equal to the trained weights")
-    gt, meta = export_gguf.read_gguf(work / TARGET_GGUF)
-    if set(gt) != set(tparams_bf16):
-        raise RuntimeError(f"{TARGET_GGUF}: tensor set {sorted(set(gt) ^ set(tparams_bf16))} differs")
-    for k, v in tparams_bf16.items():
-        if not np.array_equal(gt[k], v.float().numpy()):
-            raise RuntimeError(f"{TARGET_GGUF}: {k} does not read back equal to the HF tensor")
-    from tokenizers import Tokenizer
-
-    t2 = Tokenizer.from_file(str(work / TOKENIZER))
-    if t2.to_str() != tok.to_str():
-        raise RuntimeError("tokenizer.json does not read back equal")
 
 
-def keep_other_entries(man: Manifest, out: Path) -> list[str]:
-    """Entries that other builds added to ``out``'s manifest (the qwen38 fixtures) stay listed; this build
-    replaces only the entries it makes. Returns warnings: those fixtures were trained on the old tokenizer
-    and target, so a rebuild here means rebuilding them too."""
-    if not (out / MANIFEST_NAME).is_file():
-        return []
-    old = Manifest.read(out)
-    mine = {rel.split("/")[0] for rel in man.files}
-    kept = sorted({rel.split("/")[0] for rel in old.files if rel.split("/")[0] not in mine and (out / rel).exists()})
-    for rel, entry in old.files.items():
-        if rel.split("/")[0] in kept:
-            man.files[rel] = entry
-    for name, entry in old.models.items():
-        man.models.setdefault(name, entry)
-    if not kept:
-        return []
-    return [f"kept in the manifest from other builds: {', '.join(kept)}; if the tokenizer changed, rebuild them "
-            "(python -m bloomery_cli.fixturegen.qwen38_drafts, then qwen38_dflash2)"]
 
 
-def _install(work: Path, out: Path) -> None:
-    """Replace the entries of ``out`` that ``work`` holds (every top-level file or folder), the manifest last."""
-    out.mkdir(parents=True, exist_ok=True)
-    names = sorted(p.name for p in work.iterdir() if p.name != MANIFEST_NAME)
-    for name in (*names, MANIFEST_NAME):
-        dst = out / name
-        if dst.is_dir() and not dst.is_symlink():
-            shutil.rmtree(dst)
-        elif dst.exists() or dst.is_symlink():
-            dst.unlink()
-        os.replace(work / name, dst)
 
 
 @dataclass
@@ -391,7 +341,7 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
     files += export_hf.write_target(work / TARGET_DIR, shape, t_bf16, tjson)
     files.append(export_gguf.write_target_gguf(work / TARGET_GGUF, shape, t_bf16, tok))
     files += export_hf.write_draft(work / DRAFT_DIR, shape, dshape, d_bf16)
-    _check_readback(work, t_bf16, d_bf16, tok)
+    check_readback(work, t_bf16, d_bf16, tok)
     extra_models: dict[str, dict] = {}
     if extras:
         from .train import target_spec as _tspec
@@ -479,7 +429,7 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
     for line in keep_other_entries(man, out_dir):
         rep.log(line)
     man.write(work)
-    _install(work, out_dir)
+    install(work, out_dir)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         work.parent.rmdir()

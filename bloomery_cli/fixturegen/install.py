@@ -1,0 +1,68 @@
+"""The last steps of a fixture build: read every written file back against the trained weights, keep other
+builds' manifest entries, and move the finished entries into the fixture folder (the manifest last)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import export_gguf, export_hf
+from .layout import DRAFT_DIR, TARGET_DIR, TARGET_GGUF, TOKENIZER
+from .manifest import MANIFEST_NAME, Manifest
+
+
+def check_readback(work: Path, tparams_bf16: dict, dparams_bf16: dict, tok) -> None:
+    st = export_hf.read_safetensors(work / TARGET_DIR / "model.safetensors")
+    if set(st) != set(tparams_bf16) or any(not torch.equal(st[k], tparams_bf16[k]) for k in st):
+        raise RuntimeError("qwen3-tiny/model.safetensors does not read back equal to the trained weights")
+    ds = export_hf.read_safetensors(work / DRAFT_DIR / "model.safetensors")
+    if set(ds) != set(dparams_bf16) or any(not torch.equal(ds[k], dparams_bf16[k]) for k in ds):
+        raise RuntimeError("qwen3-tiny-dflash-b8/model.safetensors does not read back equal to the trained weights")
+    gt, meta = export_gguf.read_gguf(work / TARGET_GGUF)
+    if set(gt) != set(tparams_bf16):
+        raise RuntimeError(f"{TARGET_GGUF}: tensor set {sorted(set(gt) ^ set(tparams_bf16))} differs")
+    for k, v in tparams_bf16.items():
+        if not np.array_equal(gt[k], v.float().numpy()):
+            raise RuntimeError(f"{TARGET_GGUF}: {k} does not read back equal to the HF tensor")
+    from tokenizers import Tokenizer
+
+    t2 = Tokenizer.from_file(str(work / TOKENIZER))
+    if t2.to_str() != tok.to_str():
+        raise RuntimeError("tokenizer.json does not read back equal")
+
+
+def keep_other_entries(man: Manifest, out: Path) -> list[str]:
+    """Entries that other builds added to ``out``'s manifest (the qwen38 fixtures) stay listed; this build
+    replaces only the entries it makes. Returns warnings: those fixtures were trained on the old tokenizer
+    and target, so a rebuild here means rebuilding them too."""
+    if not (out / MANIFEST_NAME).is_file():
+        return []
+    old = Manifest.read(out)
+    mine = {rel.split("/")[0] for rel in man.files}
+    kept = sorted({rel.split("/")[0] for rel in old.files if rel.split("/")[0] not in mine and (out / rel).exists()})
+    for rel, entry in old.files.items():
+        if rel.split("/")[0] in kept:
+            man.files[rel] = entry
+    for name, entry in old.models.items():
+        man.models.setdefault(name, entry)
+    if not kept:
+        return []
+    return [f"kept in the manifest from other builds: {', '.join(kept)}; if the tokenizer changed, rebuild them "
+            "(python -m bloomery_cli.fixturegen.qwen38_drafts, then qwen38_dflash2)"]
+
+
+def install(work: Path, out: Path) -> None:
+    """Replace the entries of ``out`` that ``work`` holds (every top-level file or folder), the manifest last."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in work.iterdir() if p.name != MANIFEST_NAME)
+    for name in (*names, MANIFEST_NAME):
+        dst = out / name
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst)
+        elif dst.exists() or dst.is_symlink():
+            dst.unlink()
+        os.replace(work / name, dst)
