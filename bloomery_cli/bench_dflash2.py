@@ -15,12 +15,12 @@ bandwidth (a large tensor copy, read + write). A case far above its floor is lau
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+
+from bloomery_gates.kernels.graphs import time_replays
 
 
 @dataclass(frozen=True)
@@ -43,23 +43,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 3) -> float:
-    """Seconds per call: mean over ``iters`` back-to-back calls (CUDA events on CUDA, perf_counter on CPU)."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
 
 
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, iters: int = 10) -> float:
@@ -67,7 +50,7 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, iters: int =
     nbytes = nbytes or (1 << 30 if device.type == "cuda" else 1 << 26)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    return 2 * nbytes / time_call(lambda: dst.copy_(src), device, iters)
+    return 2 * nbytes / time_replays(lambda: dst.copy_(src), device, iters, warmup=3)
 
 
 def _nbytes(*ts: torch.Tensor) -> int:
@@ -148,7 +131,7 @@ def bench_kernels(device: str | torch.device = "cuda", shape: BenchShape | None 
         outs = {}
         for impl, fn in fns.items():
             outs[impl] = fn()
-            row[f"{impl}_us"] = time_call(fn, dev, iters) * 1e6
+            row[f"{impl}_us"] = time_replays(fn, dev, iters, warmup=3) * 1e6
         if "triton" in outs:
             row["speedup"] = row["torch_us"] / row["triton_us"]
             row["check"] = check(outs["torch"], outs["triton"])

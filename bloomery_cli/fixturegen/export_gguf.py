@@ -76,12 +76,14 @@ def _ordered(params: Mapping[str, torch.Tensor], shape: TargetShape) -> list[str
     return names
 
 
-def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
-                      name: str = "qwen3-tiny") -> Path:
-    w = gguf.GGUFWriter(str(path), ARCH)
+def gguf_header(path: Path, arch: str, name: str, blocks: int, shape) -> gguf.GGUFWriter:
+    """A GGUFWriter with the keys every Qwen-style target shares: name, block count, context, widths, heads,
+    head dims, RoPE base. ``shape`` has hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim,
+    rope_theta, max_position. The caller adds its own keys and the tensors."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name)
-    w.add_block_count(shape.num_layers)
+    w.add_block_count(blocks)
     w.add_context_length(shape.max_position)
     w.add_embedding_length(shape.hidden_size)
     w.add_feed_forward_length(shape.intermediate_size)
@@ -90,6 +92,12 @@ def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_rope_freq_base(float(shape.rope_theta))
+    return w
+
+
+def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
+                      name: str = "qwen3-tiny") -> Path:
+    w = gguf_header(path, ARCH, name, shape.num_layers, shape)
     w.add_layer_norm_rms_eps(float(shape.rms_eps))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -54,6 +54,7 @@ from .train import (
     TrainLog,
     _autocast,
     _optimizer,
+    descend,
     eval_draft,
     greedy_pool,
     init_draft,
@@ -147,11 +148,7 @@ def train_mtp(mp: dict, tq: dict, tspec, pool: torch.Tensor, cfg: TrainConfig, c
         outs, lab = _mtp_losses(mp, tq, tspec, ids, chain, dev)
         loss = sum(w * F.cross_entropy(o.reshape(-1, o.shape[-1]), lab[:, s + 1:].reshape(-1))
                    for s, (w, o) in enumerate(zip(wstep, outs, strict=True)))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(mp.values()), cfg.clip)
-        opt.step()
-        log.losses.append(float(loss.detach()))
+        log.losses.append(descend(opt, loss, mp, cfg.clip))
         rep.step(step + 1, cfg.steps, {"loss": log.losses[-1]})
     log.seconds = time.perf_counter() - t0
     rep.done()

@@ -37,8 +37,9 @@ from bloomery_gates.kernels.families.qwen38 import forward_train
 
 from . import corpus as corpus_mod
 from . import tokenizer_train
+from .export_gguf import gguf_header
 from .export_hf import write_safetensors
-from .train import Reporter, Schedule, TrainConfig, _autocast, _optimizer, round_bf16, sample_windows
+from .train import Reporter, Schedule, TrainConfig, _autocast, _optimizer, descend, round_bf16, sample_windows
 
 TRANSFORMERS_VERSION = "5.24.0"
 
@@ -149,11 +150,7 @@ def train_qwen38_target(tokens: torch.Tensor, device: str | torch.device, steps:
         with _autocast(dev):
             logits, _ = forward_train(params, spec, w[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, shape.vocab_size), w[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
-        opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(descend(opt, loss, params, cfg.clip))
         rep.step(step + 1, steps, {"loss": losses[-1]})
     seconds = time.perf_counter() - t0
     rep.done()
@@ -250,18 +247,7 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
         raise ValueError(f"layer_types {list(types)} is not a full_attention_interval schedule; "
                          "llama.cpp's qwen35 loader reads only the interval")
     hy = shape.spec({}).hybrid
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name)
-    w.add_block_count(L + mtp_layers)
-    w.add_context_length(shape.max_position)
-    w.add_embedding_length(shape.hidden_size)
-    w.add_feed_forward_length(shape.intermediate_size)
-    w.add_head_count(shape.num_heads)
-    w.add_head_count_kv(shape.num_kv_heads)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_freq_base(float(shape.rope_theta))
+    w = gguf_header(path, "qwen35", name, L + mtp_layers, shape)
     w.add_rope_dimension_count(hy.rotary_dim)
     w.add_rope_dimension_sections([hy.rotary_dim // 2, 0, 0, 0])      # text positions: every section alike
     w.add_layer_norm_rms_eps(float(shape.rms_eps))

@@ -221,6 +221,15 @@ def _optimizer(params: dict[str, torch.Tensor], cfg: TrainConfig, device: torch.
                              lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, **kw)
 
 
+def descend(opt: torch.optim.Optimizer, loss: torch.Tensor, params: Mapping[str, torch.Tensor], clip: float) -> float:
+    """One optimiser step on ``loss`` with the gradient norm clipped at ``clip``; returns the loss as a float."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
+    opt.step()
+    return float(loss.detach())
+
+
 def sample_windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
     """n random windows [n, length] of a 1-D token stream (starts drawn on the CPU generator)."""
     starts = torch.randint(0, stream.numel() - length, (n,), generator=gen)
@@ -247,11 +256,7 @@ def train_target(params: dict[str, torch.Tensor], shape: TargetShape, stream: to
         with _autocast(device):
             logits, _ = forward(params, spec, w[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, shape.vocab_size), w[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
-        opt.step()
-        log.losses.append(float(loss.detach()))
+        log.losses.append(descend(opt, loss, params, cfg.clip))
         reporter.step(step + 1, cfg.steps, {"loss": log.losses[-1], "lr": f"{sched(step):.2e}"})
     log.seconds = time.perf_counter() - t0
     reporter.done()
@@ -356,11 +361,7 @@ def train_draft(dparams: dict[str, torch.Tensor], dshape: DraftShape, tparams: M
             dlogits = dforward(dparams, dspec, tparams, tspec, [h.detach() for h in hidden], ids, anchors)
         ce = F.cross_entropy(dlogits.float().reshape(-1, shape.vocab_size), labels.reshape(-1), reduction="none")
         loss = (ce.view(*labels.shape) * wpos).sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(dparams.values()), cfg.clip)
-        opt.step()
-        log.losses.append(float(loss.detach()))
+        log.losses.append(descend(opt, loss, dparams, cfg.clip))
         reporter.step(step + 1, cfg.steps, {"loss": log.losses[-1], "lr": f"{sched(step):.2e}"})
     log.seconds = time.perf_counter() - t0
     reporter.done()

@@ -37,6 +37,7 @@ from .train import (
     _anchor_labels,
     _autocast,
     _optimizer,
+    descend,
     eval_draft,
     greedy_pool,
     init_draft,
@@ -206,11 +207,7 @@ def train_dflash2(target_params: Mapping[str, torch.Tensor], target_spec: ModelS
         ce = (ce.view(labels.shape) * wpos).sum(-1).mean()
         sel = (sel.view(labels.shape) * wpos).sum(-1).mean()
         loss = ce + selector_weight * sel
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(dparams.values()), cfg.clip)
-        opt.step()
-        log.losses.append(float(loss.detach()))
+        log.losses.append(descend(opt, loss, dparams, cfg.clip))
         ce_log.append(float(ce.detach()))
         sel_log.append(float(sel.detach()))
         rep.step(step + 1, steps, {"loss": log.losses[-1], "ce": ce_log[-1], "selector": sel_log[-1]})

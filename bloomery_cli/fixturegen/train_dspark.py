@@ -38,6 +38,7 @@ from .train import (
     _anchor_labels,
     _autocast,
     _optimizer,
+    descend,
     init_draft,
     position_weights,
     round_bf16,
@@ -144,11 +145,7 @@ def train_dspark(target_params: Mapping[str, torch.Tensor], target_spec: ModelSp
             bce = F.binary_cross_entropy_with_logits(z.float(), hit)
             loss = ce + conf_weight * bce
             bces.append(float(bce.detach()))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(dparams.values()), cfg.clip)
-        opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(descend(opt, loss, dparams, cfg.clip))
         ces.append(float(ce.detach()))
         rep.step(step + 1, steps, {"loss": losses[-1], "ce": ces[-1], "lr": f"{sched(step):.2e}"})
     seconds = time.perf_counter() - t0

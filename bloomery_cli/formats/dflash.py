@@ -20,6 +20,7 @@ while this harness's taps are pre-norm for every layer; z-lab's default rule nev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bloomery_cli.errors import BadTensor, Mismatch
 from bloomery_cli.formats.config import Cfg
@@ -50,17 +51,23 @@ def _block_size(cfg: Cfg, dcfg: Cfg) -> int:
     return cfg.int("block_size", minimum=2) if top is not None else dcfg.int("block_size", minimum=2)
 
 
-def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
-    """A DFlash drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
+def open_block_draft(directory: Path, architecture: str) -> tuple[Cfg, Any, Cfg]:
+    """config.json (``architectures`` must list ``architecture``), the tensors (headers only) and the
+    ``dflash_config`` section, whose ``causal`` must be false (bidirectional block)."""
     cfg = Cfg(read_config(directory), directory / "config.json")
     tensors = open_safetensors_dir(directory)  # headers only
-    archs = cfg.get("architectures", what=f'a list containing "{ARCHITECTURE}"')
-    if not isinstance(archs, list) or ARCHITECTURE not in archs:
-        raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{ARCHITECTURE}\"")
+    archs = cfg.get("architectures", what=f'a list containing "{architecture}"')
+    if not isinstance(archs, list) or architecture not in archs:
+        raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{architecture}\"")
     dcfg = cfg.sub("dflash_config")
     if dcfg.get("causal", False) is not False:
-        raise dcfg.bad("causal", f"{dcfg.get('causal')!r} is not supported; "
-                                 "expected false (bidirectional block)")
+        raise dcfg.bad("causal", f"{dcfg.get('causal')!r} is not supported; expected false (bidirectional block)")
+    return cfg, tensors, dcfg
+
+
+def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
+    """A DFlash drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
+    cfg, tensors, dcfg = open_block_draft(directory, ARCHITECTURE)
     layer = layer_shape_from_hf(cfg)
     depth = cfg.int("num_hidden_layers")
     block = _block_size(cfg, dcfg)

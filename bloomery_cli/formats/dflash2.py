@@ -24,8 +24,7 @@ from typing import Any
 
 from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids
-from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
+from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids, open_block_draft
 from bloomery_cli.formats.lazy import check_shapes
 from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf
 from bloomery_cli.spec import DFlash2Spec, ModelSpec
@@ -80,14 +79,7 @@ def selector_tensor_shapes(v: int, h: int, r: int) -> Shapes:
 
 def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     """A DFlash2 drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
-    cfg = Cfg(read_config(directory), directory / "config.json")
-    tensors = open_safetensors_dir(directory)  # headers only
-    archs = cfg.get("architectures", what=f'a list containing "{ARCHITECTURE}"')
-    if not isinstance(archs, list) or ARCHITECTURE not in archs:
-        raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{ARCHITECTURE}\"")
-    dcfg = cfg.sub("dflash_config")
-    if dcfg.get("causal", False) is not False:
-        raise dcfg.bad("causal", f"{dcfg.get('causal')!r} is not supported; expected false (bidirectional block)")
+    cfg, tensors, dcfg = open_block_draft(directory, ARCHITECTURE)
     layer = layer_shape_from_hf(cfg)
     depth = cfg.int("num_hidden_layers")
     block = _block_size(cfg, dcfg)
