@@ -141,6 +141,21 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     raise typer.Exit(1 if worst == 1 else worst)
 
 
+@app.command("bands")
+def bands(shape: Annotated[str, typer.Option("--shape", help="A bench shape: qwen3-8b, qwen3-4b, tiny.")] = "qwen3-8b",
+          device: Device = "cpu", dtype: Dtype = "bf16",
+          prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt rows to check.")] = 64,
+          json: Json = None) -> None:
+    """The gate's (r) lines and their emulated bands on random weights of a real model's shape (qwen3-dflash)."""
+    from .band_probe import probe
+
+    try:
+        code, _ = probe(shape, device, dtype, prompt_len, json)
+    except InputError as e:
+        fail_input(e)
+    raise typer.Exit(code)
+
+
 @app.command("inventory")
 def inventory(files: Annotated[list[Path], typer.Argument(help="GGUF / safetensors files, shards or HF dirs.")],
               markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the tables here "

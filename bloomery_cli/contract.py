@@ -60,10 +60,17 @@ class Report:
         self.line("load " + kv(draft=kind, **sizes))
 
     def reference(self, what: str, checked: int, worst: float, band: float, tag: str = "(r)",
-                  ref: str = "host f64") -> bool:
-        """Tier 2 ((r), against our f64 reference) or tier 3 ((o), against an external oracle)."""
-        return self.check(f"{tag} {what} vs {ref}: {checked} checked, worst rel {worst:.3e} (band {band:.3e})",
-                          worst <= band)
+                  ref: str = "host f64", rms: float | None = None, rms_band: float | None = None) -> bool:
+        """Tier 2 ((r), against our f64 reference) or tier 3 ((o), against an external oracle).
+
+        With ``rms`` and ``rms_band`` the line also carries the relative RMS error and its band; both
+        statistics must sit inside their bands."""
+        text = f"{tag} {what} vs {ref}: {checked} checked, worst rel {worst:.3e} (band {band:.3e})"
+        ok = worst <= band
+        if rms is not None and rms_band is not None:
+            text += f", rms rel {rms:.3e} (band {rms_band:.3e})"
+            ok = ok and rms <= rms_band
+        return self.check(text, ok)
 
     def integer_match(self, what: str, checked: int, differ: int, excused: int, tag: str = "(r)",
                       ref: str = "host f64") -> bool:

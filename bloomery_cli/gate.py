@@ -170,7 +170,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     # (r) the kernels against the float64 host reference, on the first prompt
     ref = family.reference(target_spec, prompts[0])
     prefill = engine.prefill(prompts[0], logits=True)
-    check_target(report, family, target_spec, prefill, ref, opts.dtype)
+    check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
     gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref, opts.dtype))
 
     # (w) lossless: drafted ids == plain ids, per prompt

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from bloomery_cli.bands import layer_band, logits_band, worst_rel
+from collections.abc import Callable
+from typing import Any
+
+from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck
 
 from ..reference.families.qwen3 import RefOut
+from .close import close, exact_and_emulated
 from .targets import greedy_flips, to_np
 
 
@@ -23,24 +27,26 @@ def kernel_taps(c: DraftCheck) -> RefOut:
     return RefOut(logits=to_np(c.prefill.logits), hidden=hidden, final=final)
 
 
-def draft_depth_band(c: DraftCheck, extra_layers: int, logits: bool):
-    """From the target taps: fc + hidden_norm (one layer's worth of ops), then the draft's own layers."""
-    depth = 1 + extra_layers
-    seq = len(c.prompt) + c.draft_spec.block_size
-    fn = logits_band if logits else layer_band
-    return fn(c.dtype, c.target_spec.layer, depth, seq)
+def draft_ops(c: DraftCheck, extra_layers: int, logits: bool) -> list[Op]:
+    """The chained ops behind a draft tap: fc + hidden_norm (one layer's worth), the draft's own layers, and
+    for logits the final norm and the head (their reduction lengths give the band's accumulation term)."""
+    shape = c.target_spec.layer
+    ops = layer_ops(shape, len(c.prompt) + c.draft_spec.block_size) * (1 + extra_layers)
+    return ops + [Op("final norm", shape.hidden_size), Op("lm head", shape.hidden_size)] * logits
 
 
-def check_block(report: Report, c: DraftCheck, name: str, got, ref) -> None:
-    """got: the kernel Proposal (detail=True); ref: the reference's DraftRefOut, same anchor."""
+def check_block(report: Report, c: DraftCheck, name: str, got, reference: Callable[[], Any]) -> Any:
+    """got: the kernel Proposal (detail=True); reference(): the reference's DraftRefOut for the same anchor,
+    reading ``kernel_taps(c)`` (run once exactly and once under the dtype's storage rounding for the bands).
+    Returns the exact DraftRefOut."""
+    ref, emu = exact_and_emulated(c.dtype, reference)
     layer_out = to_np(got.layer_out)
     for i in range(layer_out.shape[0]):
-        band = draft_depth_band(c, i + 1, logits=False)
-        report.reference(f"{name} layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i].size,
-                         worst_rel(layer_out[i], ref.layer_out[i]), band.value)
-    band = draft_depth_band(c, layer_out.shape[0], logits=True)
+        close(report, f"{name} layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i],
+              ref.layer_out[i], emu.layer_out[i], c.dtype, draft_ops(c, i + 1, logits=False))
     logits = to_np(got.logits)
-    report.reference(f"{name} logits [{logits.shape[0]}x{logits.shape[1]}]", logits.size,
-                     worst_rel(logits, ref.logits), band.value)
+    band = close(report, f"{name} logits [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits, emu.logits,
+                 c.dtype, draft_ops(c, layer_out.shape[0], logits=True))
     differ, excused = greedy_flips(logits, ref.logits, band)
     report.integer_match(f"{name} draft ids", logits.shape[0], differ, excused)
+    return ref

@@ -3,7 +3,7 @@
 The drafter code is qwen3-dflash2's (``kernels.drafts.dflash2``, ``reference.drafts.dflash2``): its context
 features are the hybrid stack's layer outputs, and a feature from the last layer goes through the target's
 zero-centred final norm (``draft_checks.kernel_taps`` applies the family's own final norm). The
-(r) lines, bands and selector checks are qwen3-dflash2's (``qwen3_dflash2.dflash2_band`` / ``check_selector``),
+(r) lines, bands and selector checks are qwen3-dflash2's (``qwen3_dflash2.dflash2_ops`` / ``check_selector``),
 on the first block after the first prompt, the f64 reference reading the engine's own taps. Block 8, as the
 qwen38-dflash fixture, so the two gates' accept_mean compare; the published figures are printed beside ours,
 marked external.

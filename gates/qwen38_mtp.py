@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.bands import Op, chain_band, layer_ops, worst_rel
+from bloomery_cli.bands import Op, layer_ops, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_mtp
@@ -28,13 +28,14 @@ from ..kernels.drafts.mtp import MTPDraft
 from ..reference.drafts import mtp as ref_mtp
 from ..reference.families.qwen38 import norm1p
 from ..reference.weights import as_f64
+from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
 
 WIDTH = 3
 
 
-def mtp_band(c: DraftCheck, row: int, logits: bool):
+def mtp_ops(c: DraftCheck, row: int, logits: bool) -> list[Op]:
     """Row ``row`` (1-based) of a chain: the target's final norm, then per chained step the two input norms,
     fc (n = 2H), one gated layer, and mtp.norm (the g fed to the next step); logits add the head."""
     s, h = c.target_spec.layer, c.target_spec.hidden_size
@@ -43,7 +44,7 @@ def mtp_band(c: DraftCheck, row: int, logits: bool):
     ops = [Op("target final norm", h)] + (step + [Op("mtp.norm", h)]) * (row - 1) + step
     if logits:
         ops += [Op("mtp.norm", h), Op("lm head", h)]
-    return chain_band(c.dtype, ops, f"MTP chain row {row}" + (" logits" if logits else " layer out"))
+    return ops
 
 
 def kernel_final(c: DraftCheck):
@@ -56,19 +57,16 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
-    ref = ref_mtp.draft(c.draft_spec, c.target_spec, c.prompt, kernel_final(c), anchor, c.draft.width,
-                        chain_ids=got.ids)
+    ref, emu = exact_and_emulated(c.dtype, lambda: ref_mtp.draft(c.draft_spec, c.target_spec, c.prompt, kernel_final(c),
+                                                                 anchor, c.draft.width, chain_ids=got.ids))
     layer_out, logits = to_np(got.layer_out[0]), to_np(got.logits)
     h, v = layer_out.shape[1], logits.shape[1]
     for i in range(layer_out.shape[0]):
-        band = mtp_band(c, i + 1, logits=False)
-        report.reference(f"mtp row {i + 1} layer out [1x{h}]", h, worst_rel(layer_out[i], ref.layer_out[i]),
-                         band.value)
-    for i in range(logits.shape[0]):
-        band = mtp_band(c, i + 1, logits=True)
-        report.reference(f"mtp row {i + 1} logits [1x{v}]", v, worst_rel(logits[i], ref.logits[i]), band.value)
-    band = mtp_band(c, logits.shape[0], logits=True)
-    differ, excused = greedy_flips(logits, ref.logits, band)
+        close(report, f"mtp row {i + 1} layer out [1x{h}]", layer_out[i], ref.layer_out[i], emu.layer_out[i],
+              c.dtype, mtp_ops(c, i + 1, logits=False))
+    bands = [close(report, f"mtp row {i + 1} logits [1x{v}]", logits[i], ref.logits[i], emu.logits[i], c.dtype,
+                   mtp_ops(c, i + 1, logits=True)) for i in range(logits.shape[0])]
+    differ, excused = greedy_flips(logits, ref.logits, max(bands, key=lambda b: b.value))
     report.integer_match("mtp draft ids", logits.shape[0], differ, excused)
 
 

@@ -8,9 +8,10 @@ target taps (``draft_checks.kernel_taps``):
 - tier 1: the walked path against the host transcription of the walk on the kernel's own scores (exact);
 - the walked path against the f64 reference's path (a first divergence excused only inside the band).
 
-Band op counts (``bloomery_cli.bands``): the DFlash chain (fc as one layer, then each draft layer) plus
-per draft layer, per sublayer, the kernel projection (a reduction of H) and the two conv sides (T terms
-each, one rounding per side); the scores add the hidden projection (H) and the codebook sum (r).
+Bands: emulated (``gates.close``), the reference re-run with the dtype's storage rounding. Op counts
+(for the accumulation term): the DFlash chain (fc as one layer, then each draft layer) plus per draft
+layer, per sublayer, the kernel projection (a reduction of H) and the two conv sides (T terms each);
+the scores add the hidden projection (H) and the codebook sum (r).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bloomery_cli.bands import Band, Op, chain_band, flip_excused, layer_ops, worst_rel
+from bloomery_cli.bands import Band, Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash2
@@ -28,7 +29,9 @@ from bloomery_cli.spec import DFlash2Spec
 from ..kernels.drafts.dflash2 import DFlash2Draft
 from ..reference.drafts import dflash2 as ref_dflash2
 from ..reference.ops import selector as ref_selector
+from ..reference.rounding import emulate
 from ..reference.weights import as_f64
+from .close import close, exact_and_emulated
 from .draft_checks import kernel_taps
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
@@ -42,8 +45,8 @@ def conv_ops(d: DFlash2Spec) -> list[Op]:
     return [Op("kernel projection", h), Op("conv in", t), Op("conv out + residual", t)] * 2
 
 
-def dflash2_band(c: DraftCheck, layers: int, stage: str) -> Band:
-    """stage: "layer" (output of draft layer ``layers``), "logits" or "scores"."""
+def dflash2_ops(c: DraftCheck, layers: int, stage: str) -> list[Op]:
+    """stage: "layer" (output of draft layer ``layers``), "logits" or "scores": the chained ops behind the tap."""
     d, shape = c.draft_spec, c.target_spec.layer
     seq = len(c.prompt) + d.block_size
     ops = layer_ops(shape, seq) * (1 + layers) + conv_ops(d) * layers
@@ -51,7 +54,7 @@ def dflash2_band(c: DraftCheck, layers: int, stage: str) -> Band:
         ops += [Op("final norm", shape.hidden_size), Op("lm head", shape.hidden_size), Op("multiplier/softcap", 1)]
     if stage == "scores":
         ops += [Op("hidden projection", shape.hidden_size), Op("codebook scores", d.selector_rank)]
-    return chain_band(c.dtype, ops, f"dflash2 {stage} after {layers} draft layer(s), seq_len {seq}")
+    return ops
 
 
 def set_excused(ref_logits: np.ndarray, k: int, band: Band) -> bool:
@@ -60,22 +63,26 @@ def set_excused(ref_logits: np.ndarray, k: int, band: Band) -> bool:
     return bool(len(top) > k and top[k - 1] - top[k] <= 2.0 * band.value * np.max(np.abs(ref_logits)))
 
 
-def check_selector(report: Report, c: DraftCheck, got, ref) -> None:
-    d, w = c.draft_spec, as_f64(c.draft_spec)
-    lband, sband = dflash2_band(c, d.num_layers, "logits"), dflash2_band(c, d.num_layers, "scores")
+def selector_scores(c: DraftCheck, cand: np.ndarray, ref) -> np.ndarray:
+    """The f64 selector scores on the kernel's own candidates (so they compare entry by entry)."""
+    w = as_f64(c.draft_spec)
+    pred = ref_selector.predecessors(int(c.prefill.argmax[-1]), cand)
+    unary = np.take_along_axis(ref.logits, cand, -1)
+    return ref_selector.scores(pred, cand, unary, ref.g, w["candidate_selector.predecessor_codebook"],
+                               w["candidate_selector.successor_codebook"])
+
+
+def check_selector(report: Report, c: DraftCheck, got, ref, emu, lband: Band) -> None:
+    d = c.draft_spec
     cand, idx = to_np(got.cand).astype(np.int64), to_np(got.idx).astype(np.int64)
     scores, ids = to_np(got.scores), np.asarray(got.ids, dtype=np.int64)
     j = len(ids)
     bad_sets = [s for s in range(j) if set(cand[s]) != set(ref.cand[s])]
     set_ok = [s for s in bad_sets if set_excused(ref.logits[s], d.selector_top_k, lband)]
     report.integer_match(f"{NAME} top-{d.selector_top_k} candidate sets", j, len(bad_sets), len(set_ok))
-    # the f64 selector on the kernel's own candidates: the scores are then comparable entry by entry
-    pred = ref_selector.predecessors(int(c.prefill.argmax[-1]), cand)
-    unary = np.take_along_axis(ref.logits, cand, -1)
-    ref_s = ref_selector.scores(pred, cand, unary, ref.g, w["candidate_selector.predecessor_codebook"],
-                                w["candidate_selector.successor_codebook"])
-    report.reference(f"{NAME} selector scores [{j}x{cand.shape[1]}x{cand.shape[1]}]", scores.size,
-                     worst_rel(scores, ref_s), sband.value)
+    ref_s, emu_s = selector_scores(c, cand, ref), emulate(c.dtype, lambda: selector_scores(c, cand, emu))
+    sband = close(report, f"{NAME} selector scores [{j}x{cand.shape[1]}x{cand.shape[1]}]", scores, ref_s, emu_s,
+                  c.dtype, dflash2_ops(c, d.num_layers, "scores"))
     host = ref_selector.walk(scores)
     report.integer_match(f"{NAME} walked path", j, int((host != idx).sum()), 0, ref="host walk of its own scores")
     differ = np.nonzero(ids != ref.ids)[0]
@@ -92,19 +99,18 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
-    ref = ref_dflash2.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor)
+    ref, emu = exact_and_emulated(c.dtype,
+                                  lambda: ref_dflash2.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor))
     layer_out = to_np(got.layer_out)
     for i in range(layer_out.shape[0]):
-        band = dflash2_band(c, i + 1, "layer")
-        report.reference(f"{NAME} layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i].size,
-                         worst_rel(layer_out[i], ref.layer_out[i]), band.value)
-    band = dflash2_band(c, layer_out.shape[0], "logits")
+        close(report, f"{NAME} layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i],
+              ref.layer_out[i], emu.layer_out[i], c.dtype, dflash2_ops(c, i + 1, "layer"))
     logits = to_np(got.logits)
-    report.reference(f"{NAME} logits [{logits.shape[0]}x{logits.shape[1]}]", logits.size,
-                     worst_rel(logits, ref.logits), band.value)
+    band = close(report, f"{NAME} logits [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits, emu.logits,
+                 c.dtype, dflash2_ops(c, layer_out.shape[0], "logits"))
     differ, excused = greedy_flips(logits, ref.logits, band)
     report.integer_match(f"{NAME} slot argmax ids", logits.shape[0], differ, excused)
-    check_selector(report, c, got, ref)
+    check_selector(report, c, got, ref, emu, band)
 
 
 def describe(d: DFlash2Spec) -> dict:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bloomery_cli.bands import Band, Op, chain_band, layer_ops, logits_band, worst_rel
+from bloomery_cli.bands import Op
 from bloomery_cli.contract import Report
 from bloomery_cli.errors import InputError
 from bloomery_cli.gate import DraftCheck, GateDef
@@ -31,43 +31,38 @@ from bloomery_cli.speculative import generate
 
 from ..kernels.drafts.dspark import DSparkDraft
 from ..reference.drafts import dspark as ref_dspark
-from .draft_checks import draft_depth_band
+from .close import close, exact_and_emulated
+from .draft_checks import draft_ops, kernel_taps
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
 
 CUT_COMPARE_IDS = 64      # ids generated per run for the cut vs no-cut note
 
 
-def markov_logits_band(c: DraftCheck) -> Band:
-    """The DFlash-depth logits band plus the Markov term's two ops (a length-r product, an add)."""
-    d: DSparkSpec = c.draft_spec
-    depth = max(d.target_layer_ids) + 1 + 1 + d.num_layers
-    base = logits_band(c.dtype, c.target_spec.layer, depth, len(c.prompt) + d.block_size)
-    extra = chain_band(c.dtype, [Op("markov W2 . W1[prev]", max(d.markov_rank, 1)), Op("markov add", 1)], "markov")
-    return Band(base.value + extra.value, f"{base.derivation}; plus {extra.derivation}")
-
-
-def confidence_band(c: DraftCheck) -> Band:
-    """Draft depth layers, the final norm (n = H), the confidence projection (n = H + r)."""
+def depth_ops(c: DraftCheck, logits: bool, extra: int = 0) -> list[Op]:
+    """The chained ops behind a DSpark tap: the DFlash depth, for logits the final norm, the head and the
+    Markov term's two ops (a length-r product, an add); for the confidence logits the confidence
+    projection (n = H + r) instead."""
     d: DSparkSpec = c.draft_spec
     h = c.target_spec.layer.hidden_size
-    depth = max(d.target_layer_ids) + 1 + 1 + d.num_layers
-    ops = layer_ops(c.target_spec.layer, len(c.prompt) + d.block_size) * depth
-    return chain_band(c.dtype, [*ops, Op("final norm", h), Op("confidence proj", h + d.markov_rank)],
-                      f"confidence logits after {depth} layer(s)")
+    ops = draft_ops(c, d.num_layers if extra == 0 else extra, logits=False)
+    if logits:
+        ops += [Op("final norm", h), Op("lm head", h), Op("markov W2 . W1[prev]", max(d.markov_rank, 1)),
+                Op("markov add", 1)]
+    return ops
 
 
-def check_block(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut, anchor: int) -> None:
-    """got: the kernel's DSparkProposal (detail=True); ref: the reference teacher-forced with got.prev."""
+def check_block(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut, emu: ref_dspark.DSparkRefOut,
+                anchor: int) -> None:
+    """got: the kernel's DSparkProposal (detail=True); ref / emu: the reference teacher-forced with got.prev,
+    exact and under the dtype's storage rounding."""
     layer_out = to_np(got.layer_out)
     for i in range(layer_out.shape[0]):
-        band = draft_depth_band(c, i + 1, logits=False)
-        report.reference(f"dspark layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i].size,
-                         worst_rel(layer_out[i], ref.layer_out[i]), band.value)
-    band = markov_logits_band(c)
+        close(report, f"dspark layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i],
+              ref.layer_out[i], emu.layer_out[i], c.dtype, depth_ops(c, False, i + 1))
     logits = to_np(got.logits)
-    report.reference(f"dspark logits+markov [{logits.shape[0]}x{logits.shape[1]}]", logits.size,
-                     worst_rel(logits, ref.logits), band.value)
+    band = close(report, f"dspark logits+markov [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits,
+                 emu.logits, c.dtype, depth_ops(c, True))
     differ, excused = greedy_flips(logits, ref.logits, band)
     report.integer_match("dspark draft ids (anchor-first, row k -> s+k+1)", logits.shape[0], differ, excused)
     prev = to_np(got.prev).astype(np.int64)
@@ -77,8 +72,9 @@ def check_block(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut
     if got.conf_logits is None:
         return
     z = to_np(got.conf_logits)
-    report.reference(f"dspark confidence logits [{len(z)}]", z.size, worst_rel(z, ref.conf_logits),
-                     confidence_band(c).value)
+    h, r = c.target_spec.layer.hidden_size, c.draft_spec.markov_rank
+    close(report, f"dspark confidence logits [{len(z)}]", z, ref.conf_logits, emu.conf_logits, c.dtype,
+          depth_ops(c, False) + [Op("final norm", h), Op("confidence proj", h + r)])
     t = c.draft.confidence_cut
     keep = ref_dspark.cut_length(to_np(got.confidence), t)
     report.integer_match(f"dspark confidence cut t={t:g} kept {len(got.ids)} of {len(z)}", 1,
@@ -107,8 +103,10 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
-    ref = ref_dspark.forward(c.draft_spec, c.target_spec, c.ref, anchor, prev=to_np(got.prev).astype(np.int64))
-    check_block(report, c, got, ref, anchor)
+    prev = to_np(got.prev).astype(np.int64)
+    ref, emu = exact_and_emulated(
+        c.dtype, lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev))
+    check_block(report, c, got, ref, emu, anchor)
     if c.draft.confidence_cut > 0 and c.draft_spec.confidence:
         compare_cut(report, c)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bloomery_cli.bands import flip_excused, layer_band, logits_band, worst_rel
+from bloomery_cli.bands import Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.spec import ModelSpec
 
@@ -17,9 +17,12 @@ from ..kernels.families.qwen3 import Pass, Qwen3Target
 from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import qwen3 as ref_qwen3
 from ..reference.families import qwen38 as ref_qwen38
+from ..reference.families.qwen3 import head_weight
 from ..reference.ops.attention import causal_mask
 from ..reference.ops.norm import rms_norm
+from ..reference.rounding import emulate, linear
 from ..reference.weights import as_f64
+from .close import close, exact_and_emulated
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,36 @@ def greedy_flips(got_logits: np.ndarray, ref_logits: np.ndarray, band) -> tuple[
     return len(differ), sum(flip_excused(ref_logits[r], band) for r in differ)
 
 
-def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass, ref, dtype: str) -> None:
+def head_logits(family: Family, spec: ModelSpec, h: np.ndarray) -> np.ndarray:
+    """The family's final norm and the LM head on last-layer rows h [T, H] -> logits [T, V]."""
+    return linear(family.final_norm(spec, h), head_weight(spec))
+
+
+def head_ops(spec: ModelSpec) -> list[Op]:
+    h = spec.hidden_size
+    return [Op("final norm", h), Op("lm head", h)]
+
+
+def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass, ref, dtype: str,
+                 prompt: list[int]) -> None:
     """(r) lines: each layer on its own (the kernel's input to layer l fed to the reference's layer l,
-    band of one layer, so a deep model's accumulated error cannot hide a broken layer), then the
-    logits end to end (band of the whole depth) and the greedy ids of the prompt rows."""
+    so a deep model's accumulated error cannot hide a broken layer), the head on its own (the kernel's
+    last hidden through the reference's final norm and head), then the logits end to end and the greedy
+    ids of the prompt rows. Every band is the emulated one (``gates.close``): the same reference
+    computation re-run with the dtype's storage rounding, on the same inputs."""
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
-    band = layer_band(dtype, shape, 1, t)
+    ops = layer_ops(shape, t)
     for l in range(spec.num_layers):
-        want = family.reference_layer(spec, l, taps[l])
-        report.reference(f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1].size,
-                         worst_rel(taps[l + 1], want), band.value)
-    band = logits_band(dtype, shape, spec.num_layers, t)
+        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l]))
+        close(report, f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1], want,
+              emu, dtype, ops)
     got = to_np(prefill.logits)
-    report.reference(f"target logits [{t}x{spec.vocab_size}]", got.size, worst_rel(got, ref.logits), band.value)
+    want, emu = exact_and_emulated(dtype, lambda: head_logits(family, spec, taps[-1]))
+    close(report, f"target logits [{t}x{spec.vocab_size}] from the kernel's last hidden", got, want, emu, dtype,
+          head_ops(spec))
+    emu_ref = emulate(dtype, lambda: family.reference(spec, prompt))
+    band = close(report, f"target logits [{t}x{spec.vocab_size}]", got, ref.logits, emu_ref.logits, dtype,
+                 ops * spec.num_layers + head_ops(spec))
     differ, excused = greedy_flips(got, ref.logits, band)
     report.integer_match("target greedy ids", t, differ, excused)

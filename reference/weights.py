@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .rounding import st
+
 
 class HasTensors(Protocol):
     tensors: Mapping[str, Any]
@@ -32,7 +34,7 @@ class F64Weights(Mapping[str, np.ndarray]):
             arr = np.ascontiguousarray(self._tensors[name].detach().cpu().double().numpy())
             arr.setflags(write=False)
             self._arrays[name] = arr
-        return arr
+        return st(arr)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)

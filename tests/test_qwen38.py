@@ -127,7 +127,7 @@ def test_engine_and_train_forward_match_reference():
     v = eng.verify(ids[20:24], logits=True)
     assert bands.worst_rel(v.logits.double().numpy(), ref.logits[20:24]) < 1e-5
     report = Report("t", emit=lambda line: None)
-    check_target(report, FAMILIES["qwen38"], spec, p, rq.forward(spec, ids[:20]), "f32")
+    check_target(report, FAMILIES["qwen38"], spec, p, rq.forward(spec, ids[:20]), "f32", ids[:20])
     assert report.failed == 0, report.lines
 
 

@@ -30,6 +30,7 @@ from bloomery_cli.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head_weight, hf_hidden_states, mlp, self_attention
 from ..ops.norm import rms_norm
+from ..rounding import linear, st
 from ..weights import as_f64
 
 
@@ -58,7 +59,7 @@ def context_features(draft: DFlashSpec, taps: RefOut, s: int) -> np.ndarray:
             raise ValueError(f"target layer id {l} is outside 0..{num_layers - 1}")
     c = np.concatenate([hf[l + 1, :s] for l in draft.target_layer_ids], axis=-1)
     w = as_f64(draft)
-    return rms_norm(c @ w["fc.weight"].T, w["hidden_norm.weight"], draft.layer.rms_eps)
+    return rms_norm(linear(c, w["fc.weight"]), w["hidden_norm.weight"], draft.layer.rms_eps)
 
 
 def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
@@ -84,11 +85,11 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
         p = f"layers.{i}."
         a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
         x_kv = np.concatenate([u, a], axis=0)
-        h = h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, no_mask)
+        h = st(h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, no_mask))
         m = rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)
-        h = h + mlp(w, p + "mlp.", m)
+        h = st(h + mlp(w, p + "mlp.", m))
         layer_out.append(h)
     final = rms_norm(h, w["norm.weight"], shape.rms_eps)
-    logits = final[1:] @ head_weight(target).T
+    logits = linear(final[1:], head_weight(target))
     return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
                        u=u, final=final)

@@ -27,6 +27,7 @@ from ..families.qwen3 import RefOut, embed, head_weight, mlp, self_attention
 from ..ops.dynamic_conv import conv_delta, dynamic_conv
 from ..ops.norm import rms_norm
 from ..ops.selector import head_logits, select
+from ..rounding import linear, st
 from ..weights import as_f64
 from .dflash import context_features
 
@@ -61,11 +62,11 @@ def conv_layer(draft: DFlash2Spec, w, prefix: str, h: np.ndarray, u: np.ndarray,
     da = conv_delta(a, w[ac + "kernel_projection.weight"], t)
     a0 = dynamic_conv(a, da, w[ac + "base_kernel"], 0)
     o = self_attention(shape, w, prefix + "self_attn.", a0, np.concatenate([u, a0], axis=0), pos_q, pos_kv, mask)
-    h = h + dynamic_conv(o, da, w[ac + "base_kernel"], 1)
+    h = st(h + dynamic_conv(o, da, w[ac + "base_kernel"], 1))
     m = rms_norm(h, w[prefix + "post_attention_layernorm.weight"], shape.rms_eps)
     dm = conv_delta(m, w[mc + "kernel_projection.weight"], t)
     y = mlp(w, prefix + "mlp.", dynamic_conv(m, dm, w[mc + "base_kernel"], 0))
-    return h + dynamic_conv(y, dm, w[mc + "base_kernel"], 1)
+    return st(h + dynamic_conv(y, dm, w[mc + "base_kernel"], 1))
 
 
 def forward(draft: DFlash2Spec, target: ModelSpec, taps: RefOut, anchor_id: int,
@@ -88,7 +89,7 @@ def forward(draft: DFlash2Spec, target: ModelSpec, taps: RefOut, anchor_id: int,
         layer_out.append(h)
     final = rms_norm(h, w["norm.weight"], draft.layer.rms_eps)
     logits = head_logits(final[1:], head_weight(target), draft.output_multiplier, draft.final_logit_softcapping)
-    g = final[1:] @ w[SELECTOR + "hidden_projection.weight"].T
+    g = linear(final[1:], w[SELECTOR + "hidden_projection.weight"])
     sel = select(logits, g, anchor_id, w[SELECTOR + "predecessor_codebook"], w[SELECTOR + "successor_codebook"],
                  draft.selector_top_k)
     return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=sel.ids, u=u, final=final, g=g,

@@ -32,6 +32,7 @@ from bloomery_cli.spec import DSparkSpec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head_weight, mlp, self_attention
 from ..ops.norm import rms_norm
+from ..rounding import linear, st
 from ..weights import as_f64
 from .dflash import context_features
 
@@ -77,9 +78,9 @@ def backbone(draft: DSparkSpec, target: ModelSpec, u: np.ndarray, anchor_id: int
     for i in range(draft.num_layers):
         p = f"layers.{i}."
         a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
-        h = h + self_attention(shape, w, p + "self_attn.", a, np.concatenate([u, a], axis=0), pos_q, pos_kv,
-                               no_mask)
-        h = h + mlp(w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps))
+        h = st(h + self_attention(shape, w, p + "self_attn.", a, np.concatenate([u, a], axis=0), pos_q, pos_kv,
+                                  no_mask))
+        h = st(h + mlp(w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)))
         out.append(h)
     return np.stack(out)
 
@@ -126,7 +127,7 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     u = context_features(draft, taps, s)
     layer_out = backbone(draft, target, u, anchor_id)
     final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
-    base = final @ draft_head(draft, target).T
+    base = linear(final, draft_head(draft, target))
     if prev is None:
         chain = [anchor_id]
         for k in range(b - 1):

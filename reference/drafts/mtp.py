@@ -30,6 +30,7 @@ from bloomery_cli.spec import MTPSpec, Qwen38Spec
 from ..families.qwen3 import head_weight
 from ..families.qwen38 import gated_attention, mlp, norm1p
 from ..ops.attention import causal_mask
+from ..rounding import linear, st
 from ..weights import as_f64
 
 P = "mtp."
@@ -52,7 +53,7 @@ def mtp_input(mtp: MTPSpec, emb: np.ndarray, hidden: np.ndarray) -> np.ndarray:
     w, eps = as_f64(mtp), mtp.layer.rms_eps
     x = np.concatenate([norm1p(emb, w[P + "pre_fc_norm_embedding.weight"], eps),
                         norm1p(hidden, w[P + "pre_fc_norm_hidden.weight"], eps)], axis=-1)
-    return x @ w[P + "fc.weight"].T
+    return linear(x, w[P + "fc.weight"])
 
 
 def layer(mtp: MTPSpec, target: Qwen38Spec, u: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -60,8 +61,8 @@ def layer(mtp: MTPSpec, target: Qwen38Spec, u: np.ndarray, positions: np.ndarray
     full-attention layer (the target's shape: heads, head_dim, rotary_dim) on the mtp.layers.0 weights."""
     w, eps = as_f64(mtp), mtp.layer.rms_eps
     a = norm1p(u, w[L0 + "input_layernorm.weight"], eps)
-    y = u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u)))
-    return y + mlp(w, L0 + "mlp.", norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps))
+    y = st(u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u))))
+    return st(y + mlp(w, L0 + "mlp.", norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps)))
 
 
 def target_final(target: Qwen38Spec, last_hidden: np.ndarray) -> np.ndarray:
@@ -73,7 +74,7 @@ def rows(mtp: MTPSpec, target: Qwen38Spec, emb: np.ndarray, hidden: np.ndarray, 
     """MTP rows (emb_j = E(tok_j), hidden_j = h_{j-1}) at ``positions``, causal among themselves."""
     y = layer(mtp, target, mtp_input(mtp, emb, hidden), positions)
     g = norm1p(y, as_f64(mtp)[P + "norm.weight"], mtp.layer.rms_eps)
-    logits = g @ head_weight(target).T
+    logits = linear(g, head_weight(target))
     return MTPRefOut(layer_out=y, g=g, logits=logits, ids=np.argmax(logits, axis=-1))
 
 

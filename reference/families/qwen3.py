@@ -26,6 +26,7 @@ from ..ops.attention import attention, causal_mask
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
+from ..rounding import linear, st
 from ..weights import as_f64
 
 Weights = Mapping[str, np.ndarray]
@@ -59,15 +60,15 @@ def self_attention(shape: LayerShape, w: Weights, prefix: str, x_q: np.ndarray, 
     x_kv. ``prefix`` is e.g. "model.layers.3.self_attn.". Returns [T, H].
     """
     nh, nkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
-    q = (x_q @ w[prefix + "q_proj.weight"].T).reshape(len(x_q), nh, d)
-    k = (x_kv @ w[prefix + "k_proj.weight"].T).reshape(len(x_kv), nkv, d)
-    v = (x_kv @ w[prefix + "v_proj.weight"].T).reshape(len(x_kv), nkv, d)
+    q = linear(x_q, w[prefix + "q_proj.weight"]).reshape(len(x_q), nh, d)
+    k = linear(x_kv, w[prefix + "k_proj.weight"]).reshape(len(x_kv), nkv, d)
+    v = linear(x_kv, w[prefix + "v_proj.weight"]).reshape(len(x_kv), nkv, d)
     q = rms_norm(q, w[prefix + "q_norm.weight"], shape.rms_eps)
     k = rms_norm(k, w[prefix + "k_norm.weight"], shape.rms_eps)
     q = apply_rope(q, pos_q, shape.rope_theta)
     k = apply_rope(k, pos_kv, shape.rope_theta)
     o = attention(q, k, v, mask).reshape(len(x_q), nh * d)
-    return o @ w[prefix + "o_proj.weight"].T
+    return linear(o, w[prefix + "o_proj.weight"])
 
 
 def mlp(w: Weights, prefix: str, x: np.ndarray) -> np.ndarray:
@@ -83,9 +84,9 @@ def decoder_layer(shape: LayerShape, w: Weights, prefix: str, h: np.ndarray, pos
     ``prefix`` e.g. "model.layers.3."; positions [T]; mask bool [T, T].
     """
     a = rms_norm(h, w[prefix + "input_layernorm.weight"], shape.rms_eps)
-    h = h + self_attention(shape, w, prefix + "self_attn.", a, a, positions, positions, mask)
+    h = st(h + self_attention(shape, w, prefix + "self_attn.", a, a, positions, positions, mask))
     m = rms_norm(h, w[prefix + "post_attention_layernorm.weight"], shape.rms_eps)
-    return h + mlp(w, prefix + "mlp.", m)
+    return st(h + mlp(w, prefix + "mlp.", m))
 
 
 def embed(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
@@ -116,5 +117,5 @@ def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
         h = decoder_layer(spec.layer, w, f"model.layers.{i}.", h, positions, mask)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
-    logits = final @ head_weight(spec).T
+    logits = linear(final, head_weight(spec))
     return RefOut(logits=logits, hidden=np.stack(hidden), final=final)

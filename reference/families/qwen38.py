@@ -36,6 +36,7 @@ from ..ops.gated_deltanet import delta_rule, gated_rms_norm, gates, l2norm, sigm
 from ..ops.mlp import silu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
+from ..rounding import linear, st
 from ..weights import as_f64
 from .qwen3 import RefOut, Weights, embed, head_weight, hf_hidden_states, mlp
 
@@ -58,16 +59,16 @@ def gated_attention(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray, po
     """a [T, H] normed rows -> [T, H]; ``prefix`` e.g. "model.layers.3.self_attn."."""
     s, t = spec.layer, len(a)
     nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-    qg = (a @ w[prefix + "q_proj.weight"].T).reshape(t, nh, 2 * d)
+    qg = linear(a, w[prefix + "q_proj.weight"]).reshape(t, nh, 2 * d)
     q, gate = qg[..., :d], qg[..., d:].reshape(t, nh * d)
-    k = (a @ w[prefix + "k_proj.weight"].T).reshape(t, nkv, d)
-    v = (a @ w[prefix + "v_proj.weight"].T).reshape(t, nkv, d)
+    k = linear(a, w[prefix + "k_proj.weight"]).reshape(t, nkv, d)
+    v = linear(a, w[prefix + "v_proj.weight"]).reshape(t, nkv, d)
     q = partial_rope(norm1p(q, w[prefix + "q_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
                      s.rope_theta)
     k = partial_rope(norm1p(k, w[prefix + "k_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
                      s.rope_theta)
-    o = attention(q, k, v, mask).reshape(t, nh * d) * sigmoid(gate)
-    return o @ w[prefix + "o_proj.weight"].T
+    o = st(attention(q, k, v, mask).reshape(t, nh * d) * st(sigmoid(gate)))
+    return linear(o, w[prefix + "o_proj.weight"])
 
 
 def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> np.ndarray:
@@ -76,19 +77,19 @@ def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> 
     hy, t = spec.hybrid, len(a)
     nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
         hy.linear_value_head_dim
-    x = a @ w[prefix + "in_proj_qkv.weight"].T
-    x = silu(causal_conv(x, w[prefix + "conv1d.weight"].reshape(hy.conv_dim, -1)))
+    x = linear(a, w[prefix + "in_proj_qkv.weight"])
+    x = st(silu(causal_conv(x, w[prefix + "conv1d.weight"].reshape(hy.conv_dim, -1))))
     q = x[:, :hy.key_dim].reshape(t, nk, dk)
     k = x[:, hy.key_dim:2 * hy.key_dim].reshape(t, nk, dk)
     v = x[:, 2 * hy.key_dim:].reshape(t, nv, dv)
     q = np.repeat(l2norm(q), nv // nk, axis=1) / np.sqrt(dk)
     k = np.repeat(l2norm(k), nv // nk, axis=1)
-    g, b = gates(a @ w[prefix + "in_proj_a.weight"].T, a @ w[prefix + "in_proj_b.weight"].T,
+    g, b = gates(linear(a, w[prefix + "in_proj_a.weight"]), linear(a, w[prefix + "in_proj_b.weight"]),
                  w[prefix + "A_log"], w[prefix + "dt_bias"])
     o, _ = delta_rule(q, k, v, g, b)
-    z = (a @ w[prefix + "in_proj_z.weight"].T).reshape(t, nv, dv)
+    z = linear(a, w[prefix + "in_proj_z.weight"]).reshape(t, nv, dv)
     o = gated_rms_norm(o, w[prefix + "norm.weight"], z, spec.layer.rms_eps).reshape(t, nv * dv)
-    return o @ w[prefix + "out_proj.weight"].T
+    return linear(o, w[prefix + "out_proj.weight"])
 
 
 def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions: np.ndarray,
@@ -97,10 +98,10 @@ def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions
     p, eps = f"model.layers.{l}.", spec.layer.rms_eps
     a = norm1p(h, w[p + "input_layernorm.weight"], eps)
     if spec.hybrid.is_linear(l):
-        h = h + gated_deltanet(spec, w, p + "linear_attn.", a)
+        h = st(h + gated_deltanet(spec, w, p + "linear_attn.", a))
     else:
-        h = h + gated_attention(spec, w, p + "self_attn.", a, positions, mask)
-    return h + mlp(w, p + "mlp.", norm1p(h, w[p + "post_attention_layernorm.weight"], eps))
+        h = st(h + gated_attention(spec, w, p + "self_attn.", a, positions, mask))
+    return st(h + mlp(w, p + "mlp.", norm1p(h, w[p + "post_attention_layernorm.weight"], eps)))
 
 
 def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
@@ -122,4 +123,4 @@ def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
         h = decoder_layer(spec, w, l, h, positions, mask)
         hidden.append(h)
     final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
-    return RefOut(logits=final @ head_weight(spec).T, hidden=np.stack(hidden), final=final)
+    return RefOut(logits=linear(final, head_weight(spec)), hidden=np.stack(hidden), final=final)

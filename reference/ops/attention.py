@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import st
+
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """exp(x - max) / sum exp(x - max) along ``axis``; entries equal to -inf get weight 0."""
@@ -40,7 +42,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> 
         raise ValueError(f"mask must be bool [{t}, {s}] with a True in every row")
     kk = repeat_kv(k, nh // nkv)
     vv = repeat_kv(v, nh // nkv)
-    scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(d)
+    scores = st(np.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
     scores = np.where(mask[None, :, :], scores, -np.inf)
-    p = softmax(scores, axis=-1)
-    return np.einsum("hts,shd->thd", p, vv)
+    p = st(softmax(scores, axis=-1))
+    return st(np.einsum("hts,shd->thd", p, vv))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import st
+
 
 def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None = None) -> np.ndarray:
     """x [T, C], w [C, K], tail [K-1, C] or None (zeros) -> y [T, C]."""
@@ -23,7 +25,7 @@ def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None = None) ->
     if tail is None:
         tail = np.zeros((k - 1, c))
     xx = np.concatenate([tail, x], axis=0)
-    return sum(w[:, j] * xx[j:j + t] for j in range(k))
+    return st(sum(w[:, j] * xx[j:j + t] for j in range(k)))
 
 
 def conv_tail(x: np.ndarray, k: int, tail: np.ndarray | None = None) -> np.ndarray:

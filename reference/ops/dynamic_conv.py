@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import linear
+
 
 def conv_delta(x: np.ndarray, w_kp: np.ndarray, t: int) -> np.ndarray:
     """x [B, H], w_kp [2*T*G, H] -> delta [B, 2, T, G]."""
-    d = x @ w_kp.T
+    d = linear(x, w_kp)
     return d.reshape(len(x), 2, t, -1)
 
 

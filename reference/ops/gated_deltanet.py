@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import st
 from .mlp import silu
 
 L2_EPS = 1e-6
@@ -60,4 +61,4 @@ def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, b: np
 
 def gated_rms_norm(x: np.ndarray, w: np.ndarray, z: np.ndarray, eps: float) -> np.ndarray:
     """x, z [..., dv], w [dv] -> x / sqrt(mean x^2 + eps) * w * silu(z)."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w * silu(z)
+    return st(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w * silu(z))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import linear, st
+
 
 def silu(x: np.ndarray) -> np.ndarray:
     """silu(x) = x * sigmoid(x), sigmoid(x) = 1 / (1 + exp(-x)) = (1 + tanh(x/2)) / 2.
@@ -18,4 +20,4 @@ def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarr
 
     x: [T, H]; w_gate, w_up: [I, H]; w_down: [H, I] (weights [out, in]); returns [T, H].
     """
-    return (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+    return linear(st(st(silu(linear(x, w_gate))) * linear(x, w_up)), w_down)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import st
+
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square norm over the last axis, then a per-channel scale.
@@ -14,4 +16,4 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     and n = head_dim (Qwen3's per-head q_norm / k_norm).
     """
     ms = np.mean(x * x, axis=-1, keepdims=True)
-    return x / np.sqrt(ms + eps) * w
+    return st(x / np.sqrt(ms + eps) * w)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rounding import st
+
 
 def inv_freq(head_dim: int, theta: float) -> np.ndarray:
     """inv_freq[i] = theta^(-2i/d), i = 0..d/2-1. Returns [d/2]."""
@@ -38,4 +40,4 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray
     x: [T, heads, d]; positions: [T]; returns [T, heads, d].
     """
     cos, sin = cos_sin(positions, x.shape[-1], theta)
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    return st(x * cos[:, None, :] + rotate_half(x) * sin[:, None, :])

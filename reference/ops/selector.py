@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..rounding import linear
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -33,7 +35,7 @@ class Selection:
 def head_logits(final: np.ndarray, head: np.ndarray, multiplier: float = 1.0,
                 softcap: float | None = None) -> np.ndarray:
     """final [J, H] (normed), head [V, H] -> l [J, V] = (final head^T) * multiplier, then softcapped."""
-    l = (final @ head.T) * multiplier
+    l = linear(final, head) * multiplier
     return softcap * np.tanh(l / softcap) if softcap else l
 
 
