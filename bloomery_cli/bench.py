@@ -31,6 +31,7 @@ import typer
 from .bench_dflash2 import copy_bandwidth
 from .bench_shapes import SHAPES, hf_decode, random_pair, weight_bytes
 from .errors import InputError
+from .preflight import check_output_file
 from .records import conditions, write_atomic
 from .speculative import generate
 from .width import CostWidth, width_policy
@@ -396,6 +397,7 @@ def bench_command(
             write_atomic(json, rec)
 
     try:
+        check_output_file(json, "--json")          # before the run, not after it
         bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -113,12 +113,19 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                                                            "into this folder.")] = None) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     from .gate import GateOptions, run_gate
+    from .preflight import check_n, check_output_dir
 
+    names = {g.name: f"{g.name}-{device.replace(':', '')}-{dtype}.json" for g in registry().values()}
+    try:                                   # the flags every gate shares: checked once, before the first gate runs
+        if n is not None:
+            check_n(n)
+        check_output_dir(results, list(names.values()))
+    except InputError as e:
+        fail_input(e)
     rows, worst = [], 0
     for g in registry().values():
         t0 = time.perf_counter()
-        opts = GateOptions(device=device, dtype=dtype, n=n,
-                           json=(results / f"{g.name}-{device.replace(':', '')}-{dtype}.json") if results else None)
+        opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:

@@ -25,6 +25,11 @@ class MissingFile(InputError):
     pass
 
 
+class Unreadable(InputError):
+    """A file that is there but cannot be read: a directory where a file is expected, permission denied,
+    not UTF-8 text, or JSON nested past what the parser takes. The message carries the OS reason."""
+
+
 class BadConfig(InputError):
     """A config key is missing, of the wrong type, or out of range."""
 

@@ -3,7 +3,6 @@ run plain and drafted, print the contract, write the record. Pairs supply a `Gat
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -15,9 +14,11 @@ from typing import Any
 import torch
 
 from .contract import Report
-from .errors import BadConfig, InputError, MissingFile
+from .errors import InputError
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
+from .preflight import check_fits, check_n, check_output_file
+from .prompts import read_prompts
 from .records import conditions, write_atomic
 from .speculative import generate
 from .width import width_policy
@@ -86,32 +87,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device("cpu")
 
 
-def read_prompts(path: Path, tokenizer: Callable[[], Any], limit: int | None) -> list[list[int]]:
-    """JSONL, one object a line with "text" (tokenized with ``tokenizer()``, loaded on first need) or "ids"."""
-    if not path.is_file():
-        raise MissingFile(path, "prompts file not found (JSONL with a 'text' or 'ids' field per line)")
-    prompts = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadConfig(f"{path}:{i}", f"not JSON ({e.msg})") from None
-        if "ids" in obj:
-            ids = [int(x) for x in obj["ids"]]
-        elif "text" in obj:
-            ids = tokenizer().encode(obj["text"]).ids
-        else:
-            raise BadConfig(f"{path}:{i}", "expected a 'text' or 'ids' field")
-        if not ids:
-            raise BadConfig(f"{path}:{i}", "empty prompt")
-        prompts.append(ids)
-    if not prompts:
-        raise BadConfig(path, "no prompts in file")
-    return prompts[:limit] if limit else prompts
-
-
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -143,15 +118,16 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
         flag = "--" + unknown[0].replace("_", "-")
         raise InputError(flag, f"gate {gate.name} does not act on it (it takes: "
                                f"{', '.join('--' + k.replace('_', '-') for k in gate.options) or 'no draft options'})")
-    n = opts.n or gate.n
-    if n < 2:
-        raise InputError("-n", f"{n}: need at least 2 ids to compare")
+    n = check_n(gate.n if opts.n is None else opts.n)
+    check_output_file(opts.json, "--json")
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
     target_spec = load_target(target_path)
     if target_spec.family != gate.family:
         raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")
     draft_spec = gate.load_draft(draft_path, target_spec)
-    prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts)
+    prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
+                           vocab=target_spec.vocab_size)
+    check_fits(prompts, n, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
     family = FAMILIES[gate.family]
     if opts.oracle and family.oracle is None:
         raise InputError("--oracle", f"no external oracle for family {gate.family}")

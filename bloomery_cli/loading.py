@@ -17,6 +17,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from bloomery_cli.errors import InputError, MissingFile
+from bloomery_cli.files import exists
 from bloomery_cli.formats.dflash import dflash_from_hf
 from bloomery_cli.formats.dflash2 import dflash2_from_hf
 from bloomery_cli.formats.dspark import dspark_from_hf
@@ -31,7 +32,7 @@ __all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mt
 
 def _existing(path: str | Path, role: str) -> Path:
     p = Path(path).expanduser()
-    if not p.exists():
+    if not exists(p, role):
         raise MissingFile(p, f"no such file or directory; expected the {role}")
     if p.is_file():
         refuse_pickle(p)

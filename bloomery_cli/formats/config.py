@@ -5,6 +5,7 @@ Every problem is a ``BadConfig`` whose message names the file and the key and sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ class Cfg:
         return value
 
     def int(self, key: str, default: Any = _MISSING, what: str = "an integer",
-            minimum: int | None = 1) -> int:
+            minimum: int | None = 1, maximum: int | None = None, why: str = "") -> int:
+        """An integer (a float with no fraction is taken), ``minimum <= value <= maximum``; ``why`` says
+        where the maximum comes from (``the checkpoint stores 2 layers``) in the message."""
         value = self.get(key, default, what)
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
@@ -53,16 +56,26 @@ class Cfg:
                 raise self.bad(key, f"{value!r}; expected {what}")
         if minimum is not None and value < minimum:
             raise self.bad(key, f"{value}; expected {what} >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise self.bad(key, f"{value}; expected {what} <= {maximum}" + (f" ({why})" if why else ""))
         return value
 
     def float(self, key: str, default: Any = _MISSING, what: str = "a number",
               positive: bool = True) -> float:
+        """A finite number (NaN and +-Infinity, which Python's JSON reader accepts, are refused), > 0
+        unless ``positive`` is false."""
         value = self.get(key, default, what)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.bad(key, f"{value!r}; expected {what}")
-        if positive and not value > 0:
+        try:
+            number = float(value)
+        except OverflowError:                        # an integer past the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise self.bad(key, f"{value}; expected {what}, not NaN or infinite")
+        if positive and not number > 0:
             raise self.bad(key, f"{value}; expected {what} > 0")
-        return float(value)
+        return number
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         value = self.get(key, default, "true or false")

@@ -25,7 +25,7 @@ from typing import Any
 from bloomery_cli.errors import BadTensor, Mismatch
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
-from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
 from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
 
@@ -69,7 +69,7 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     """A DFlash drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
     cfg, tensors, dcfg = open_block_draft(directory, ARCHITECTURE)
     layer = layer_shape_from_hf(cfg)
-    depth = cfg.int("num_hidden_layers")
+    depth = cfg.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
 

@@ -25,7 +25,7 @@ from typing import Any
 from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids, open_block_draft
-from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf
 from bloomery_cli.spec import DFlash2Spec, ModelSpec
 
@@ -81,7 +81,7 @@ def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     """A DFlash2 drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
     cfg, tensors, dcfg = open_block_draft(directory, ARCHITECTURE)
     layer = layer_shape_from_hf(cfg)
-    depth = cfg.int("num_hidden_layers")
+    depth = cfg.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
     H, L, V = target.hidden_size, target.num_layers, target.vocab_size

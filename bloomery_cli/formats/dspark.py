@@ -26,7 +26,7 @@ from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
-from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.spec import DSparkSpec, ModelSpec
 
@@ -68,7 +68,7 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
     if not isinstance(archs, list) or ARCHITECTURE not in archs:
         raise cfg.bad("architectures", f"{archs!r}; expected a list containing \"{ARCHITECTURE}\"")
     layer = layer_shape_from_hf(cfg)
-    depth = cfg.int("num_hidden_layers")
+    depth = cfg.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
     block = _need(cfg, "block_size", "the block size B >= 1").int("block_size", minimum=1)
     mask_id = _need(cfg, "mask_token_id", "the mask token id").int("mask_token_id", minimum=0)
     rank = _need(cfg, "markov_rank", "the Markov head rank r >= 0 (0: no Markov head)").int("markov_rank", minimum=0)

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from bloomery_cli.errors import BadTensor, InputError, Refused
+from bloomery_cli.files import check_readable
 from bloomery_cli.formats.lazy import LazyTensors
 
 GGUF_MAGIC = b"GGUF"
@@ -85,6 +86,7 @@ class GGUFFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        check_readable(self.path, "GGUF file")
         try:
             self.reader = GGUFReader(self.path)
         except Exception as exc:  # GGUFReader raises ValueError/IndexError/... on a bad or short file

@@ -14,7 +14,6 @@ Nothing in the directory is imported or executed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from bloomery_cli.errors import BadTensor, InputError, MissingFile, Refused
+from bloomery_cli.files import check_readable, parse_json, read_text
 from bloomery_cli.formats.lazy import LazyTensors
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -36,13 +36,9 @@ def refuse_pickle(path: Path) -> None:
 
 
 def read_json(path: Path, what: str = "JSON file") -> dict[str, Any]:
-    """Read a JSON object; a missing file is ``MissingFile``, a bad one ``InputError`` naming the file."""
-    if not path.is_file():
-        raise MissingFile(path, f"missing; expected the {what}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(path, f"cannot parse the {what}: {exc}") from None
+    """Read a JSON object; a missing file is ``MissingFile``, a directory or unreadable file ``Unreadable``,
+    bad JSON (or JSON nested past the parser) ``InputError``, each naming the file (``bloomery_cli.files``)."""
+    data = parse_json(read_text(path, what), path, what)
     if not isinstance(data, dict):
         raise InputError(path, f"expected a JSON object, got {type(data).__name__}")
     return data
@@ -103,8 +99,7 @@ class SafetensorsTensors(LazyTensors):
 
 
 def _open(path: Path) -> Any:
-    if not path.is_file():
-        raise MissingFile(path, "missing; expected a safetensors file")
+    check_readable(path, "safetensors file")
     try:
         return safe_open(str(path), framework="pt")
     except (SafetensorError, OSError, RuntimeError) as exc:

@@ -8,8 +8,9 @@ weight byte is touched.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -98,3 +99,26 @@ def check_shapes(tensors: Mapping[str, torch.Tensor], expected: Shapes, where: s
             raise BadTensor(label, f"shape {list(got)}, expected {list(shape)} {why}")
         if isinstance(tensors, LazyTensors):
             tensors.check_dtype(name)
+
+
+def stored_layers(names: Iterable[str], prefix: str) -> int:
+    """How many distinct layer indices the header stores under ``prefix`` (names ``{prefix}{i}.<rest>``).
+
+    A config's layer count is bounded by this before any per-layer table is built: a
+    ``num_hidden_layers`` of 1e9 is then one named error, not a billion-entry shape table.
+    """
+    found: set[int] = set()
+    cut = len(prefix)
+    for name in names:
+        if name.startswith(prefix):
+            head = name[cut:].split(".", 1)[0]
+            if head.isdigit():
+                found.add(int(head))
+    return len(found)
+
+
+def layer_bound(names: Iterable[str], *prefixes: str) -> dict[str, Any]:
+    """``maximum=`` and ``why=`` for ``Cfg.int``: the most layers stored under any of ``prefixes``."""
+    counts = {p: stored_layers(names, p) for p in prefixes}
+    prefix = max(counts, key=lambda p: counts[p])
+    return {"maximum": counts[prefix], "why": f"the checkpoint stores {counts[prefix]} layers, {prefix}<i>.*"}

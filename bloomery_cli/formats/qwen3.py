@@ -23,7 +23,7 @@ from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
-from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.spec import LayerShape, ModelSpec
 
 FAMILY = "qwen3"
@@ -115,7 +115,7 @@ def qwen3_from_hf(directory: Path) -> ModelSpec:
         raise cfg.bad("model_type", f"{model_type!r} is not supported; "
                                     f"expected one of {list(SUPPORTED_MODEL_TYPES)}")
     layer = layer_shape_from_hf(cfg)
-    num_layers = cfg.int("num_hidden_layers")
+    num_layers = cfg.int("num_hidden_layers", what="the layer count", **layer_bound(tensors, "model.layers."))
     vocab = cfg.int("vocab_size")
     tied = cfg.bool("tie_word_embeddings", False)
     check_shapes(tensors, tensor_shapes(layer, num_layers, vocab, tied), directory)
@@ -157,7 +157,7 @@ def qwen3_from_gguf(path: Path) -> ModelSpec:
         rope_theta=cfg.float(a + "rope.freq_base", 10000.0),
     )
     check_layer(layer, cfg, a + "attention.head_count", a + "attention.head_count_kv")
-    num_layers = cfg.int(a + "block_count")
+    num_layers = cfg.int(a + "block_count", what="the layer count", **layer_bound(f.tensor_names(), "blk."))
     tensors = f.tensors()
     if "model.embed_tokens.weight" not in tensors:
         raise BadTensor(f"{path}: tensor token_embd.weight", "missing; expected [vocab, embedding_length]")

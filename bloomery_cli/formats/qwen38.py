@@ -37,7 +37,7 @@ from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
-from bloomery_cli.formats.lazy import LazyTensors, check_shapes
+from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import _rope_theta, check_layer
 from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
 
@@ -168,8 +168,9 @@ def _shapes_from_cfg(cfg: Cfg, layers: int) -> tuple[LayerShape, HybridShape]:
         types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
     if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
         raise cfg.bad("layer_types", f"{types!r}; expected {layers} entries, each one of {list(LAYER_TYPES)}")
-    prf = cfg.sub("rope_parameters").get("partial_rotary_factor", None)
-    prf = cfg.float("partial_rotary_factor", 0.25) if prf is None else float(prf)
+    rope = cfg.sub("rope_parameters")
+    prf = (cfg.float("partial_rotary_factor", 0.25) if rope.get("partial_rotary_factor", None) is None
+           else rope.float("partial_rotary_factor"))
     hy = HybridShape(tuple(types), prf, int(layer.head_dim * prf), cfg.int("linear_num_key_heads"),
                      cfg.int("linear_num_value_heads"), cfg.int("linear_key_head_dim"),
                      cfg.int("linear_value_head_dim"), cfg.int("linear_conv_kernel_dim"),
@@ -238,7 +239,8 @@ def qwen38_from_hf(directory: Path) -> Qwen38Spec:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise top.bad("model_type", f"{model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)}")
     cfg = top.sub("text_config") if top.get("text_config", None) is not None else top
-    num_layers = cfg.int("num_hidden_layers")
+    stored = layer_bound(tensors, "model.layers.", "model.language_model.layers.")   # either layout
+    num_layers = cfg.int("num_hidden_layers", what="the layer count", **stored)
     layer, hy = _shapes_from_cfg(cfg, num_layers)
     vocab = cfg.int("vocab_size")
     tied = cfg.bool("tie_word_embeddings", top.bool("tie_word_embeddings", False))
@@ -324,7 +326,7 @@ def qwen38_from_gguf(path: Path) -> Qwen38Spec:
     cfg = Cfg(meta, path)
     H, heads = cfg.int(a + "embedding_length"), cfg.int(a + "attention.head_count")
     nextn = cfg.int(a + "nextn_predict_layers", 0, minimum=0)
-    trunk = cfg.int(a + "block_count") - nextn
+    trunk = cfg.int(a + "block_count", what="the layer count", **layer_bound(f.tensor_names(), "blk.")) - nextn
     if trunk < 1:
         raise cfg.bad(a + "block_count", f"{trunk + nextn} with nextn_predict_layers {nextn}; expected a trunk")
     layer = LayerShape(H, heads, cfg.int(a + "attention.head_count_kv", heads),

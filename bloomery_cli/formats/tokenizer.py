@@ -11,6 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from bloomery_cli.errors import InputError, MissingFile
+from bloomery_cli.files import exists, read_text
 
 
 def tokenizer_path(path: str | Path) -> Path:
@@ -21,7 +22,7 @@ def tokenizer_path(path: str | Path) -> Path:
     else:
         candidates = [p.with_name(f"{p.stem}.tokenizer.json"), p.with_name("tokenizer.json")]
     for c in candidates:
-        if c.is_file():
+        if exists(c, "HF tokenizer.json"):
             return c
     raise MissingFile(candidates[-1], "missing; expected the HF tokenizer.json "
                                       + ("in the model directory" if p.is_dir() else "beside the GGUF file"))
@@ -30,7 +31,8 @@ def tokenizer_path(path: str | Path) -> Path:
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """``tokenizers.Tokenizer`` from the ``tokenizer.json`` of the checkpoint at ``path`` (dir or gguf)."""
     tj = tokenizer_path(path)
+    text = read_text(tj, "HF tokenizer.json")       # a directory, unreadable or non-UTF-8 file: named here
     try:
-        return Tokenizer.from_file(str(tj))
+        return Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
         raise InputError(tj, f"cannot parse the tokenizer: {exc}") from None

@@ -157,8 +157,8 @@ def _st_spans(f: Path) -> dict[str, int]:
             header = json.loads(fh.read(n))
         return {k: int(v["data_offsets"][1]) - int(v["data_offsets"][0])
                 for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f, f"cannot read the safetensors header: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise InputError(f, f"cannot read the safetensors header: {type(exc).__name__} {exc}") from None
 
 
 def _shard_notes(m: ModelInventory, directory: Path, kind: str) -> None:
@@ -169,7 +169,7 @@ def _shard_notes(m: ModelInventory, directory: Path, kind: str) -> None:
         return
     try:
         weight_map = json.loads(indexes[0].read_text(encoding="utf-8")).get("weight_map") or {}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return
     listed = {str(v) for v in weight_map.values()}
     given = {f.name for f in m.files}
