@@ -32,6 +32,7 @@ from bloomery_cli.speculative import generate
 from ..kernels.drafts.dspark import DSparkDraft
 from ..reference.drafts import dspark as ref_dspark
 from .draft_checks import draft_depth_band
+from .draft_oracle import check_dspark
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
 
@@ -132,7 +133,7 @@ GATE = GateDef(
     make_draft=make_draft, block=lambda d: d.block_size + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 vs "
              "EAGLE-3 5.30",),
-    options={"confidence_cut": 0.0},
+    options={"confidence_cut": 0.0}, check_draft_oracle=check_dspark,
 )
 
 
