@@ -23,7 +23,11 @@ One block after context rows 0..s-1 is the packed sequence of T = s + B + 1 rows
 Block rows sit at positions s..s+B-1, the context at 0..s-1. Layer ids: speculators'
 ``aux_hidden_state_layer_ids`` index HF ``hidden_states`` directly, where z-lab (and our specs) read
 ``hidden_states[l + 1]`` for target layer id l; speculators' own ``DFlashConverter`` maps l -> l + 1, and so
-does ``aux_layer_ids``.
+does ``aux_layer_ids``. (An id l = L-1 maps to L, HF's post-final-norm rows, which is what our reference reads;
+the converter drops that id instead, because speculators' datagen always appends the last layer.)
+
+Meant for tiny configs (tests, the bundled fixtures): it holds a float64 copy of the draft and the target's
+embedding and head, and DSpark's serial greedy chain costs one forward per block row.
 
 What is read back: DFlash and DFlash2 through ``_backbone_forward`` (the final-normed block rows and the
 head logits; rows 1..B-1 are the B-1 drafts, ``sample_from_anchor`` False); DFlash2's selector through
