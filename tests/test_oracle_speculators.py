@@ -84,44 +84,60 @@ def test_oracle_is_truly_float64_and_stock_is_not(speculators, name):
 
 # ------------------------------------------------------------------------------------------------- FAIL-first
 
+def fed(monkeypatch, key: str, change) -> None:
+    """Plant: the oracle is fed ``change(tensor)`` for ``key`` while our reference and the kernel keep the file's."""
+    real = osp.state_dict
+
+    def planted(draft, target):
+        sd = real(draft, target)
+        sd[key] = change(sd[key])
+        return sd
+
+    monkeypatch.setattr(osp, "state_dict", planted)
+
+
 def test_layer_ids_without_the_shift_fail(speculators, monkeypatch):
     """The oracle fed hidden_states[l] instead of [l + 1] (the z-lab vs speculators layer-id convention)."""
     monkeypatch.setattr(osp, "aux_layer_ids", lambda d: list(d.target_layer_ids))
     code, lines = gate("qwen3-dflash")
     assert code == 1, "\n".join(lines)
-    assert verdict(lines, "(o) host f64 dflash logits") == "FAIL"
-    assert verdict(lines, "(o) kernel dflash logits") == "FAIL"
+    for side in ("host f64", "kernel"):
+        assert verdict(lines, f"(o) {side} dflash logits") == "FAIL"
+        assert verdict(lines, f"(o) {side} dflash draft ids") == "FAIL"
 
 
-def test_perturbed_selector_codebook_fails(speculators, monkeypatch):
-    """What the oracle is fed differs from what our reference gets: successor codebook x (1 + 1e-6)."""
-    real = osp.state_dict
-
-    def perturbed(draft, target):
-        sd = real(draft, target)
-        sd["candidate_selector.successor_codebook"] = sd["candidate_selector.successor_codebook"] * (1 + 1e-6)
-        return sd
-
-    monkeypatch.setattr(osp, "state_dict", perturbed)
+@pytest.mark.parametrize("scale, path_fails", [(1 + 1e-6, False), (3.0, True)])
+def test_perturbed_selector_codebook_fails(speculators, monkeypatch, scale, path_fails):
+    """Predecessor codebook x (1 + 1e-6): only the f64 host line can see it; x 3: the kernel line and the walked
+    path too. The backbone was fed the same weights, so the logits lines pass."""
+    fed(monkeypatch, "candidate_selector.predecessor_codebook", lambda t: t * scale)
     code, lines = gate("qwen3-dflash2")
     assert code == 1, "\n".join(lines)
     assert verdict(lines, "(o) host f64 dflash2 selector scores") == "FAIL"
-    assert verdict(lines, "(o) host f64 dflash2 logits") == "PASS"      # the backbone was fed the same weights
+    assert verdict(lines, "(o) kernel dflash2 selector scores") == ("FAIL" if path_fails else "PASS")
+    for side in ("host f64", "kernel"):
+        assert verdict(lines, f"(o) {side} dflash2 walked path ids") == ("FAIL" if path_fails else "PASS")
+        assert verdict(lines, f"(o) {side} dflash2 logits") == "PASS"
 
 
-def test_perturbed_markov_head_fails(speculators, monkeypatch):
-    real = osp.state_dict
-
-    def perturbed(draft, target):
-        sd = real(draft, target)
-        sd["markov_head.markov_w2.weight"] = sd["markov_head.markov_w2.weight"] * (1 + 1e-6)
-        return sd
-
-    monkeypatch.setattr(osp, "state_dict", perturbed)
+@pytest.mark.parametrize("scale, ids_fail", [(1 + 1e-6, False), (4.0, True)])
+def test_perturbed_markov_head_fails(speculators, monkeypatch, scale, ids_fail):
+    fed(monkeypatch, "markov_head.markov_w2.weight", lambda t: t * scale)
     code, lines = gate("qwen3-dspark")
     assert code == 1, "\n".join(lines)
     assert verdict(lines, "(o) host f64 dspark logits+markov") == "FAIL"
-    assert verdict(lines, "(o) host f64 dspark confidence logits") == "PASS"
+    assert verdict(lines, "(o) host f64 dspark greedy chain ids") == ("FAIL" if ids_fail else "PASS")
+    assert verdict(lines, "(o) kernel dspark draft ids") == ("FAIL" if ids_fail else "PASS")
+    assert verdict(lines, "(o) host f64 dspark confidence logits") == "PASS"      # W2 is not in the confidence
+
+
+def test_perturbed_confidence_bias_fails(speculators, monkeypatch):
+    fed(monkeypatch, "confidence_head.proj.bias", lambda t: t + 0.05)
+    code, lines = gate("qwen3-dspark")
+    assert code == 1, "\n".join(lines)
+    for side in ("host f64", "kernel"):
+        assert verdict(lines, f"(o) {side} dspark confidence logits") == "FAIL"
+        assert verdict(lines, f"(o) {side} dspark logits+markov") == "PASS"
 
 
 def test_a_reference_defect_is_seen_by_the_oracle(speculators, monkeypatch):
@@ -131,8 +147,9 @@ def test_a_reference_defect_is_seen_by_the_oracle(speculators, monkeypatch):
     monkeypatch.setattr(ref_dflash2, "dynamic_conv", lambda y, delta, base, side: real(y, delta, base, 0))
     code, lines = gate("qwen3-dflash2")
     assert code == 1, "\n".join(lines)
-    assert verdict(lines, "(o) host f64 dflash2 logits") == "FAIL"
-    assert verdict(lines, "(o) kernel dflash2 logits") == "PASS"
+    for what in ("logits", "top-8 candidate sets", "walked path ids"):
+        assert verdict(lines, f"(o) host f64 dflash2 {what}") == "FAIL"
+        assert verdict(lines, f"(o) kernel dflash2 {what}") == "PASS"
 
 
 def test_dspark_anchor_first_convention_is_speculators_own(speculators, monkeypatch):
