@@ -73,8 +73,9 @@ Dtype = Annotated[str, typer.Option("--dtype", help="Compute/storage dtype on th
 N = Annotated[int | None, typer.Option("-n", help="Greedy ids compared per prompt [default: the gate's, 256].")]
 Prompts = Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts ('text' or 'ids' per line).")]
 Json = Annotated[Path | None, typer.Option("--json", help="Write the run's record (JSON) here, atomically.")]
-Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code "
-                                      "(float64, CPU): tier 3.")]
+Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code for the "
+                                      "target and speculators' for DFlash/DFlash2/DSpark drafts (float64, CPU): "
+                                      "tier 3.")]
 
 
 @gate_app.command("run")

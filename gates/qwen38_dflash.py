@@ -15,6 +15,7 @@ from bloomery_cli.gate import GateDef
 from bloomery_cli.loading import load_dflash
 
 from ..kernels.drafts.dflash import DFlashDraft
+from .draft_oracle import check_dflash
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash import check_draft, describe
 
@@ -24,7 +25,7 @@ GATE = GateDef(
     about="qwen38 hybrid target + DFlash block drafter (features from the hybrid stack, B-1 drafts per block)",
     load_draft=lambda path, target: load_dflash(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlashDraft(spec, engine, max_len),
-    block=lambda d: d.block_size, describe=describe, check_draft=check_draft,
+    block=lambda d: d.block_size, describe=describe, check_draft=check_draft, check_draft_oracle=check_dflash,
     anchors=("anchor (external, DFlash2 blog, Qwen3.8-27B B=8, T=1): DFlash2 4.80, MTP 4.28 (no DFlash figure "
              "published for this target)",),
 )

@@ -33,6 +33,7 @@ from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .draft_checks import kernel_taps
+from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
 
@@ -133,4 +134,5 @@ GATE = GateDef(
     load_draft=lambda path, target: load_dflash2(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
+    check_draft_oracle=check_dflash2,
 )

@@ -33,6 +33,7 @@ from ..kernels.drafts.dspark import DSparkDraft
 from ..reference.drafts import dspark as ref_dspark
 from .close import close, exact_and_emulated
 from .draft_checks import draft_ops, kernel_taps
+from .draft_oracle import check_dspark
 from .fixtures import FIXTURES, PROMPTS
 from .targets import greedy_flips, to_np
 
@@ -130,7 +131,7 @@ GATE = GateDef(
     make_draft=make_draft, block=lambda d: d.block_size + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 vs "
              "EAGLE-3 5.30",),
-    options={"confidence_cut": 0.0},
+    options={"confidence_cut": 0.0}, check_draft_oracle=check_dspark,
 )
 
 
