@@ -6,7 +6,9 @@ extended batch), so what runs is llama.cpp's own graph for the file's arch (qwen
 
 * the weights: an F32 copy of the GGUF when any tensor is stored otherwise (``f32_copy``; the dequantised values
   are exact, so the copy holds the same numbers). Run on BF16 weights, ggml's CPU matmul would round the
-  ACTIVATIONS to bf16 (its vec_dot type for bf16 is bf16), which is not an f32 computation.
+  ACTIVATIONS to bf16 (its vec_dot type for bf16 is bf16), which is not an f32 computation. The copy is built
+  in host memory (4 bytes a weight) in a temporary directory, removed after the run: sized for fixtures and
+  small models, not an 8B checkpoint.
 * the KV cache F32 (``type_k = type_v = GGML_TYPE_F32``; llama.cpp's default is F16) and flash attention off;
   CPU only (``n_gpu_layers = 0``), one sequence, ``n_ubatch`` = the whole sequence (one graph per call).
 
