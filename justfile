@@ -54,3 +54,12 @@ bench-dflash2-kernels:
 # regenerate results/README.md (and plots with the `plots` extra) from the committed records
 results:
     bloomery results
+
+# tier 3 on the GGUF fixtures: llama.cpp (llama-cpp-python 0.3.36) beside transformers; CPU f32 records and logs
+oracle-llamacpp:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bloomery gate run qwen3-dflash --target fixtures/qwen3-tiny.gguf --oracle \
+        --json results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.json | tee results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.log
+    bloomery gate run qwen38-mtp --target fixtures/qwen38-tiny.gguf --draft fixtures/qwen38-tiny.gguf --oracle \
+        --json results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.log

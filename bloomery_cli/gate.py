@@ -189,7 +189,8 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
 
 def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: list[int], prefill, dtype: str) -> None:
     """Tier 3: transformers' own modeling code, float64 on CPU, on the same weights: our reference's
-    logits, the kernel's logits, and the plain run's greedy ids (teacher-forced) against it."""
+    logits, the kernel's logits, and the plain run's greedy ids (teacher-forced) against it; for a GGUF
+    target also llama.cpp's own graph on the file (``oracle_llamacpp``)."""
     from bloomery_gates.gates.targets import greedy_flips, to_np
 
     from .bands import flip_excused, logits_band, worst_rel
@@ -211,3 +212,6 @@ def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: lis
     bad = [j for j in range(m) if int(hf[p - 1 + j].argmax()) != plain_ids[j]]
     excused = sum(flip_excused(hf[p - 1 + j], kband) for j in bad)
     report.integer_match("plain run greedy ids", m, len(bad), excused, tag="(o)", ref="transformers f64")
+    from .oracle_llamacpp import check_target, is_gguf_target
+    if is_gguf_target(spec):            # llama.cpp on the same GGUF, beside transformers (a note if not importable)
+        check_target(report, spec, seq, ref.logits, p, plain_ids[:m])

@@ -11,7 +11,8 @@ conditional rate near 0.9 at every position (numbers of the build this was writt
 
 The (r) lines check the first window after the prompt, each drafted row against ``reference.drafts.mtp`` run
 on the engine's own target taps (so they measure the draft alone, from the post-final-norm hidden on).
-``check_oracle`` is the tier-3 line against transformers' ``MtpModel``.
+``check_oracle`` is the tier-3 line against transformers' ``MtpModel``, and for a GGUF target whose draft is its
+own nextn layer, llama.cpp's MTP graph (``bloomery_cli.oracle_llamacpp.check_mtp``).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     if hf is None:
         report.note("(o) mtp: transformers' MtpModel does not exist in the installed transformers or does not "
                     "support this layout; no tier-3 line for the draft")
+        _llamacpp(report, c, plain_ids)
         return
     ours = ref_mtp.teacher_forced(c.draft_spec, c.target_spec, seq, forward(c.target_spec, seq).final)
     band = logits_band("f64", c.target_spec.layer, c.target_spec.num_layers + 2, len(seq))
@@ -123,6 +125,15 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
                      tag="(o)", ref="transformers MtpModel f64")
     differ, excused = greedy_flips(ours.logits, hf, band)
     report.integer_match("mtp greedy ids", hf.shape[0], differ, excused, tag="(o)", ref="transformers MtpModel f64")
+    _llamacpp(report, c, plain_ids)
+
+
+def _llamacpp(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
+    """llama.cpp's MTP graph on a GGUF target's own nextn layer, over the same rows as the target's llama.cpp lines."""
+    from bloomery_cli.oracle_llamacpp import check_mtp, is_gguf_target
+
+    if is_gguf_target(c.target_spec):
+        check_mtp(report, c.target_spec, c.draft_spec, list(c.prompt) + list(plain_ids[:64]))
 
 
 def describe(d: MTPSpec) -> dict:

@@ -21,7 +21,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from bloomery_cli.formats.qwen38 import baked_plus_one, gguf_name, regroup_v
+from bloomery_cli.formats.rope_sections import writer_sections
 from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
 from bloomery_gates.kernels.families.qwen38 import forward_train
 
@@ -238,9 +239,20 @@ def _gguf_array(hf: str, t: torch.Tensor, shape: Qwen38Shape) -> np.ndarray:
 
 
 def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torch.Tensor], tok: Tokenizer,
-                      mtp_layers: int = 0, name: str = "qwen38-tiny") -> Path:
+                      mtp_layers: int = 0, name: str = "qwen38-tiny",
+                      rope_sections: Sequence[int] | None = None) -> Path:
     """The target (and any ``mtp.*`` tensors) as a llama.cpp GGUF, arch "qwen35". Matrices BF16; norms, the
-    conv kernel, ssm_a and ssm_dt F32."""
+    conv kernel, ssm_a and ssm_dt F32.
+
+    ``qwen35.rope.dimension_sections``: llama.cpp rotates qwen35 heads with its interleaved multi-section rope
+    (IMROPE): rotary pair i (of rotary_dim/2) takes position stream t / h / w / e by k = i mod sum(sections),
+    t if k%3 == 0 and k < 3 s0, h if k%3 == 1 and k < 3 s1, w if k%3 == 2 and k < 3 s2, else e; text tokens
+    carry t = h = w = position and e = 0, so a pair in e never rotates (``formats.rope_sections``). Written as
+    llama.cpp's converter writes a Qwen3.5 text config without ``mrope_section``: [11, 11, 10, 0] (on the
+    fixture's 4 pairs k = 0..3 -> t, h, w, t: every pair rotates, i.e. plain partial RoPE); heads under 32
+    channels (test shapes, where llama.cpp would abort on that default) get the even interleave
+    (``rope_sections.writer_sections``). The earlier [rotary_dim/2, 0, 0, 0] left pairs 1 and 2 unrotated in
+    llama.cpp. ``rope_sections`` overrides the value (tests plant a bad layout with it)."""
     L, types = len(shape.layer_types), shape.layer_types
     every = types.index("full_attention") + 1 if "full_attention" in types else L + 1
     if any((t == "full_attention") != ((i + 1) % every == 0) for i, t in enumerate(types)):
@@ -249,7 +261,8 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
     hy = shape.spec({}).hybrid
     w = gguf_header(path, "qwen35", name, L + mtp_layers, shape)
     w.add_rope_dimension_count(hy.rotary_dim)
-    w.add_rope_dimension_sections([hy.rotary_dim // 2, 0, 0, 0])      # text positions: every section alike
+    sections = list(rope_sections) if rope_sections is not None else writer_sections(hy.rotary_dim, shape.head_dim)
+    w.add_rope_dimension_sections(sections)
     w.add_layer_norm_rms_eps(float(shape.rms_eps))
     w.add_ssm_conv_kernel(shape.linear_conv_kernel_dim)
     w.add_ssm_state_size(shape.linear_key_head_dim)

@@ -19,11 +19,14 @@ dt_bias; ``ssm_conv1d`` [C, K] -> [C, 1, K]; when nk != nv the value heads are s
 ssm_alpha/beta rows, ssm_a, ssm_dt, ssm_conv1d's V channels and ssm_out's columns. Keys (``qwen35.``):
 block_count (trunk + nextn_predict_layers), embedding_length, feed_forward_length, context_length,
 attention.{head_count, head_count_kv, key_length, layer_norm_rms_epsilon}, rope.{freq_base,
-dimension_count}, ssm.{conv_kernel, state_size (dk), group_count (nk), time_step_rank (nv), inner_size
-(nv dv)}, full_attention_interval (4) or attention.recurrent_layers. Next-token blocks
+dimension_count, dimension_sections}, ssm.{conv_kernel, state_size (dk), group_count (nk), time_step_rank (nv),
+inner_size (nv dv)}, full_attention_interval (4) or attention.recurrent_layers. Next-token blocks
 blk.{L+j}.* become ``mtp.layers.{j}.*`` and blk.{L}.nextn.{eh_proj, enorm, hnorm, shared_head_norm} become
 mtp.{fc, pre_fc_norm_embedding, pre_fc_norm_hidden, norm} (+1 undone; nextn.embed_tokens /
-shared_head_head, when present, become mtp.embed_tokens / mtp.lm_head).
+shared_head_head, when present, become mtp.embed_tokens / mtp.lm_head). ``rope.dimension_sections`` (required,
+as llama.cpp's loader requires it) must send every rotary pair to a text position stream under llama.cpp's
+interleaved rope, so that the file is plain partial RoPE as computed here; any other layout is a ``BadConfig``
+naming the key (``formats.rope_sections``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import _rope_theta, check_layer
+from bloomery_cli.formats.rope_sections import sections_problem
 from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
 
 FAMILY = "qwen38"
@@ -347,6 +351,10 @@ def qwen38_from_gguf(path: Path) -> Qwen38Spec:
                      rope_dim / layer.head_dim, rope_dim, cfg.int(a + "ssm.group_count"), nv,
                      cfg.int(a + "ssm.state_size"), inner // nv, cfg.int(a + "ssm.conv_kernel"), nextn)
     _check_hybrid(cfg, layer, hy)
+    problem = sections_problem(cfg.get(a + "rope.dimension_sections", what="4 rope section sizes (llama.cpp's "
+                                       "qwen35 loader requires the key)"), rope_dim, layer.head_dim)
+    if problem:
+        raise cfg.bad(a + "rope.dimension_sections", problem)
     raw = f.tensors(rename=lambda n: n)
     if "token_embd.weight" not in raw:
         raise BadTensor(f"{path}: tensor token_embd.weight", "missing; expected [vocab, embedding_length]")

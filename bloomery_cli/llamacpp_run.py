@@ -1,0 +1,227 @@
+"""Run llama.cpp (llama-cpp-python's ctypes bindings, imported lazily) on a GGUF: logits, h_nextn, MTP rows.
+
+Only the low-level C API is used (``llama_model_load_from_file``, ``llama_decode``, ``llama_process`` with the
+extended batch), so what runs is llama.cpp's own graph for the file's arch (qwen3, qwen35 and its MTP head
+``graph_mtp``) and nothing of ours. Settings chosen so llama.cpp computes in float32 end to end:
+
+* the weights: an F32 copy of the GGUF when any tensor is stored otherwise (``f32_copy``; the dequantised values
+  are exact, so the copy holds the same numbers). Run on BF16 weights, ggml's CPU matmul would round the
+  ACTIVATIONS to bf16 (its vec_dot type for bf16 is bf16), which is not an f32 computation. The copy is built
+  in host memory (4 bytes a weight) in a temporary directory, removed after the run: sized for fixtures and
+  small models, not an 8B checkpoint.
+* the KV cache F32 (``type_k = type_v = GGML_TYPE_F32``; llama.cpp's default is F16) and flash attention off;
+  CPU only (``n_gpu_layers = 0``), one sequence, ``n_ubatch`` = the whole sequence (one graph per call).
+
+``run(path, ids)`` decodes ``ids`` at positions 0..T-1 with logits for every row (``logits_all``) and, for
+a file with ``nextn_predict_layers`` > 0, llama.cpp's ``h_nextn`` rows (the trunk's post-output-norm hidden, the
+MTP head's input, ``llama_set_embeddings_nextn``), and then runs the MTP head in a second context
+(``LLAMA_CONTEXT_TYPE_MTP``, its own KV for the nextn layer) over two row layouts, each from an empty KV:
+
+* ``ours``: row j = 1..T-1 reads token ids[j] and h_nextn[j-1] at RoPE position j (what our MTP computes);
+* ``driver``: row j = 0..T-1 reads token ids[j] and h_nextn[j-1], with a ZERO hidden for row 0, at position j:
+  llama.cpp's draft-mtp driver (common/speculative.cpp) pairs each token with the previous row's hidden and
+  the first token with ``pending_h``, which starts as zeros, so its MTP KV holds that extra row 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LlamaOut:
+    """logits [T, V] float32; hidden [T, H] (h_nextn) or None; mtp_ours [T-1, V] / mtp_driver [T, V] or None."""
+
+    logits: np.ndarray
+    hidden: np.ndarray | None
+    mtp_ours: np.ndarray | None
+    mtp_driver: np.ndarray | None
+    version: str
+    weights: str                # "F32 as stored" or "F32 copy of <types>"
+
+
+def unavailable() -> str | None:
+    """None when llama_cpp (llama-cpp-python) imports with the extended MTP API, else why not."""
+    try:
+        import llama_cpp  # noqa: F401
+        from llama_cpp import llama_cpp_ext  # noqa: F401
+    except Exception as e:     # ImportError, or OSError / AttributeError from a library that does not load
+        return f"llama_cpp (llama-cpp-python) is not importable: {type(e).__name__}: {e}"
+    return None
+
+
+def _lib() -> tuple[Any, Any]:
+    import llama_cpp
+    from llama_cpp import _logger, llama_cpp_ext
+
+    _logger.set_verbose(False)
+    return llama_cpp, llama_cpp_ext
+
+
+def tensor_types(path: Path) -> list[str]:
+    from gguf import GGUFReader
+
+    return sorted({t.tensor_type.name for t in GGUFReader(str(path)).tensors})
+
+
+def f32_copy(src: Path, dst: Path) -> Path:
+    """``src`` with every tensor dequantised to F32 (same names, metadata and order; general.file_type ALL_F32)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        val = int(gguf.LlamaFileType.ALL_F32) if name == "general.file_type" else f.contents()
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, val, f.types[0], sub_type=sub)
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        w.add_tensor(t.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def _threads() -> int:
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "0")) or (os.cpu_count() or 1))
+
+
+def _context(lc: Any, model: Any, n: int, mtp: bool) -> Any:
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n + 8, n + 8, n + 8, 1
+    cp.n_threads = cp.n_threads_batch = _threads()
+    cp.type_k = cp.type_v = lc.GGML_TYPE_F32
+    cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.no_perf = True
+    if mtp:
+        cp.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+    ctx = lc.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RuntimeError("llama.cpp: llama_init_from_model failed" + (" (MTP context)" if mtp else ""))
+    return ctx
+
+
+def _logits(lc: Any, ctx: Any, rows: int, vocab: int) -> np.ndarray:
+    out = np.empty((rows, vocab), dtype=np.float32)
+    for i in range(rows):
+        p = lc.llama_get_logits_ith(ctx, i)
+        if not p:
+            raise RuntimeError(f"llama.cpp: no logits for output row {i}")
+        out[i] = np.ctypeslib.as_array(p, shape=(vocab,))
+    return out
+
+
+def _decode_target(lc: Any, ext: Any, ctx: Any, ids: list[int], nextn: bool, vocab: int, hidden: int
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    t = len(ids)
+    if nextn:
+        ext.llama_set_embeddings_nextn(ctx, True, False)
+    batch = lc.llama_batch_init(t, 0, 1)
+    try:
+        for i, tok in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = int(tok), i, 1, 1
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = t
+        rc = lc.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp: llama_decode returned {rc}")
+        logits = _logits(lc, ctx, t, vocab)
+        h = None
+        if nextn:
+            h = np.empty((t, hidden), dtype=np.float32)
+            for i in range(t):
+                p = ext.llama_get_embeddings_nextn_ith(ctx, i)
+                if not p:
+                    raise RuntimeError(f"llama.cpp: no h_nextn for row {i}")
+                h[i] = np.ctypeslib.as_array(p, shape=(hidden,))
+        return logits, h
+    finally:
+        lc.llama_batch_free(batch)
+
+
+def _mtp_rows(lc: Any, model: Any, toks: list[int], hid: np.ndarray, pos: list[int], vocab: int) -> np.ndarray:
+    """One MTP pass over rows (token, hidden state, position) from an empty KV: logits [R, V]."""
+    ctx = _context(lc, model, max(pos) + 1, mtp=True)
+    hid = np.ascontiguousarray(hid, dtype=np.float32)
+    batch = lc.llama_batch_ext_init(ctx)
+    try:
+        fp = ctypes.POINTER(ctypes.c_float)
+        for r, (tok, p) in enumerate(zip(toks, pos, strict=True)):
+            idx = lc.llama_batch_ext_add_token(batch, 0, int(tok))
+            row = hid[r].ctypes.data_as(fp)
+            ok = (idx == r and lc.llama_batch_ext_set_pos(batch, idx, ctypes.byref(ctypes.c_int32(p)))
+                  and lc.llama_batch_ext_set_embd_token(batch, idx, lc.llama_embd(row, 1, hid.shape[1]))
+                  and lc.llama_batch_ext_set_output_logits(batch, idx, True))
+            if not ok:
+                raise RuntimeError(f"llama.cpp: could not add MTP row {r} to the batch")
+        rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp: llama_process (MTP) returned {rc}")
+        return _logits(lc, ctx, len(toks), vocab)
+    finally:
+        lc.llama_batch_ext_free(batch)
+        lc.llama_free(ctx)
+
+
+def _run_file(path: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                                    np.ndarray | None]:
+    lc, ext = _lib()
+    lc.llama_backend_init()
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.load_mtp = True
+    model = lc.llama_model_load_from_file(str(path).encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    try:
+        vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+        hidden, nextn = lc.llama_model_n_embd(model), lc.llama_model_n_layer_nextn(model)
+        ctx = _context(lc, model, len(ids), mtp=False)
+        try:
+            logits, h = _decode_target(lc, ext, ctx, ids, nextn > 0, vocab, hidden)
+        finally:
+            lc.llama_free(ctx)
+        ours = driver = None
+        if h is not None:
+            t = len(ids)
+            ours = _mtp_rows(lc, model, ids[1:], h[:-1], list(range(1, t)), vocab)
+            driver = _mtp_rows(lc, model, ids, np.vstack([np.zeros((1, hidden), np.float32), h[:-1]]),
+                               list(range(t)), vocab)
+        return logits, h, ours, driver
+    finally:
+        lc.llama_model_free(model)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached(path: str, ids: tuple[int, ...]) -> LlamaOut:
+    import llama_cpp
+
+    src = Path(path)
+    types = tensor_types(src)
+    version = f"llama-cpp-python {llama_cpp.__version__}"
+    if types == ["F32"]:
+        res = _run_file(src, list(ids))
+        weights = "F32 as stored"
+    else:
+        with tempfile.TemporaryDirectory(prefix="bloomery-llamacpp-") as d:
+            res = _run_file(f32_copy(src, Path(d) / (src.stem + "-f32.gguf")), list(ids))
+        weights = f"an F32 copy of the file's {'/'.join(types)} tensors"
+    return LlamaOut(*res, version=version, weights=weights)
+
+
+def run(path: Path, ids: list[int]) -> LlamaOut:
+    """llama.cpp on ``path`` over ``ids`` (cached per (file, ids): a gate's target and MTP checks share one run)."""
+    return _cached(str(Path(path).resolve()), tuple(int(i) for i in ids))
