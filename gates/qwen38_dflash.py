@@ -17,6 +17,7 @@ from bloomery_cli.loading import load_dflash
 from ..kernels.drafts.dflash import DFlashDraft
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash import check_draft, describe
+from .state_decls import DFLASH_STATE
 
 GATE = GateDef(
     name="qwen38-dflash", family="qwen38", draft_kind="dflash",
@@ -27,4 +28,5 @@ GATE = GateDef(
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DFlash2 blog, Qwen3.8-27B B=8, T=1): DFlash2 4.80, MTP 4.28 (no DFlash figure "
              "published for this target)",),
+    draft_state=DFLASH_STATE,
 )

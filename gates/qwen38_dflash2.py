@@ -19,6 +19,7 @@ from bloomery_cli.loading import load_dflash2
 from ..kernels.drafts.dflash2 import DFlash2Draft
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash2 import ANCHORS, check_draft, describe
+from .state_decls import DFLASH2_STATE
 
 GATE = GateDef(
     name="qwen38-dflash2", family="qwen38", draft_kind="dflash2",
@@ -28,4 +29,5 @@ GATE = GateDef(
     load_draft=lambda path, target: load_dflash2(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
+    draft_state=DFLASH2_STATE,
 )

@@ -13,6 +13,7 @@ from ..kernels.drafts.dflash import DFlashDraft
 from ..reference.drafts import dflash as ref_dflash
 from .draft_checks import check_block, kernel_taps
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DFLASH_STATE
 
 
 def check_draft(report: Report, c: DraftCheck) -> None:
@@ -37,4 +38,5 @@ GATE = GateDef(
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, z-lab DFlash, Qwen3-8B B=16 T=0 on B200): tau 6.55 GSM8K, 5.84 code avg, "
              "3.71 chat avg",),
+    draft_state=DFLASH_STATE,
 )

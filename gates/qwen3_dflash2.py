@@ -31,6 +31,7 @@ from ..reference.ops import selector as ref_selector
 from ..reference.weights import as_f64
 from .draft_checks import kernel_taps
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DFLASH2_STATE
 from .targets import greedy_flips, to_np
 
 NAME = "dflash2"
@@ -127,4 +128,5 @@ GATE = GateDef(
     load_draft=lambda path, target: load_dflash2(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
+    draft_state=DFLASH2_STATE,
 )

@@ -33,6 +33,7 @@ from ..kernels.drafts.dspark import DSparkDraft
 from ..reference.drafts import dspark as ref_dspark
 from .draft_checks import draft_depth_band
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DSPARK_STATE
 from .targets import greedy_flips, to_np
 
 CUT_COMPARE_IDS = 64      # ids generated per run for the cut vs no-cut note
@@ -133,6 +134,7 @@ GATE = GateDef(
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 vs "
              "EAGLE-3 5.30",),
     options={"confidence_cut": 0.0},
+    draft_state=DSPARK_STATE,
 )
 
 
