@@ -186,8 +186,8 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
                 f"{run.length} positions committed, next verify {len(run.verify_ids)} rows; host f64 runs "
                 f"{len(run.seq)} ids fresh")
     if not rollbacks_seen(r.tally):
-        report.note("state run: no window rejected every proposal and kept some but not all before the run ended; "
-                    "the state lines below check what it did run")
+        report.note("state run: it ended (n ids) before both a window that rejected every proposal and one that kept "
+                    "some proposals but not all had run; the state lines below check what it did run")
     run = replace(run, ref=family.reference(target_spec, run.seq))
     nv = next_verify(target_spec)
     compare(report, run, nv, nv.read(verify, run))

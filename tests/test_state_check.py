@@ -189,3 +189,27 @@ def test_dspark_cut_one_draft_too_late(monkeypatch):
     monkeypatch.setattr(kdspark, "keep_count", late)
     code, lines = gate("qwen3-dspark", g=qwen3_dspark.with_options(confidence_cut=0.2))
     assert code == 1 and state_failed(lines, "dspark confidence cut t=0.2 at the next block"), "\n".join(lines)
+
+
+def test_compare_shape_or_name_mismatch_fails():
+    """A state whose shape differs from the reference's (a commit that kept a row too many) or that the reference
+    does not declare is a FAIL line, never a traceback."""
+    import numpy as np
+
+    from bloomery_cli.bands import Op
+    from bloomery_cli.spec import LayerShape
+    from bloomery_cli.state_check import StateDecl, StateRun, compare
+
+    shape = LayerShape(8, 2, 1, 4, 16, 1e-6, 1e4)
+    spec = type("S", (), {"layer": shape, "num_layers": 1, "hidden_size": 8})()
+    decl = StateDecl(read=lambda e, r: {}, reference=lambda r: {"kv": np.ones((5, 4))},
+                     ops=lambda r: {"kv": [Op("proj", 8)], "extra": [Op("proj", 8)]})
+    proposal = type("P", (), {"ids": [3]})()
+    run = StateRun(spec, None, "f32", [1, 2], [5, 6], proposal, 2, forward=lambda s, ids: None)
+    lines: list[str] = []
+    report = Report("x", emit=lines.append)
+    compare(report, run, decl, {"kv": np.ones((6, 4)), "extra": np.ones(3)})
+    assert report.failed == 2 and all(line.endswith(" FAIL") for line in lines), lines
+    assert "shape [6, 4], the reference's fresh run [5, 4]" in lines[0]
+    compare(report, run, decl, {"kv": np.ones((5, 4))})
+    assert lines[-1].startswith("(r) state after 2 windows: kv [5x4] vs host f64: 20 checked, worst rel 0.000e+00")
