@@ -164,6 +164,8 @@ def compare(report: Report, run: StateRun, decl: StateDecl, got: dict[str, np.nd
         band = state_band(run.dtype, run.target_spec, name, lambda d=decl, n=name: d.reference(run.fresh())[n],
                           ops[name])
         report.state(run.windows, name, g.shape, g.size, worst_rel(g, w), band.value)
+    for name in sorted(want.keys() - got.keys()):
+        report.state_broken(run.windows, name, "the reference's fresh run has it, the engine's read does not")
 
 
 def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any, target_spec: Any, draft_spec: Any,

@@ -213,3 +213,6 @@ def test_compare_shape_or_name_mismatch_fails():
     assert "shape [6, 4], the reference's fresh run [5, 4]" in lines[0]
     compare(report, run, decl, {"kv": np.ones((5, 4))})
     assert lines[-1].startswith("(r) state after 2 windows: kv [5x4] vs host f64: 20 checked, worst rel 0.000e+00")
+    compare(report, run, decl, {})
+    assert report.failed == 3 and lines[-1] == ("(r) state after 2 windows: kv: the reference's fresh run has it, "
+                                                "the engine's read does not FAIL")
