@@ -38,7 +38,7 @@ from .contract import Report, fmt_list
 from .metrics import Tally
 from .speculative import generate
 
-MIN_WINDOWS = 4
+MIN_WINDOWS = 8
 BROKE = (RuntimeError, ValueError, IndexError)      # a broken loop or draft is a failed check (as in run_gate)
 
 
