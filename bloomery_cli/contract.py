@@ -78,6 +78,23 @@ class Report:
         note = f", {excused} inside the top-2 margin band" if excused else ""
         return self.check(f"{tag} {what} vs {ref}: {checked} checked, {differ} differ{note}", differ == excused)
 
+    def state(self, windows: int, what: str, shape: tuple[int, ...], checked: int, worst: float, band: float,
+              rms: float | None = None, rms_band: float | None = None) -> bool:
+        """(r) one piece of the engine's state after a drafted run of ``windows`` windows, against the f64
+        reference's fresh run of the emitted sequence."""
+        dims = "x".join(str(d) for d in shape)
+        return self.reference(f"state after {windows} windows: {what} [{dims}]", checked, worst, band,
+                              rms=rms, rms_band=rms_band)
+
+    def state_match(self, windows: int, what: str, checked: int, differ: int, excused: int) -> bool:
+        """(r) an integer outcome of the state after ``windows`` windows (a cut length, ids) against the reference's."""
+        return self.integer_match(f"state after {windows} windows: {what}", checked, differ, excused)
+
+    def state_broken(self, windows: int | None, what: str, why: str) -> bool:
+        """(r) a state item that could not be compared at all (a shape that differs, a run that broke): FAIL."""
+        after = f"state after {windows} windows" if windows is not None else "state after the loop"
+        return self.check(f"(r) {after}: {what}: {why}", False)
+
     def ids(self, prompt: int, plain: list[int], drafted: list[int], margin: float | None = None) -> bool:
         if plain == drafted:
             return self.check(f"(w) prompt {prompt}: ids identical {len(plain)}", True)

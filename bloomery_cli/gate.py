@@ -21,6 +21,7 @@ from .preflight import check_fits, check_n, check_output_file
 from .prompts import read_prompts
 from .records import conditions, write_atomic
 from .speculative import generate
+from .state_check import check_state
 from .width import width_policy
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -46,6 +47,7 @@ class GateDef:
     anchors: tuple[str, ...] = ()                          # published numbers, printed as external
     check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
     options: dict[str, Any] = field(default_factory=dict)
+    draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
 
 
 @dataclass
@@ -171,6 +173,8 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     for t in per_prompt:
         pooled = pooled.merge(t)
     report.branches(pooled)
+    check_state(report, family, gate, engine, draft, target_spec, draft_spec, prompts[0], n,
+                width_policy(opts.width, b), opts.dtype)
     if all_same:
         report.identical(n)
     report.acceptance(pooled, per_prompt, b)

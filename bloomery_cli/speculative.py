@@ -11,7 +11,8 @@ The plain run is the same loop with no draft: one row per pass.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -51,6 +52,7 @@ def kept_rows(proposals: list[int], argmax: list[int]) -> int:
 class Run:
     ids: list[int]        # the first n emitted ids (the prompt excluded)
     tally: Tally
+    emitted: list[int] = field(default_factory=list)   # every emitted id; the cache holds prompt + emitted[:-1]
 
 
 class FixedWidth:
@@ -66,11 +68,13 @@ class FixedWidth:
         pass
 
 
-def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None) -> Run:
+def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None,
+             stop: Callable[[Tally], bool] | None = None) -> Run:
     """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass: None (all), an int,
     or a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
     window; k = 1 runs a plain pass without drafting. Only windows that drafted enter the tally. Walls for the
-    policy are taken around draft + verify (the argmax readback that ends a verify waits for the device)."""
+    policy are taken around draft + verify (the argmax readback that ends a verify waits for the device).
+    ``stop(tally)``, asked after each window, may end the run early (``Run.emitted`` then holds what it emitted)."""
     policy = width if hasattr(width, "choose") else FixedWidth(width)
     timer = PhaseTimer(target.device)
     tally = Tally()
@@ -98,5 +102,7 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
             policy.observe(len(proposals) + 1, kept, seconds)
         if proposals:
             tally.add(len(proposals), kept)
+        if stop is not None and stop(tally):
+            break
     tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
-    return Run(out[:n], tally)
+    return Run(out[:n], tally, out)

@@ -18,6 +18,7 @@ from ..kernels.drafts.dflash import DFlashDraft
 from .draft_oracle import check_dflash
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash import check_draft, describe
+from .state_decls import DFLASH_STATE
 
 GATE = GateDef(
     name="qwen38-dflash", family="qwen38", draft_kind="dflash",
@@ -28,4 +29,5 @@ GATE = GateDef(
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, check_draft_oracle=check_dflash,
     anchors=("anchor (external, DFlash2 blog, Qwen3.8-27B B=8, T=1): DFlash2 4.80, MTP 4.28 (no DFlash figure "
              "published for this target)",),
+    draft_state=DFLASH_STATE,
 )

@@ -20,6 +20,7 @@ from ..kernels.drafts.dflash2 import DFlash2Draft
 from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash2 import ANCHORS, check_draft, describe
+from .state_decls import DFLASH2_STATE
 
 GATE = GateDef(
     name="qwen38-dflash2", family="qwen38", draft_kind="dflash2",
@@ -30,4 +31,5 @@ GATE = GateDef(
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
     check_draft_oracle=check_dflash2,
+    draft_state=DFLASH2_STATE,
 )

@@ -31,6 +31,7 @@ from ..reference.families.qwen38 import norm1p
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import MTP_STATE
 from .targets import greedy_flips, to_np
 
 WIDTH = 3
@@ -151,4 +152,5 @@ GATE = GateDef(
     anchors=("anchor (external, DFlash2 blog, Qwen3.8-27B B=8, thinking on, T=1): MTP tau 4.28; "
              "Qwen3.5-4B mean of 5 sets: MTP 4.54",),
     check_draft_oracle=check_oracle,
+    draft_state=MTP_STATE,
 )

@@ -14,6 +14,7 @@ from ..reference.drafts import dflash as ref_dflash
 from .draft_checks import check_block, kernel_taps
 from .draft_oracle import check_dflash
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DFLASH_STATE
 
 
 def check_draft(report: Report, c: DraftCheck) -> None:
@@ -38,4 +39,5 @@ GATE = GateDef(
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, check_draft_oracle=check_dflash,
     anchors=("anchor (external, z-lab DFlash, Qwen3-8B B=16 T=0 on B200): tau 6.55 GSM8K, 5.84 code avg, "
              "3.71 chat avg",),
+    draft_state=DFLASH_STATE,
 )

@@ -35,6 +35,7 @@ from .close import close, exact_and_emulated
 from .draft_checks import kernel_taps
 from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DFLASH2_STATE
 from .targets import greedy_flips, to_np
 
 NAME = "dflash2"
@@ -135,4 +136,5 @@ GATE = GateDef(
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
     check_draft_oracle=check_dflash2,
+    draft_state=DFLASH2_STATE,
 )

@@ -35,6 +35,7 @@ from .close import close, exact_and_emulated
 from .draft_checks import draft_ops, kernel_taps
 from .draft_oracle import check_dspark
 from .fixtures import FIXTURES, PROMPTS
+from .state_decls import DSPARK_STATE
 from .targets import greedy_flips, to_np
 
 CUT_COMPARE_IDS = 64      # ids generated per run for the cut vs no-cut note
@@ -132,6 +133,7 @@ GATE = GateDef(
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 vs "
              "EAGLE-3 5.30",),
     options={"confidence_cut": 0.0}, check_draft_oracle=check_dspark,
+    draft_state=DSPARK_STATE,
 )
 
 

@@ -23,6 +23,7 @@ from ..reference.ops.norm import rms_norm
 from ..reference.rounding import emulate, linear
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
+from .state_decls import QWEN3_STATE, QWEN38_STATE
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Family:
     reference_layer: Callable      # (spec, l, h_in [T, H] f64) -> layer l's output [T, H], positions 0..T-1
     oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
     final_norm: Callable           # (spec, h [T, H] f64) -> the rows that enter the head (the family's final norm)
+    state: tuple = ()              # StateDecls of the engine's state after a run (KV, recurrent): state_decls
 
 
 def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
@@ -56,9 +58,10 @@ def _final(norm: Callable) -> Callable:
     return final
 
 
-FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm)),
+FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm),
+                            QWEN3_STATE),
             "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
-                             _final(ref_qwen38.norm1p))}
+                             _final(ref_qwen38.norm1p), QWEN38_STATE)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:

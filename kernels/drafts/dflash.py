@@ -92,6 +92,11 @@ class DFlashDraft:
         """The verify kept ``kept`` rows starting at the last anchor's position."""
         self.extend(taps[:, :kept], self.ctx_len)
 
+    def context_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only views (never write through them) of draft layer ``layer``'s context store, positions
+        0..ctx_len-1, as written by prompt / accept: (k after k_norm and RoPE, v), each [nkv, ctx_len, d]."""
+        return self.k_ctx[layer, 0, :, :self.ctx_len], self.v_ctx[layer, 0, :, :self.ctx_len]
+
     def block_allowed(self, s: int) -> torch.Tensor:
         """[B, cap + B]: every block row sees context positions < s and all B block rows (no mask)."""
         ctx = (self.key_pos < s)[None, :].expand(self.b, -1)

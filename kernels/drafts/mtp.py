@@ -109,6 +109,12 @@ class MTPDraft:
         y = mtp_layer(self.t, self.tspec, u, self.cos[slot0:slot0 + r], self.sin[slot0:slot0 + r], cached)[0]
         return y, rms_norm(y, norm_gain(self.t[P + "norm.weight"]), self.eps)
 
+    def store_rows(self) -> tuple[T, T]:
+        """Read-only views (never write through them) of the store's real rows, slots 1..next_slot-1 (rows whose
+        token and hidden both came from the target; chained rows past them are transient): (k after k_norm and
+        partial RoPE, v), each [nkv, next_slot-1, d]. After a ``propose`` they reach the anchor's slot."""
+        return self.k[0, :, 1:self.next_slot], self.v[0, :, 1:self.next_slot]
+
     def prompt(self, taps: T) -> None:
         """Prompt taps [L+1, P, H]: rows 1..P-1 (token j, hidden j-1) are real; hidden P-1 waits for the anchor."""
         fin = target_hidden(taps, self.final_gain, self.eps)

@@ -168,6 +168,11 @@ class Qwen3Target:
         """Keep the first ``kept`` rows of the last verify; later KV slots are dead (masked by position)."""
         self.length += kept
 
+    def kv_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only views (never write through them) of layer ``layer``'s committed rows, positions 0..length-1,
+        as stored: (k after k_norm and RoPE, v), each [nkv, length, d]."""
+        return self.k_cache[layer, 0, :, :self.length], self.v_cache[layer, 0, :, :self.length]
+
     def _run(self, ids: list[int], want_logits: bool) -> Pass:
         p0, r = self.length, len(ids)
         if p0 + r > self.cap:

@@ -197,6 +197,20 @@ class Qwen38Target:
         self.length += kept
         self._pending = None
 
+    def kv_rows(self, layer: int) -> tuple[T, T]:
+        """Read-only views (never write through them) of full-attention layer ``layer``'s (a model layer index)
+        committed rows, positions 0..length-1, as stored: (k after k_norm and partial RoPE, v), each
+        [nkv, length, d]."""
+        j = self.attn_layers.index(layer)
+        return self.k_cache[j, 0, :, :self.length], self.v_cache[j, 0, :, :self.length]
+
+    def recurrent_state(self, layer: int) -> tuple[T, T]:
+        """Read-only views of linear-attention layer ``layer``'s (a model layer index) committed state: the conv
+        tail [K-1, C] (the projected rows at positions length-K+1..length-1, run dtype) and the delta-rule state
+        [nv, dk, dv] (float32) after position length-1."""
+        i = self.lin_layers.index(layer)
+        return self.conv_tail[i, 0], self.state[i, 0]
+
     def _rollback_row(self, kept: int, first: int, n_states: int) -> int:
         """Index into the pass's kept states of the state after row kept-1."""
         row = kept - 1 - first

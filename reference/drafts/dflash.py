@@ -28,7 +28,7 @@ import numpy as np
 
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head_weight, hf_hidden_states, mlp, self_attention
+from ..families.qwen3 import RefOut, embed, head_weight, hf_hidden_states, mlp, project_kv, self_attention
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -93,3 +93,10 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
     logits = linear(final[1:], head_weight(target))
     return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
                        u=u, final=final)
+
+
+def context_kv(draft: DFlashSpec, taps: RefOut, s: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per draft layer i, the context store for positions 0..s-1 as the engine keeps it: (k, v) of the context
+    features u [s, H] (k after k_norm and RoPE at 0..s-1), each [s, nkv, d]. DSpark and DFlash2 share it."""
+    u, w = context_features(draft, taps, s), as_f64(draft)
+    return {i: project_kv(draft.layer, w, f"layers.{i}.self_attn.", u, np.arange(s)) for i in range(draft.num_layers)}

@@ -28,7 +28,7 @@ import numpy as np
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
 
 from ..families.qwen3 import head_weight
-from ..families.qwen38 import gated_attention, mlp, norm1p
+from ..families.qwen38 import gated_attention, mlp, norm1p, project_kv
 from ..ops.attention import causal_mask
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -106,3 +106,15 @@ def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarra
         out = rows(mtp, target, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1 + i))
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
+
+
+def store_rows(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int],
+               final: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The MTP layer's K/V of the real rows j = 1..T-1 of a sequence (row j reads ids[j] and final[j-1]; RoPE
+    position j), as the draft's store keeps them at slots 1..T-1: (k, v), each [T-1, nkv, d].
+
+    final: [T, H] the target's post-final-norm rows over ``ids`` (row T-1 is not read)."""
+    w, eps = as_f64(mtp), mtp.layer.rms_eps
+    emb = as_f64(target)["model.embed_tokens.weight"][np.asarray(ids[1:], dtype=np.int64)]
+    a = norm1p(mtp_input(mtp, emb, final[:-1]), w[L0 + "input_layernorm.weight"], eps)
+    return project_kv(target, w, L0 + "self_attn.", a, np.arange(1, len(ids)))

@@ -59,16 +59,24 @@ def self_attention(shape: LayerShape, w: Weights, prefix: str, x_q: np.ndarray, 
     values) at pos_kv [S]; mask: bool [T, S]. The target passes x_q = x_kv; DFlash passes [u ; a] as
     x_kv. ``prefix`` is e.g. "model.layers.3.self_attn.". Returns [T, H].
     """
-    nh, nkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    nh, d = shape.num_heads, shape.head_dim
     q = linear(x_q, w[prefix + "q_proj.weight"]).reshape(len(x_q), nh, d)
-    k = linear(x_kv, w[prefix + "k_proj.weight"]).reshape(len(x_kv), nkv, d)
-    v = linear(x_kv, w[prefix + "v_proj.weight"]).reshape(len(x_kv), nkv, d)
     q = rms_norm(q, w[prefix + "q_norm.weight"], shape.rms_eps)
-    k = rms_norm(k, w[prefix + "k_norm.weight"], shape.rms_eps)
     q = apply_rope(q, pos_q, shape.rope_theta)
-    k = apply_rope(k, pos_kv, shape.rope_theta)
+    k, v = project_kv(shape, w, prefix, x_kv, pos_kv)
     o = attention(q, k, v, mask).reshape(len(x_q), nh * d)
     return linear(o, w[prefix + "o_proj.weight"])
+
+
+def project_kv(shape: LayerShape, w: Weights, prefix: str, x_kv: np.ndarray,
+               pos_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and values of normed rows x_kv [S, H] at positions pos_kv [S], as a KV cache stores them:
+    k = rope(rms(x_kv Wk^T, k_norm)), v = x_kv Wv^T, each [S, nkv, d]. ``prefix`` ends in "self_attn."."""
+    nkv, d = shape.num_kv_heads, shape.head_dim
+    k = linear(x_kv, w[prefix + "k_proj.weight"]).reshape(len(x_kv), nkv, d)
+    v = linear(x_kv, w[prefix + "v_proj.weight"]).reshape(len(x_kv), nkv, d)
+    k = apply_rope(rms_norm(k, w[prefix + "k_norm.weight"], shape.rms_eps), pos_kv, shape.rope_theta)
+    return k, v
 
 
 def mlp(w: Weights, prefix: str, x: np.ndarray) -> np.ndarray:
@@ -119,3 +127,15 @@ def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
     logits = linear(final, head_weight(spec))
     return RefOut(logits=logits, hidden=np.stack(hidden), final=final)
+
+
+def kv_rows(spec: ModelSpec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per layer l, the K/V rows a fresh run leaves for positions 0..length-1 ((k, v), each [length, nkv, d]),
+    from the taps of a run over at least ``length`` ids (causal: later rows do not enter)."""
+    w, s = as_f64(spec), spec.layer
+    out = {}
+    for l in range(spec.num_layers):
+        p = f"model.layers.{l}."
+        a = rms_norm(taps.hidden[l, :length], w[p + "input_layernorm.weight"], s.rms_eps)
+        out[l] = project_kv(s, w, p + "self_attn.", a, np.arange(length))
+    return out

@@ -31,7 +31,7 @@ import numpy as np
 from bloomery_cli.spec import Qwen38Spec
 
 from ..ops.attention import attention, causal_mask
-from ..ops.causal_conv import causal_conv
+from ..ops.causal_conv import causal_conv, conv_tail
 from ..ops.gated_deltanet import delta_rule, gated_rms_norm, gates, l2norm, sigmoid
 from ..ops.mlp import silu
 from ..ops.norm import rms_norm
@@ -40,7 +40,8 @@ from ..rounding import linear, st
 from ..weights import as_f64
 from .qwen3 import RefOut, Weights, embed, head_weight, hf_hidden_states, mlp
 
-__all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_layer", "norm1p"]
+__all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_layer", "norm1p", "kv_rows",
+           "recurrent_state"]
 
 
 def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -58,27 +59,36 @@ def gated_attention(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray, po
                     mask: np.ndarray) -> np.ndarray:
     """a [T, H] normed rows -> [T, H]; ``prefix`` e.g. "model.layers.3.self_attn."."""
     s, t = spec.layer, len(a)
-    nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+    nh, d = s.num_heads, s.head_dim
     qg = linear(a, w[prefix + "q_proj.weight"]).reshape(t, nh, 2 * d)
     q, gate = qg[..., :d], qg[..., d:].reshape(t, nh * d)
-    k = linear(a, w[prefix + "k_proj.weight"]).reshape(t, nkv, d)
-    v = linear(a, w[prefix + "v_proj.weight"]).reshape(t, nkv, d)
     q = partial_rope(norm1p(q, w[prefix + "q_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
                      s.rope_theta)
-    k = partial_rope(norm1p(k, w[prefix + "k_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
-                     s.rope_theta)
+    k, v = project_kv(spec, w, prefix, a, positions)
     o = st(attention(q, k, v, mask).reshape(t, nh * d) * st(sigmoid(gate)))
     return linear(o, w[prefix + "o_proj.weight"])
 
 
-def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> np.ndarray:
-    """a [T, H] normed rows -> [T, H], from the start of the sequence (zero conv tail and state);
-    ``prefix`` e.g. "model.layers.0.linear_attn."."""
+def project_kv(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray,
+               positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and values of normed rows a [T, H] at ``positions``, as the KV cache stores them:
+    k = partial_rope(n1(a Wk^T, k_norm)), v = a Wv^T, each [T, nkv, d]. ``prefix`` ends in "self_attn."."""
+    s, t = spec.layer, len(a)
+    k = linear(a, w[prefix + "k_proj.weight"]).reshape(t, s.num_kv_heads, s.head_dim)
+    v = linear(a, w[prefix + "v_proj.weight"]).reshape(t, s.num_kv_heads, s.head_dim)
+    k = partial_rope(norm1p(k, w[prefix + "k_norm.weight"], s.rms_eps), positions, spec.hybrid.rotary_dim,
+                     s.rope_theta)
+    return k, v
+
+
+def deltanet_inputs(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The delta rule's inputs from normed rows a [T, H], from the start of the sequence (zero conv tail):
+    (proj = a Wqkv^T [T, C] before the conv, q, k [T, nv, dk] normed and scaled, v [T, nv, dv], g, b [T, nv])."""
     hy, t = spec.hybrid, len(a)
     nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
         hy.linear_value_head_dim
-    x = linear(a, w[prefix + "in_proj_qkv.weight"])
-    x = st(silu(causal_conv(x, w[prefix + "conv1d.weight"].reshape(hy.conv_dim, -1))))
+    proj = linear(a, w[prefix + "in_proj_qkv.weight"])
+    x = st(silu(causal_conv(proj, w[prefix + "conv1d.weight"].reshape(hy.conv_dim, -1))))
     q = x[:, :hy.key_dim].reshape(t, nk, dk)
     k = x[:, hy.key_dim:2 * hy.key_dim].reshape(t, nk, dk)
     v = x[:, 2 * hy.key_dim:].reshape(t, nv, dv)
@@ -86,6 +96,15 @@ def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> 
     k = np.repeat(l2norm(k), nv // nk, axis=1)
     g, b = gates(linear(a, w[prefix + "in_proj_a.weight"]), linear(a, w[prefix + "in_proj_b.weight"]),
                  w[prefix + "A_log"], w[prefix + "dt_bias"])
+    return proj, q, k, v, g, b
+
+
+def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> np.ndarray:
+    """a [T, H] normed rows -> [T, H], from the start of the sequence (zero conv tail and state);
+    ``prefix`` e.g. "model.layers.0.linear_attn."."""
+    hy, t = spec.hybrid, len(a)
+    nv, dv = hy.linear_num_value_heads, hy.linear_value_head_dim
+    _, q, k, v, g, b = deltanet_inputs(spec, w, prefix, a)
     o, _ = delta_rule(q, k, v, g, b)
     z = linear(a, w[prefix + "in_proj_z.weight"]).reshape(t, nv, dv)
     o = gated_rms_norm(o, w[prefix + "norm.weight"], z, spec.layer.rms_eps).reshape(t, nv * dv)
@@ -124,3 +143,31 @@ def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
         hidden.append(h)
     final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
     return RefOut(logits=linear(final, head_weight(spec)), hidden=np.stack(hidden), final=final)
+
+
+def kv_rows(spec: Qwen38Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per full-attention layer l, the K/V rows a fresh run leaves for positions 0..length-1 ((k, v), each
+    [length, nkv, d]), from the taps of a run over at least ``length`` ids (causal: later rows do not enter)."""
+    w, eps = as_f64(spec), spec.layer.rms_eps
+    out = {}
+    for l in range(spec.num_layers):
+        if not spec.hybrid.is_linear(l):
+            p = f"model.layers.{l}."
+            a = norm1p(taps.hidden[l, :length], w[p + "input_layernorm.weight"], eps)
+            out[l] = project_kv(spec, w, p + "self_attn.", a, np.arange(length))
+    return out
+
+
+def recurrent_state(spec: Qwen38Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per linear-attention layer l, the state a fresh run over positions 0..length-1 ends in: (the conv tail
+    [K-1, C]: the projected rows at positions length-K+1..length-1, zeros before 0; the delta-rule state
+    [nv, dk, dv] after position length-1), from the taps of a run over at least ``length`` ids (causal)."""
+    w, eps, k = as_f64(spec), spec.layer.rms_eps, spec.hybrid.linear_conv_kernel_dim
+    out = {}
+    for l in range(spec.num_layers):
+        if spec.hybrid.is_linear(l):
+            p = f"model.layers.{l}."
+            a = norm1p(taps.hidden[l, :length], w[p + "input_layernorm.weight"], eps)
+            proj, q, kk, v, g, b = deltanet_inputs(spec, w, p + "linear_attn.", a)
+            out[l] = (conv_tail(proj, k), delta_rule(q, kk, v, g, b)[1])
+    return out
