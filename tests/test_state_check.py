@@ -25,11 +25,6 @@ from bloomery_gates.kernels.families.qwen38 import Qwen38Target
 
 needs_fixtures = pytest.mark.skipif(not (FIXTURES / "qwen38-tiny").is_dir(), reason="fixtures/ not built")
 STATE = "(r) state after "
-# bf16: the current first-order bands (bloomery_cli.bands, kappa * sum of u) of these state items exceed the planted
-# defect's error (e.g. MTP store K: 0.27 to 0.64 measured against a band of 1.85; honest bf16 error about 5e-3).
-# strict: once the band model has detection power these pass, and the marker must go.
-BF16_BAND_TOO_WIDE = pytest.param("bf16", marks=pytest.mark.xfail(
-    strict=True, reason="bf16 state band of the current band model is wider than this defect's error"))
 
 
 def gate(name: str, dtype: str = "f32", g=None) -> tuple[int, list[str]]:
@@ -125,7 +120,7 @@ def test_hybrid_kv_rope_one_early_in_verify(monkeypatch):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("dtype", ["f32", BF16_BAND_TOO_WIDE])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_dflash_context_not_written_after_accept(monkeypatch, dtype):
     def accept(self, kept, taps):
         self.ctx_len += kept                      # the defect: the kept rows' context K/V never reach the store
@@ -136,8 +131,10 @@ def test_dflash_context_not_written_after_accept(monkeypatch, dtype):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("dtype", ["f32", BF16_BAND_TOO_WIDE])
-def test_prefill_leaves_conv_tail_at_zero(monkeypatch, dtype):
+# bf16: the zeroed tail perturbs the first verify only; 8 windows later the DeltaNet state has decayed that below
+# bf16 rounding (its line passes), but the K/V rows the first verify wrote into the attention layer stay wrong.
+@pytest.mark.parametrize(("dtype", "caught_by"), [("f32", "deltanet state"), ("bf16", "k_cache")])
+def test_prefill_leaves_conv_tail_at_zero(monkeypatch, dtype, caught_by):
     real = Qwen38Target.prefill
 
     def prefill(self, ids, logits=False):
@@ -147,7 +144,7 @@ def test_prefill_leaves_conv_tail_at_zero(monkeypatch, dtype):
 
     monkeypatch.setattr(Qwen38Target, "prefill", prefill)
     code, lines = gate("qwen38-mtp", dtype)
-    assert_caught(code, lines, "deltanet state", shared=True)
+    assert_caught(code, lines, caught_by, shared=True)
 
 
 @needs_fixtures
@@ -159,7 +156,7 @@ def test_recurrent_state_not_rolled_back(monkeypatch):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("dtype", ["f32", BF16_BAND_TOO_WIDE])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_mtp_kept_positions_not_rewritten(monkeypatch, dtype):
     real = MTPDraft.accept
 
