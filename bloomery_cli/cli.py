@@ -111,9 +111,19 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
 @app.command("gates")
 def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
               results: Annotated[Path | None, typer.Option("--results", help="Write one JSON record per gate "
-                                                           "into this folder.")] = None) -> None:
+                                                           "into this folder.")] = None,
+              oracle: Annotated[bool | None, typer.Option("--oracle/--no-oracle", help="Tier 3 (outside oracles) on "
+                                                          "every gate; default: on when transformers imports (the "
+                                                          "draft and GGUF oracles add their lines where "
+                                                          "speculators / llama_cpp import, else a note).")] = None
+              ) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
+    import importlib.util
+
     from .gate import GateOptions, run_gate
+
+    if oracle is None:
+        oracle = importlib.util.find_spec("transformers") is not None
     from .preflight import check_n, check_output_dir
 
     names = {g.name: f"{g.name}-{device.replace(':', '')}-{dtype}.json" for g in registry().values()}
@@ -126,7 +136,8 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     rows, worst = [], 0
     for g in registry().values():
         t0 = time.perf_counter()
-        opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None)
+        opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
+                           oracle=oracle)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:
