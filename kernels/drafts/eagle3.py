@@ -119,6 +119,10 @@ class Eagle3Draft:
     def features(self, taps: T) -> T:
         return aux_features(taps, self.spec.aux_layer_ids, self.t["fc.weight"])
 
+    def chain_input(self, y: T, n: T) -> T:
+        """The hidden the next chained row reads: this row's own output (never the target's hidden rows)."""
+        return chain_hidden(self.spec, y, n)
+
     def _rows(self, e: T, h: T, slot0: int) -> tuple[T, T, T]:
         """Rows (e_q, h_q) [R, H] at slots slot0..slot0+R-1, written to the store -> (y, n, logits)."""
         r = e.shape[0]
@@ -161,14 +165,14 @@ class Eagle3Draft:
         ys, ls = [y[-1:]], [logits[-1:]]
         draft_ids = [int(ls[-1].argmax(-1))]
         ids = [int(self.to_target[draft_ids[-1]])]
-        hidden = chain_hidden(self.spec, y[-1:], n[-1:])
+        hidden = self.chain_input(y[-1:], n[-1:])
         for i in range(1, self.width):                             # chained rows: transient slots
             y, n, logits = self._rows(self.embed[ids[-1]][None], hidden, self.next_slot + i - 1)
             ys.append(y)
             ls.append(logits)
             draft_ids.append(int(logits.argmax(-1)))
             ids.append(int(self.to_target[draft_ids[-1]]))
-            hidden = chain_hidden(self.spec, y, n)
+            hidden = self.chain_input(y, n)
         self.pend_e = self.pend_e[:0]
         self.pend_h = self.pend_h[:0]
         if not detail:
