@@ -354,3 +354,28 @@ def test_fixture_reads_back_and_oracle_line_passes():
     check_oracle(report, SimpleNamespace(prompt=prompt, target_spec=t, draft_spec=d), [])
     assert report.failed == 0 and any(line.startswith("(o) eagle3 ttt step 3 logits") for line in lines), \
         "\n".join(lines)
+
+
+@needs_fixture
+def test_tiny_eagle3_build(tmp_path):
+    """The fixture pipeline end to end on a few steps, into a copy of the fixtures: rows, training, the
+    speculators-layout files read back, the manifest entry, every other entry untouched and verified."""
+    import shutil
+
+    from bloomery_cli.fixturegen.manifest import Manifest, verify
+    from bloomery_cli.fixturegen.qwen3_eagle3 import EAGLE3, Eagle3BuildConfig, build_qwen3_eagle3
+    from bloomery_cli.fixturegen.train import TrainConfig
+
+    out = tmp_path / "fixtures"
+    shutil.copytree(FIXTURES, out)
+    before = Manifest.read(out)
+    cfg = Eagle3BuildConfig(greedy_rows=2, real_rows=2, eval_rows=1, seq=80,
+                            train=TrainConfig(steps=2, batch=2, seq=80, warmup=1, log_every=1))
+    man = build_qwen3_eagle3(out, "cpu", cfg)
+    assert verify(out) == []
+    assert {k: v for k, v in man.files.items() if not k.startswith(EAGLE3)} == \
+        {k: v for k, v in before.files.items() if not k.startswith(EAGLE3)}
+    d = load_eagle3(out / EAGLE3, load_target(out / "qwen3-tiny"))
+    assert d.d2t is not None and d.speculative_tokens == 3 and man.models[EAGLE3]["eval"]["width"] == 3
+    cfg_json = json.loads((out / EAGLE3 / "config.json").read_text())
+    assert cfg_json["speculators_model_type"] == "eagle3" and "auto_map" not in cfg_json
