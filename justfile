@@ -30,6 +30,9 @@ gate-qwen3-dspark *ARGS:
 gate-qwen3-dflash2 *ARGS:
     bloomery gate run qwen3-dflash2 {{ARGS}}
 
+gate-qwen3-eagle3 *ARGS:
+    bloomery gate run qwen3-eagle3 {{ARGS}}
+
 gate-qwen38-mtp *ARGS:
     bloomery gate run qwen38-mtp {{ARGS}}
 

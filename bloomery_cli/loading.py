@@ -26,9 +26,9 @@ from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
 from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
-from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec, MTPSpec
+from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
 
-__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_tokenizer"]
+__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_eagle3", "load_tokenizer"]
 
 def _existing(path: str | Path, role: str) -> Path:
     p = Path(path).expanduser()
@@ -81,3 +81,13 @@ def load_mtp(path: str | Path, target: ModelSpec) -> MTPSpec:
     from bloomery_cli.formats.mtp import mtp_from_file
 
     return mtp_from_file(_existing(path, "checkpoint holding the MTP head (an HF directory or a .gguf file)"), target)
+
+def load_eagle3(path: str | Path, target: ModelSpec) -> Eagle3Spec:
+    """The EAGLE-3 drafter (speculators ``eagle3`` layout) in the HF directory ``path``; named errors when it
+    cannot be acted on or does not fit ``target`` (formats/eagle3.py)."""
+    from bloomery_cli.formats.eagle3 import eagle3_from_hf
+
+    p = _existing(path, "EAGLE-3 draft directory (speculators layout)")
+    if not p.is_dir():
+        raise InputError(p, "expected the EAGLE-3 draft's HF directory (config.json + *.safetensors)")
+    return eagle3_from_hf(p, target)

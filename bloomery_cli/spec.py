@@ -172,3 +172,37 @@ class MTPSpec:
     num_layers: int                # nextn layers (1 is what the kernels implement)
     vocab_size: int
     tensors: Tensors = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    """An EAGLE-3 drafter (DRAFTERS.md section 5, the speculators ``eagle3`` layout): one decoder layer whose
+    q/k/v read the 2H columns [rms(E(tok), input_layernorm) ; rms(h, hidden_norm)] (embedding first), fed the
+    target's auxiliary hidden rows through ``fc.weight`` [H, n*H], with its own head ``lm_head.weight``
+    [draft_vocab_size, H] over a draft vocabulary mapped to target ids by ``d2t``.
+
+    ``aux_layer_ids`` are speculators' ids: id l reads the target's hidden state ENTERING layer l (HF
+    ``hidden_states[l]``: 0 the embedding rows, l the output of layer l-1, L the last layer's output before the
+    final norm), i.e. index l of the engine's taps. ``qk_norm``: a Qwen3 draft layer (per-head q_norm / k_norm)
+    or a Llama one (none). ``d2t`` [draft_vocab_size] int64 offsets, target id = d + d2t[d]; None when the draft
+    vocabulary is the target's. ``speculative_tokens``: the chain length K the checkpoint declares (its greedy
+    proposal method). The embedding is the target's (a shipped ``embed_tokens.weight`` must equal it).
+    """
+
+    kind: str                      # "eagle3"
+    source: Path
+    layer: LayerShape              # the draft layer's numbers (hidden_size H: its residual stream)
+    qk_norm: bool
+    aux_layer_ids: tuple[int, ...]
+    draft_vocab_size: int
+    vocab_size: int                # the target's
+    norm_before_residual: bool     # the residual is rms(h, hidden_norm) instead of h
+    norm_output: bool              # the chain feeds rms(y, norm) back instead of y
+    speculative_tokens: int
+    tensors: Tensors = field(repr=False)
+    d2t: torch.Tensor | None = field(default=None, repr=False)
+
+    def target_ids(self) -> torch.Tensor:
+        """[draft_vocab_size] int64: the target id of every draft id (arange + d2t; the identity without d2t)."""
+        base = torch.arange(self.draft_vocab_size, dtype=torch.long)
+        return base if self.d2t is None else base + self.d2t.long()

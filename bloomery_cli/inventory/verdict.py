@@ -142,7 +142,11 @@ def _verdict(m: ModelInventory) -> None:
         return
     m.verdict = NONE
     spec = m.meta.get("speculators_model_type")
-    if spec:
+    if spec == "eagle3":
+        hits = sorted(g.name for g in _gates().values() if getattr(g, "draft_kind", None) == "eagle3")
+        m.why.append("speculators_model_type 'eagle3': an EAGLE-3 head (it reads the target's aux hidden rows; "
+                     f"not a block draft or MTP); gates that run this kind here: {', '.join(hits) or 'none'}")
+    elif spec:
         m.why.append(f"speculators_model_type {spec!r}: a draft file, but not a block draft or MTP")
     if m.fmt == "gguf":
         m.why.append("no blk.N.nextn.* tensors" + (
