@@ -69,7 +69,7 @@ def dspark_spec(target: ModelSpec, d: DSparkShape, params: Mapping[str, torch.Te
     return DSparkSpec(kind="dspark", source=source, layer=target.layer, num_layers=d.num_layers,
                       block_size=d.block_size, mask_token_id=d.mask_token_id,
                       target_layer_ids=tuple(d.target_layer_ids), vocab_size=target.vocab_size,
-                      markov_rank=d.markov_rank, markov_head_type="low_rank", confidence=d.confidence,
+                      markov_rank=d.markov_rank, markov_head_type="vanilla", confidence=d.confidence,
                       tensors=params)
 
 
@@ -215,6 +215,7 @@ def dspark_config(target: ModelSpec, dspec: DSparkSpec) -> dict[str, Any]:
         "target_layer_ids": list(dspec.target_layer_ids), "mask_token_id": dspec.mask_token_id,
         "markov_rank": dspec.markov_rank, "markov_head_type": dspec.markov_head_type,
         "enable_confidence_head": dspec.confidence, "layer_types": ["full_attention"] * depth,
+        **({"confidence_head_with_markov": dspec.markov_rank > 0} if dspec.confidence else {}),
         "max_window_layers": depth, "num_hidden_layers": depth, "num_target_layers": target.num_layers,
         "tie_word_embeddings": False,
     })
