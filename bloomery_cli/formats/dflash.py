@@ -14,8 +14,9 @@ layers.{i}.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj}.weight, shapes as in a Qwen3 layer.
 
 Target layer ids: id l means the OUTPUT of target layer l (HF ``hidden_states[l + 1]``); -1 the
-embedding output (``hidden_states[0]``). Ids -1..L-1 are accepted. Caveat for l = L-1: HF's ``hidden_states[L]`` is taken after the final norm,
-while this harness's taps are pre-norm for every layer; z-lab's default rule never picks L-1.
+embedding output (``hidden_states[0]``). Ids -1..L-1 are accepted. Caveat for l = L-1: HF's
+``hidden_states[L]`` is taken after the final norm, while this harness's taps are pre-norm for every
+layer (so that feature goes through the final norm); z-lab's default rule never picks L-1.
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_key
     known = set(COMMON) | set(INERT) | set(extra_keys)
     unknown = sorted(k for k in cfg.data if k not in known)
     if unknown:
+        read = ", ".join(sorted(known - set(INERT)))
         raise cfg.bad(unknown[0], f"not a key of the speculators {WRITTEN_FOR} {kind} layout that this reader "
-                                  f"acts on; refused rather than ignored (read: {', '.join(sorted(known - set(INERT)))})")
+                                  f"acts on; refused rather than ignored (read: {read})")
     if not isinstance(cfg.data.get("transformer_layer_config"), dict):
         raise cfg.bad("transformer_layer_config", f"{cfg.data.get('transformer_layer_config')!r}; expected an "
                                                   "object: the draft stack's HF Qwen3 config")
@@ -130,7 +131,7 @@ def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_key
     layer = layer_shape_from_hf(tl)
     tensors = open_safetensors_dir(directory)  # headers only
     depth = tl.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
-    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
+    H, V = target.hidden_size, target.vocab_size
 
     def mismatch(problem: str) -> Mismatch:
         return Mismatch(f"draft {directory} vs target {target.source}", problem)

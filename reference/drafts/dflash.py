@@ -16,8 +16,8 @@ Inputs: the target's reference taps over the context positions 0..s-1 and the an
 
 hf_hidden is HF's ``output_hidden_states`` convention (what z-lab's code indexes): index 0 is the
 embedding output (layer id -1 reads it), index l+1 < L the output of layer l, and index L the
-POST-final-norm rows. So a layer id l_j = L-1 reads the target's ``final`` rows, not hidden[L]. To make that unambiguous this
-function takes the target's whole ``RefOut`` rather than a raw [L+1, S, H] array.
+POST-final-norm rows. So a layer id l_j = L-1 reads the target's ``final`` rows, not hidden[L]. To make
+that unambiguous this function takes the target's whole ``RefOut`` rather than a raw [L+1, S, H] array.
 """
 
 from __future__ import annotations
