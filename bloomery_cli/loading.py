@@ -2,7 +2,9 @@
 
 - ``load_target(path)``: a Qwen3 target from an HF directory (config.json + safetensors, one file or
   shards) or a llama.cpp ``*.gguf`` file.
-- ``load_dflash(path, target)``: a DFlash drafter from an HF directory, checked to fit ``target``.
+- ``load_dflash(path, target)``: a DFlash drafter from an HF directory, checked to fit ``target``; likewise
+  ``load_dflash2`` and ``load_dspark``. A directory whose config.json has ``speculators_model_type`` is read in
+  the speculators layout (``formats.speculators_drafts``), any other in the z-lab / DeepSpec layout.
 - ``load_tokenizer(path)``: the ``tokenizer.json`` in the target directory or beside the GGUF.
 
 Every user error is a ``bloomery_cli.errors.InputError`` subclass whose one-line message names the
@@ -25,6 +27,12 @@ from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
 from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
+from bloomery_cli.formats.speculators import speculators_kind
+from bloomery_cli.formats.speculators_drafts import (
+    dflash2_from_speculators,
+    dflash_from_speculators,
+    dspark_from_speculators,
+)
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
 from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
 
@@ -55,7 +63,7 @@ def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:
     p = _existing(path, "DFlash draft directory")
     if not p.is_dir():
         raise InputError(p, "expected the DFlash draft's HF directory (config.json + *.safetensors)")
-    return dflash_from_hf(p, target)
+    return dflash_from_speculators(p, target) if speculators_kind(p) else dflash_from_hf(p, target)
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """``tokenizers.Tokenizer`` for the target at ``path`` (``MissingFile`` if tokenizer.json is absent)."""
@@ -66,14 +74,14 @@ def load_dspark(path: str | Path, target: ModelSpec) -> DSparkSpec:
     p = _existing(path, "DSpark draft directory")
     if not p.is_dir():
         raise InputError(p, "expected the DSpark draft's HF directory (config.json + *.safetensors)")
-    return dspark_from_hf(p, target)
+    return dspark_from_speculators(p, target) if speculators_kind(p) else dspark_from_hf(p, target)
 
 def load_dflash2(path: str | Path, target: ModelSpec) -> DFlash2Spec:
     """The DFlash2 drafter in the HF directory ``path``; raises ``Mismatch`` if it does not fit ``target``."""
     p = _existing(path, "DFlash2 draft directory")
     if not p.is_dir():
         raise InputError(p, "expected the DFlash2 draft's HF directory (config.json + *.safetensors)")
-    return dflash2_from_hf(p, target)
+    return dflash2_from_speculators(p, target) if speculators_kind(p) else dflash2_from_hf(p, target)
 
 def load_mtp(path: str | Path, target: ModelSpec) -> MTPSpec:
     """The MTP / NextN head shipped in ``path`` (an HF directory or a qwen35 GGUF, usually the target's own

@@ -49,7 +49,7 @@ def make_dspark(target, seed: int = 2, block: int = 5, rank: int = 6, confidence
         t["confidence_head.proj.bias"] = torch.full((1,), 0.5)
     return DSparkSpec(kind="dspark", source=Path("memory"), layer=target.layer, num_layers=1, block_size=block,
                       mask_token_id=V - 1, target_layer_ids=tuple(layer_ids), vocab_size=V, tensors=t,
-                      markov_rank=rank, markov_head_type="low_rank", confidence=confidence)
+                      markov_rank=rank, markov_head_type="vanilla", confidence=confidence)
 
 
 def with_tensors(d: DSparkSpec, **changes) -> DSparkSpec:
@@ -281,7 +281,7 @@ def test_load_roundtrip_and_nested_keys(tmp_path, target):
 
 def test_load_errors(tmp_path, target):
     d = make_dspark(target)
-    with pytest.raises(BadConfig, match="markov_head_type.*'mlp' is not built.*low_rank"):
+    with pytest.raises(BadConfig, match="markov_head_type.*'mlp' is not a DeepSpec Markov head type.*vanilla"):
         load_dspark(write(tmp_path, target, d, markov_head_type="mlp"), target)
     with pytest.raises(BadConfig, match="mask_token_id.*expected one value"):
         load_dspark(write(tmp_path, target, d, dspark_config={"mask_token_id": 3}), target)
@@ -293,8 +293,8 @@ def test_load_errors(tmp_path, target):
     with pytest.raises(BadTensor, match="markov_w2"):
         load_dspark(write(tmp_path, target, bad), target)
     with pytest.raises(BadTensor, match="confidence_head.proj.weight"):
-        load_dspark(write(tmp_path, target, make_dspark(target, confidence=False), enable_confidence_head=True),
-                    target)
+        load_dspark(write(tmp_path, target, make_dspark(target, confidence=False), enable_confidence_head=True,
+                          confidence_head_with_markov=True), target)
     with pytest.raises(Mismatch, match="mask_token_id 101"):
         load_dspark(write(tmp_path, target, d, mask_token_id=101), target)
     with pytest.raises(BadConfig, match="architectures"):

@@ -241,15 +241,25 @@ def test_draft_mask_id_out_of_vocab(tmp_path, target):
     raises(Mismatch, load_dflash, path, target, contains=("mask_token_id 64", "vocab 64"))
 
 
-@pytest.mark.parametrize("ids", [[2], [-1]])
+@pytest.mark.parametrize("ids", [[2], [-2]])
 def test_draft_layer_id_out_of_range(tmp_path, target, ids):
     path, _ = make_dflash(tmp_path / "d", layer_ids=ids)
     raises(Mismatch, load_dflash, path, target, contains=("target_layer_ids", str(ids[0]), "0..1"))
 
 
-def test_draft_default_ids_out_of_range_on_tiny_target(tmp_path, target):
+def test_draft_default_ids_follow_the_draft_depth(tmp_path, target):
+    # z-lab builds the default ids from num_hidden_layers (one per draft layer), never from the fc width: a
+    # 1-layer draft with a 2-feature fc and no target_layer_ids fails to load there, and is refused here
     path, _ = make_dflash(tmp_path / "d", n=2, layer_ids=None)
-    raises(Mismatch, load_dflash, path, target, contains=("default rule", "-1"))
+    raises(Mismatch, load_dflash, path, target,
+           contains=("target_layer_ids is absent", "num_hidden_layers 1", "fc.weight [16, 16]"))
+    path, _ = make_dflash(tmp_path / "d2", n=2, depth=2, layer_ids=None)   # consistent: L=2 -> [1, -1]
+    assert load_dflash(path, target).target_layer_ids == (1, -1)
+
+
+def test_draft_layer_id_minus_one_is_the_embedding_output(tmp_path, target):
+    path, _ = make_dflash(tmp_path / "d", n=2, layer_ids=[-1, 1])
+    assert load_dflash(path, target).target_layer_ids == (-1, 1)
 
 
 def test_draft_ids_vs_fc_columns(tmp_path, target):

@@ -69,7 +69,7 @@ def dspark_spec(target: ModelSpec, d: DSparkShape, params: Mapping[str, torch.Te
     return DSparkSpec(kind="dspark", source=source, layer=target.layer, num_layers=d.num_layers,
                       block_size=d.block_size, mask_token_id=d.mask_token_id,
                       target_layer_ids=tuple(d.target_layer_ids), vocab_size=target.vocab_size,
-                      markov_rank=d.markov_rank, markov_head_type="low_rank", confidence=d.confidence,
+                      markov_rank=d.markov_rank, markov_head_type="vanilla", confidence=d.confidence,
                       tensors=params)
 
 
@@ -100,14 +100,19 @@ def train_dspark(target_params: Mapping[str, torch.Tensor], target_spec: ModelSp
                  shape: DSparkShape = DSparkShape(), batch: int = 64, seq: int = 256, anchors_per_row: int = 16,
                  lr: float = 3e-3, warmup: int = 100, conf_weight: float = 0.5, log_every: int = 100,
                  eval_rows: torch.Tensor | None = None, eval_first_anchor: int = 1,
-                 quiet: bool = False) -> tuple[dict[str, torch.Tensor], DSparkSpec, dict[str, Any]]:
+                 quiet: bool = False, target_forward=None
+                 ) -> tuple[dict[str, torch.Tensor], DSparkSpec, dict[str, Any]]:
     """Distil a DSpark drafter from the frozen target on ``tokens`` (the greedy pool [N, T], or a 1-D stream).
 
     Returns (the bf16-rounded CPU tensors to store, their DSparkSpec, stats). ``eval_rows`` [M, T] (e.g.
     held-out greedy rows) adds ``stats["eval"]`` from ``eval_dspark`` on the stored weights.
+    ``target_forward(params, spec, ids) -> (logits, hidden)`` is the target's differentiable forward (default:
+    the qwen3 family's; the qwen38 build passes its own).
     """
     from bloomery_gates.kernels.drafts.dspark import forward_train as dforward
-    from bloomery_gates.kernels.families.qwen3 import forward_train as tforward
+    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
+
+    tforward = target_forward or qwen3_forward
 
     dev = torch.device(device)
     tparams = {k: v.to(dev, torch.float32) for k, v in target_params.items()}
@@ -161,21 +166,22 @@ def train_dspark(target_params: Mapping[str, torch.Tensor], target_spec: ModelSp
     if eval_rows is not None:
         widened = {k: v.to(dev, torch.float32) for k, v in stored.items()}
         stats["eval"] = eval_dspark(widened, dspark_spec(target_spec, shape, widened), tparams, tspec,
-                                    eval_rows.to(dev), first_anchor=eval_first_anchor)
+                                    eval_rows.to(dev), first_anchor=eval_first_anchor, target_forward=tforward)
     return stored, dspark_spec(target_spec, shape, stored), stats
 
 
 @torch.no_grad()
 def eval_dspark(dparams: Mapping[str, torch.Tensor], dspec: DSparkSpec, tparams: Mapping[str, torch.Tensor],
                 tspec: ModelSpec, seqs: torch.Tensor, first_anchor: int = 1, batch: int = 32,
-                cuts: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)) -> dict[str, Any]:
+                cuts: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7), target_forward=None) -> dict[str, Any]:
     """Float32 teacher-forced metrics on rows ``seqs`` [N, T], anchors every B+1 from ``first_anchor``:
     top-1 agreement per row k, and per confidence cut t the mean drafts proposed and the mean
     acceptance length 1 + min(leading agreements, drafts kept) (exact for a greedy verify on rows that
     are the target's own greedy continuation)."""
     from bloomery_gates.kernels.drafts.dspark import forward_train as dforward
-    from bloomery_gates.kernels.families.qwen3 import forward_train as tforward
+    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
 
+    tforward = target_forward or qwen3_forward
     b = dspec.block_size
     grid = torch.arange(first_anchor, seqs.shape[1] - b + 1, b + 1, device=seqs.device)
     agree = torch.zeros(b, dtype=torch.float64)
@@ -215,6 +221,7 @@ def dspark_config(target: ModelSpec, dspec: DSparkSpec) -> dict[str, Any]:
         "target_layer_ids": list(dspec.target_layer_ids), "mask_token_id": dspec.mask_token_id,
         "markov_rank": dspec.markov_rank, "markov_head_type": dspec.markov_head_type,
         "enable_confidence_head": dspec.confidence, "layer_types": ["full_attention"] * depth,
+        **({"confidence_head_with_markov": dspec.markov_rank > 0} if dspec.confidence else {}),
         "max_window_layers": depth, "num_hidden_layers": depth, "num_target_layers": target.num_layers,
         "tie_word_embeddings": False,
     })

@@ -3,18 +3,20 @@
 config.json: architectures contains "DFlashDraftModel"; the usual Qwen3 layer keys (hidden_size,
 num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps, rope);
 num_hidden_layers = draft depth; block_size at the top level or in dflash_config (>= 2);
-dflash_config.mask_token_id (required); dflash_config.target_layer_ids (optional; default: with
-n = fc.weight columns / target hidden, n == 1 -> [L // 2], else round(1 + i*(L-4)/(n-1)) for
-i = 0..n-1, L = target layers); optional num_target_layers, vocab_size (checked against the target).
+dflash_config.mask_token_id (required); dflash_config.target_layer_ids (optional; default, z-lab's: with
+n = num_hidden_layers (the draft depth), n == 1 -> [L // 2], else round(1 + i*(L-4)/(n-1)) for
+i = 0..n-1, L = target layers; fc.weight must then have n*H columns); optional num_target_layers,
+vocab_size (checked against the target).
 dflash_config.causal true and sliding-window layers are refused (not implemented by the kernels).
 
 Tensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per draft layer i
 layers.{i}.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
 mlp.{gate,up,down}_proj}.weight, shapes as in a Qwen3 layer.
 
-Target layer ids: id l means the OUTPUT of target layer l (HF ``hidden_states[l + 1]``). Ids
-0..L-1 are accepted. Caveat for l = L-1: HF's ``hidden_states[L]`` is taken after the final norm,
-while this harness's taps are pre-norm for every layer; z-lab's default rule never picks L-1.
+Target layer ids: id l means the OUTPUT of target layer l (HF ``hidden_states[l + 1]``); -1 the
+embedding output (``hidden_states[0]``). Ids -1..L-1 are accepted. Caveat for l = L-1: HF's
+``hidden_states[L]`` is taken after the final norm, while this harness's taps are pre-norm for every
+layer (so that feature goes through the final norm); z-lab's default rule never picks L-1.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     if n_target is not None and n_target != L:
         raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
 
-    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch)
+    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch, depth)
     shapes = backbone_shapes(H, len(ids), depth, layer)
     check_shapes(tensors, shapes, directory)
     return DFlashSpec(
@@ -98,9 +100,16 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     )
 
 
-def feature_layer_ids(directory, tensors, target: ModelSpec, holder: Cfg | None, mismatch) -> tuple[int, ...]:
-    """The target layers whose outputs a block drafter reads: n = fc.weight columns / H features, ids from
-    ``holder.target_layer_ids`` (or the default rule when absent), each checked against the target."""
+def feature_layer_ids(directory, tensors, target: ModelSpec, holder: Cfg | None, mismatch,
+                      depth: int | None = None) -> tuple[int, ...]:
+    """The target layers whose outputs a block drafter reads, each checked against the target.
+
+    From ``holder.target_layer_ids`` when present (n = its length; fc.weight must be [H, n*H]). When absent,
+    z-lab's rule over the draft depth: ``build_target_layer_ids(num_target_layers, num_hidden_layers)``, one
+    id per draft layer, so fc.weight must be [H, depth*H]; a file whose fc width disagrees is refused (z-lab
+    fails to load it), never read with ids made up from the fc width. Id -1 is the embedding output (HF
+    ``hidden_states[0]``, as DeepSpec's ``extract_context_feature`` and speculators' index 0 read it); ids
+    -1..L-1 are accepted."""
     H, L = target.hidden_size, target.num_layers
     if "fc.weight" not in tensors:
         raise BadTensor(f"{directory}: tensor fc.weight", f"missing; expected shape [{H}, n*{H}]")
@@ -111,15 +120,22 @@ def feature_layer_ids(directory, tensors, target: ModelSpec, holder: Cfg | None,
     n = fc_shape[1] // H
     where = f"{holder.prefix}target_layer_ids" if holder is not None else "target_layer_ids"
     if holder is None or holder.get("target_layer_ids", None) is None:
-        ids, how = default_target_layer_ids(n, L), f"by the default rule, {where} being absent"
+        if depth is None:
+            depth = n
+        ids, how = default_target_layer_ids(depth, L), f"by the default rule, {where} being absent"
+        if len(ids) != n:
+            raise mismatch(f"{where} is absent, so z-lab's default builds one id per draft layer "
+                           f"(num_hidden_layers {depth}: {list(ids)}), but fc.weight has {fc_shape[1]} = {n}*{H} "
+                           f"columns; expected fc.weight [{H}, {depth * H}] or an explicit {where}")
     else:
         ids, how = tuple(holder.int_list("target_layer_ids", "a list of target layer indices")), f"from {where}"
         if len(ids) != n:
             raise mismatch(f"{where} lists {len(ids)} layers but fc.weight has {fc_shape[1]} = {n}*{H} "
                            f"columns; expected {n} ids")
-    bad = [i for i in ids if not 0 <= i < L]
+    bad = [i for i in ids if not -1 <= i < L]
     if bad:
-        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1}")
+        raise mismatch(f"target_layer_ids {list(ids)} ({how}): {bad} outside the target's layers 0..{L - 1} "
+                       "(or -1, the embedding output)")
     return ids
 
 

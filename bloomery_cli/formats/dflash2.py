@@ -112,7 +112,7 @@ def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     cap = _opt_float(cfg, dcfg, "final_logit_softcapping", None)
     emb_scale = _opt_float(cfg, dcfg, "input_embedding_scale", 1.0)
 
-    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch)
+    ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch, depth)
     shapes = {**backbone_shapes(H, len(ids), depth, layer), **selector_tensor_shapes(V, H, r)}
     for i in range(depth):
         shapes.update(conv_tensor_shapes(f"layers.{i}.", t, H, g))

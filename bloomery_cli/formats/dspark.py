@@ -5,9 +5,12 @@ config.json: architectures contains "Qwen3DSparkModel"; the Qwen3 layer keys of 
 rope); num_hidden_layers = draft depth. The DSpark keys may sit at the top level or inside a
 ``dspark_config`` or ``dflash_config`` object (the same value twice is fine, two values are a
 ``BadConfig``): block_size (>= 1; B rows give B drafts), mask_token_id (required), target_layer_ids
-(optional, DFlash's default rule when absent), markov_rank r (required, >= 0; 0 = no Markov head),
-markov_head_type (default "low_rank"; the only type built), enable_confidence_head (default false).
-Optional vocab_size / num_target_layers are checked against the target.
+(optional, DFlash's default rule over the draft depth when absent), markov_rank r (required, >= 0; 0 = no
+Markov head), markov_head_type (required when r > 0, as DeepSpec requires it: "vanilla", DeepSpec's
+VanillaMarkov, logits_k += W2 W1[prev_k], is built; "gated" and "rnn" are refused),
+enable_confidence_head (required, as DeepSpec's model requires it: no default is assumed) and, when it is
+true, confidence_head_with_markov (required: true with r > 0, the head reading [h_k ; W1[prev_k]]; false
+with r = 0, h_k alone). Optional vocab_size / num_target_layers are checked against the target.
 
 Tensors (H hidden, V vocab, n features): the DFlash set fc.weight [H, n*H], hidden_norm.weight [H],
 norm.weight [H], layers.{i}.* (a Qwen3 layer); optional embed_tokens.weight [V, H] and
@@ -31,7 +34,8 @@ from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.spec import DSparkSpec, ModelSpec
 
 ARCHITECTURE = "Qwen3DSparkModel"
-BUILT_MARKOV_HEADS = ("low_rank",)
+BUILT_MARKOV_HEADS = ("vanilla",)
+DEFINED_MARKOV_HEADS = ("vanilla", "gated", "rnn")      # DeepSpec's markov_head.py / speculators' MarkovHead
 NESTED = ("dspark_config", "dflash_config")
 
 
@@ -72,15 +76,36 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
     block = _need(cfg, "block_size", "the block size B >= 1").int("block_size", minimum=1)
     mask_id = _need(cfg, "mask_token_id", "the mask token id").int("mask_token_id", minimum=0)
     rank = _need(cfg, "markov_rank", "the Markov head rank r >= 0 (0: no Markov head)").int("markov_rank", minimum=0)
-    head_type = _optional(cfg, "markov_head_type", BUILT_MARKOV_HEADS[0])
-    if head_type not in BUILT_MARKOV_HEADS:
+    head_type = _optional(cfg, "markov_head_type", None)
+    if rank > 0 and head_type is None:
+        raise cfg.bad("markov_head_type", f"missing with markov_rank {rank} (DeepSpec requires it then); expected "
+                                          f"one of: {', '.join(BUILT_MARKOV_HEADS)}")
+    if rank > 0 and head_type not in BUILT_MARKOV_HEADS:
         where = find_key(cfg, "markov_head_type") or cfg
-        raise where.bad("markov_head_type", f"{head_type!r} is not built; built Markov head types: "
+        what = "is defined by DeepSpec and speculators but not built" if head_type in DEFINED_MARKOV_HEADS else \
+            f"is not a DeepSpec Markov head type ({', '.join(DEFINED_MARKOV_HEADS)})"
+        raise where.bad("markov_head_type", f"{head_type!r} {what}; built Markov head types: "
                                             f"{', '.join(BUILT_MARKOV_HEADS)}")
-    conf = _optional(cfg, "enable_confidence_head", False)
+    conf = _optional(cfg, "enable_confidence_head", None)
+    if conf is None:
+        raise cfg.bad("enable_confidence_head", f"missing (also in {' / '.join(NESTED)}); expected true or false "
+                                                "(DeepSpec requires it; no default is assumed)")
     if not isinstance(conf, bool):
         raise (find_key(cfg, "enable_confidence_head") or cfg).bad("enable_confidence_head",
                                                                     f"{conf!r}; expected true or false")
+    with_markov = _optional(cfg, "confidence_head_with_markov", None)
+    if conf:
+        where = find_key(cfg, "confidence_head_with_markov") or cfg
+        if with_markov is None:
+            raise cfg.bad("confidence_head_with_markov", "missing with enable_confidence_head true (DeepSpec "
+                                                         "requires it then); expected true or false")
+        if not isinstance(with_markov, bool):
+            raise where.bad("confidence_head_with_markov", f"{with_markov!r}; expected true or false")
+        if with_markov != (rank > 0):
+            raise where.bad("confidence_head_with_markov",
+                            f"{str(with_markov).lower()} with markov_rank {rank}: the head built reads [h_k ; "
+                            f"W1[prev_k]] (r > 0) or h_k alone (r = 0); expected {str(rank > 0).lower()}")
+    head_type = head_type or BUILT_MARKOV_HEADS[0]
 
     def mismatch(problem: str) -> Mismatch:
         return Mismatch(f"draft {directory} vs target {target.source}", problem)
@@ -98,7 +123,7 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
     if n_target is not None and n_target != L:
         raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
 
-    ids = feature_layer_ids(directory, tensors, target, find_key(cfg, "target_layer_ids"), mismatch)
+    ids = feature_layer_ids(directory, tensors, target, find_key(cfg, "target_layer_ids"), mismatch, depth)
     shapes = backbone_shapes(H, len(ids), depth, layer)
     for name in ("embed_tokens.weight", "lm_head.weight"):
         if name in tensors:

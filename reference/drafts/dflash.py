@@ -15,9 +15,9 @@ Inputs: the target's reference taps over the context positions 0..s-1 and the an
     logits = rms(h, norm)[1:] head^T                       the TARGET's head; row i predicts s+i
 
 hf_hidden is HF's ``output_hidden_states`` convention (what z-lab's code indexes): index 0 is the
-embedding output, index l+1 < L the output of layer l, and index L the POST-final-norm rows. So a
-layer id l_j = L-1 reads the target's ``final`` rows, not hidden[L]. To make that unambiguous this
-function takes the target's whole ``RefOut`` rather than a raw [L+1, S, H] array.
+embedding output (layer id -1 reads it), index l+1 < L the output of layer l, and index L the
+POST-final-norm rows. So a layer id l_j = L-1 reads the target's ``final`` rows, not hidden[L]. To make
+that unambiguous this function takes the target's whole ``RefOut`` rather than a raw [L+1, S, H] array.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def context_features(draft: DFlashSpec, taps: RefOut, s: int) -> np.ndarray:
     hf = hf_hidden_states(taps)
     num_layers = hf.shape[0] - 1
     for l in draft.target_layer_ids:
-        if not 0 <= l < num_layers:
-            raise ValueError(f"target layer id {l} is outside 0..{num_layers - 1}")
+        if not -1 <= l < num_layers:
+            raise ValueError(f"target layer id {l} is outside -1..{num_layers - 1} (-1: the embedding output)")
     c = np.concatenate([hf[l + 1, :s] for l in draft.target_layer_ids], axis=-1)
     w = as_f64(draft)
     return rms_norm(linear(c, w["fc.weight"]), w["hidden_norm.weight"], draft.layer.rms_eps)
