@@ -55,14 +55,20 @@ def lookup(name: str):
 
 
 @gate_app.command("list")
-def gate_list() -> None:
-    """Show the registered gates: name, family, draft kind, default files."""
+def gate_list(wide: Annotated[bool, typer.Option("--wide", help="Also the default files and what each checks.")]
+              = False) -> None:
+    """Show the registered gates: name, target family, drafter, n (``--wide``: default files and a description).
+    The plain list fits an 80-column terminal."""
     table = Table(title="registered gates")
-    for col in ("gate", "family", "draft", "default target", "default draft", "n", "what"):
-        table.add_column(col, no_wrap=col in ("gate", "draft"))
+    cols = ("gate", "target", "drafter", "n") + (("default target", "default draft", "what") if wide else ())
+    for col in cols:
+        table.add_column(col, no_wrap=not wide or col in ("gate", "drafter"))
     for g in registry().values():
-        table.add_row(g.name, g.family, g.draft_kind, shown(g.target), shown(g.draft), str(g.n), g.about)
+        row = (g.name, g.family, g.draft_kind, str(g.n))
+        table.add_row(*row, *((shown(g.target), shown(g.draft), g.about) if wide else ()))
     out.print(table)
+    if not wide:
+        out.print("bloomery gate list --wide: default files and what each gate checks")
 
 
 Target = Annotated[Path | None, typer.Option("--target", help="Target checkpoint: HF dir or *.gguf "
