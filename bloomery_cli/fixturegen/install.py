@@ -67,3 +67,20 @@ def install(work: Path, out: Path) -> None:
         elif dst.exists() or dst.is_symlink():
             dst.unlink()
         os.replace(work / name, dst)
+
+
+def install_model(work: Path, out: Path, name: str, files: list[Path], entry: dict, max_total: int) -> Manifest:
+    """Move ``work/name/`` into ``out`` and register its files and model entry (other entries untouched);
+    refuses a fixtures folder over ``max_total`` bytes."""
+    man = Manifest.read(out)
+    man.files = {k: v for k, v in man.files.items() if k.split("/")[0] != name}
+    dst = out / name
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(work / name, dst)
+    man.add_files(out, [out / f.relative_to(work) for f in files])
+    if man.total_bytes > max_total:
+        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {max_total} limit")
+    man.models[name] = entry
+    man.write(out)
+    return man

@@ -33,6 +33,7 @@ from bloomery_gates.kernels.families.qwen38 import forward_train as qwen38_forwa
 from . import corpus as corpus_mod
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
+from .install import install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import DFLASH, MAX_TOTAL_BYTES, TARGET, Qwen38DraftsConfig, _stream
 from .train import greedy_pool
@@ -73,22 +74,6 @@ def _rows(cfg: Qwen38DraftsConfig, tok, tq: dict, tspec, fwd, dev: torch.device)
             "note": f"{cfg.pool_size} greedy rows of {cfg.seq} (a real training window of P in "
                     f"{list(cfg.pool_prefixes)} tokens + the target's greedy continuation) x {cfg.greedy_repeat}, "
                     f"and {cfg.real_rows} random {cfg.seq}-token training windows (qwen38_drafts' rows, same seeds)"}
-
-
-def _install(work: Path, out: Path, files: list[Path], entry: dict) -> Manifest:
-    """Move qwen38-tiny-dflash2-b8/ into ``out`` and add its files and model entry (other entries untouched)."""
-    man = Manifest.read(out)
-    man.files = {k: v for k, v in man.files.items() if k.split("/")[0] != DFLASH2}
-    dst = out / DFLASH2
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(work / DFLASH2, dst)
-    man.add_files(out, [out / f.relative_to(work) for f in files])
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
-    man.models[DFLASH2] = entry
-    man.write(out)
-    return man
 
 
 def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, steps: int | None = None) -> Manifest:
@@ -163,7 +148,7 @@ def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, step
                          "dflash_held_out_real_accept_tf": dentry.get("held_out_real", {}).get("mean_accept_len_tf"),
                          "dflash2_walk_held_out_real_accept_tf": real_walk["walk_mean_accept_len_tf"]},
              "made_by": made_by}
-    man = _install(work, out_dir, files, entry)
+    man = install_model(work, out_dir, DFLASH2, files, entry, MAX_TOTAL_BYTES)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         work.parent.rmdir()

@@ -36,6 +36,7 @@ from bloomery_gates.kernels.families.qwen38 import forward_train as qwen38_forwa
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .export_hf import write_safetensors
+from .install import install_model
 from .manifest import Manifest, verify
 from .qwen38_dflash2 import _rows, _target
 from .qwen38_drafts import DFLASH, TARGET, Qwen38DraftsConfig
@@ -55,21 +56,6 @@ def write(out_dir: Path, stored: dict[str, torch.Tensor], dspec, target) -> list
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     write_safetensors(out_dir / "model.safetensors", stored)
     return [out_dir / "config.json", out_dir / "model.safetensors"]
-
-
-def _install(work: Path, out: Path, files: list[Path], entry: dict) -> Manifest:
-    man = Manifest.read(out)
-    man.files = {k: v for k, v in man.files.items() if k.split("/")[0] != DSPARK}
-    dst = out / DSPARK
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(work / DSPARK, dst)
-    man.add_files(out, [out / f.relative_to(work) for f in files])
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
-    man.models[DSPARK] = entry
-    man.write(out)
-    return man
 
 
 def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps: int | None = None) -> Manifest:
@@ -142,7 +128,7 @@ def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps
                           "budget_from": f"MANIFEST models[{DFLASH!r}].training", "rows": data["note"],
                           "pool_seconds": data["pool_seconds"]},
              "made_by": made_by}
-    man = _install(work, out_dir, files, entry)
+    man = install_model(work, out_dir, DSPARK, files, entry, MAX_TOTAL_BYTES)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         work.parent.rmdir()

@@ -27,6 +27,7 @@ import torch
 
 from . import corpus as corpus_mod
 from .build import _determinism, _device_info, _versions
+from .install import install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import _stream
 from .train import TrainConfig, sample_windows
@@ -69,22 +70,6 @@ def greedy_rows(spec, stream: torch.Tensor, n: int, seq: int, prefix: int, gen: 
             nxt = v.argmax[0]
         out.append(ids)
     return torch.tensor(out, dtype=torch.long, device=device)
-
-
-def _install(work: Path, out: Path, files: list[Path], entry: dict) -> Manifest:
-    """Move qwen3-tiny-eagle3/ into ``out`` and add its files and model entry (other entries untouched)."""
-    man = Manifest.read(out)
-    man.files = {k: v for k, v in man.files.items() if k.split("/")[0] != EAGLE3}
-    dst = out / EAGLE3
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(work / EAGLE3, dst)
-    man.add_files(out, [out / f.relative_to(work) for f in files])
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
-    man.models[EAGLE3] = entry
-    man.write(out)
-    return man
 
 
 def build_qwen3_eagle3(out_dir: Path, device: str = "cpu", config: Eagle3BuildConfig | None = None,
@@ -143,7 +128,7 @@ def build_qwen3_eagle3(out_dir: Path, device: str = "cpu", config: Eagle3BuildCo
                      f"anchored from {cfg.prefix}",
              "config": {k: v for k, v in asdict(cfg).items() if k not in ("shape", "train")},
              **stats, "made_by": made_by}
-    man = _install(work, out_dir, files, entry)
+    man = install_model(work, out_dir, EAGLE3, files, entry, MAX_TOTAL_BYTES)
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         work.parent.rmdir()
