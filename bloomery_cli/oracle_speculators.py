@@ -59,7 +59,7 @@ from .oracle import Float32AsFloat64
 from .spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
 
 WRITTEN_FOR = "0.9.0"
-MARKOV_TYPES = {"low_rank": "vanilla"}   # our markov_head_type -> speculators' (logits_k += W2 W1[prev_k])
+MARKOV_TYPES = {"vanilla": "vanilla"}    # our markov_head_type -> speculators' (logits_k += W2 W1[prev_k])
 
 
 class NotModelled(Exception):
