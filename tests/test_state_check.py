@@ -82,7 +82,8 @@ def test_every_gate_prints_passing_state_lines(name):
     assert code == 0 and state and all(line.endswith(" PASS") for line in state), "\n".join(lines)
     kinds = {"next verify logits", "k_cache", "v_cache"} | ({"deltanet state", "conv tail"} if "qwen38" in name
                                                             else set())
-    kinds |= {"mtp store k"} if name.endswith("mtp") else {"context layer 0 k"}
+    store = {"mtp": "mtp store k", "eagle3": "eagle3 row 1 logits"}       # EAGLE-3 checks its store through its chain
+    kinds |= {store.get(name.split("-")[1], "context layer 0 k")}
     assert all(any(k in line for line in state) for k in kinds), "\n".join(state)
 
 
