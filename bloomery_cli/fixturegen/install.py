@@ -14,6 +14,9 @@ from . import export_gguf, export_hf
 from .layout import DRAFT_DIR, TARGET_DIR, TARGET_GGUF, TOKENIZER
 from .manifest import MANIFEST_NAME, Manifest
 
+# The whole fixtures/ folder, every build's files together (the core build keeps its own, smaller, cap).
+MAX_FIXTURE_BYTES = 32 * 1024 * 1024
+
 
 def check_readback(work: Path, tparams_bf16: dict, dparams_bf16: dict, tok) -> None:
     st = export_hf.read_safetensors(work / TARGET_DIR / "model.safetensors")

@@ -44,6 +44,7 @@ from . import corpus as corpus_mod
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .export_hf import write_draft
+from .install import MAX_FIXTURE_BYTES
 from .manifest import Manifest, verify
 from .qwen38_target import Qwen38Shape, init_qwen38, train_qwen38_target, write_qwen38_target
 from .train import (
@@ -64,7 +65,7 @@ from .train import (
 from .train_dflash2 import target_shape_of
 
 TARGET, GGUF, DFLASH = "qwen38-tiny", "qwen38-tiny.gguf", "qwen38-tiny-dflash-b8"
-MAX_TOTAL_BYTES = 32 * 1024 * 1024      # the whole fixtures/ folder (speculators-layout copies included)
+MAX_TOTAL_BYTES = MAX_FIXTURE_BYTES
 
 
 @dataclass

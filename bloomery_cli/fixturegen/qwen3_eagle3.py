@@ -27,7 +27,7 @@ import torch
 
 from . import corpus as corpus_mod
 from .build import _determinism, _device_info, _versions
-from .install import install_model
+from .install import MAX_FIXTURE_BYTES, install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import _stream
 from .train import TrainConfig, sample_windows
@@ -35,7 +35,7 @@ from .train_eagle3 import Eagle3Shape, train_eagle3, write_eagle3
 
 EAGLE3 = "qwen3-tiny-eagle3"
 TARGET = "qwen3-tiny"
-MAX_TOTAL_BYTES = 24 * 1024 * 1024
+MAX_TOTAL_BYTES = MAX_FIXTURE_BYTES
 SEED_OFFSET = 20                     # the qwen3 build uses seed + 0..9
 
 

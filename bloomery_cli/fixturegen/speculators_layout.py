@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from .install import MAX_FIXTURE_BYTES
 from .manifest import Manifest, sha256_file, verify
 
 SOURCES = {"dflash": "qwen3-tiny-dflash-b8", "dflash2": "qwen3-tiny-dflash2-b8", "dspark": "qwen3-tiny-dspark-b7"}
@@ -41,7 +42,7 @@ TARGET = "qwen3-tiny"
 SUFFIX = "-speculators"
 WRITTEN_FOR = "0.9.0"
 ARCHITECTURES = {"dflash": "DFlashSpeculator", "dflash2": "DFlash2DraftModel", "dspark": "DSparkSpeculator"}
-MAX_TOTAL_BYTES = 32 * 1024 * 1024
+MAX_TOTAL_BYTES = MAX_FIXTURE_BYTES
 # keys of the z-lab / DeepSpec configs that are not the draft stack's Qwen3 config
 DRAFTER_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "dspark_config", "num_target_layers",
                 "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
