@@ -146,20 +146,27 @@ def logits_band(dtype: object, shape: LayerShape, layers: int, seq_len: int) -> 
     return chain_band(dtype, ops, f"logits after {layers} layer(s), seq_len {seq_len}")
 
 
+def _pair(got: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """Both as float64 of one shape, and the statistic's value where it is decided already: 0.0 for empty
+    arrays, inf for a NaN/inf in ``got``; else None."""
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if g.shape != r.shape:
+        raise ValueError(f"shape mismatch: got {g.shape}, ref {r.shape}")
+    if g.size == 0:
+        return g, r, 0.0
+    return g, r, (None if np.isfinite(g).all() else float("inf"))
+
+
 def worst_rel(got: np.ndarray, ref: np.ndarray) -> float:
     """max over rows of max|got_row - ref_row| / max|ref_row| (a row = the last axis).
 
     Both are taken to float64. A row whose reference is all zero counts its absolute error.
     Any NaN/inf in ``got`` gives inf.
     """
-    g = np.asarray(got, dtype=np.float64)
-    r = np.asarray(ref, dtype=np.float64)
-    if g.shape != r.shape:
-        raise ValueError(f"shape mismatch: got {g.shape}, ref {r.shape}")
-    if g.size == 0:
-        return 0.0
-    if not np.isfinite(g).all():
-        return float("inf")
+    g, r, early = _pair(got, ref)
+    if early is not None:
+        return early
     err = np.max(np.abs(g - r), axis=-1)
     scale = np.max(np.abs(r), axis=-1)
     return float(np.max(err / np.where(scale > 0, scale, 1.0)))
@@ -178,14 +185,9 @@ def flip_excused(ref_row: np.ndarray, band: Band) -> bool:
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
     """||got - ref||_F / ||ref||_F over the whole array, in float64 (inf on NaN/inf in ``got``)."""
-    g = np.asarray(got, dtype=np.float64)
-    r = np.asarray(ref, dtype=np.float64)
-    if g.shape != r.shape:
-        raise ValueError(f"shape mismatch: got {g.shape}, ref {r.shape}")
-    if g.size == 0:
-        return 0.0
-    if not np.isfinite(g).all():
-        return float("inf")
+    g, r, early = _pair(got, ref)
+    if early is not None:
+        return early
     scale = float(np.linalg.norm(r))
     return float(np.linalg.norm(g - r)) / (scale if scale > 0 else 1.0)
 
