@@ -116,8 +116,7 @@ def check_context(prompts: Sequence[Sequence[int]], n: int, block: int, target: 
 def per_position_bytes(spec: Any, elem: int) -> int:
     """KV cache and RoPE table bytes per position of one model (target or draft): ``kv(m)`` above."""
     layer, hybrid = spec.layer, getattr(spec, "hybrid", None)
-    layers = getattr(spec, "num_layers", 1)      # an EAGLE-3 draft is one layer
-    attention = layers if hybrid is None else sum(not hybrid.is_linear(i) for i in range(layers))
+    attention = spec.num_layers if hybrid is None else sum(not hybrid.is_linear(i) for i in range(spec.num_layers))
     rotary = getattr(spec, "rotary_dim", None) or (hybrid.rotary_dim if hybrid is not None else layer.head_dim)
     return 2 * attention * layer.num_kv_heads * layer.head_dim * elem + 2 * rotary * 4
 

@@ -202,6 +202,11 @@ class Eagle3Spec:
     tensors: Tensors = field(repr=False)
     d2t: torch.Tensor | None = field(default=None, repr=False)
 
+    @property
+    def num_layers(self) -> int:
+        """One decoder layer: the only EAGLE-3 depth the kernels implement (the reader refuses more)."""
+        return 1
+
     def target_ids(self) -> torch.Tensor:
         """[draft_vocab_size] int64: the target id of every draft id (arange + d2t; the identity without d2t)."""
         base = torch.arange(self.draft_vocab_size, dtype=torch.long)

@@ -76,7 +76,8 @@ class StateRun:
         return [*self.prompt, *self.emitted, *self.proposal.ids]
 
     def fresh(self) -> StateRun:
-        """The same run with the reference recomputed from reference/ code (a rounding context re-runs this)."""
+        """The same run with ``ref`` from one fresh reference run over ``seq`` (under a rounding context: the
+        emulated run the bands come from)."""
         return replace(self, ref=self.forward(self.target_spec, self.seq))
 
 
@@ -196,8 +197,8 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
     if not rollbacks_seen(r.tally):
         report.note("state run: it ended (n ids) before both a window that rejected every proposal and one that kept "
                     "some proposals but not all had run; the state lines below check what it did run")
-    run = replace(run, ref=family.reference(target_spec, run.seq))
-    run = replace(run, emu=emulated(dtype, lambda: replace(run, ref=family.reference(target_spec, run.seq))))
+    run = run.fresh()
+    run = replace(run, emu=emulated(dtype, run.fresh))
     nv = next_verify(target_spec)
     compare(report, run, nv, nv.read(verify, run))
     for decl, arrays in zip(target_decls + draft_decls, got, strict=True):

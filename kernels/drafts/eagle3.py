@@ -8,14 +8,8 @@ Row q reads the token at q and the hidden of q-1, and predicts q+1:
 Real rows read h = u (the target's); the K-1 chained rows of a window read h = y of the row before (the draft's
 own output; rms(y, norm) with norm_output) and the token the row before drafted.
 
-The draft keeps its own KV store [nkv, cap, d] indexed by RoPE position (slot q = row q; slot 0 holds no
-row). Rows whose inputs are both real (a token the target emitted, a feature of hidden rows the target
-computed) are written for good; chained rows are written at the slots after the last real row and are
-overwritten by the next pass: that is the rollback. ``accept`` records the kept rows' real inputs (tokens from
-the verify's embedding rows taps[0], features from its taps); ``propose`` writes them in one pass together
-with the anchor's row, so after a verify the kept positions' entries are rewritten from the target's real
-hidden rows and every entry made from the draft's own output is discarded. A window the loop runs plain (no
-``propose``) still ``accept``s: its rows queue up.
+The draft keeps its own KV store by RoPE position, written and rolled back as ``chain_store.ChainStore``
+says (real rows for good, chained rows transient; real rows read the target's features).
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ from ..ops.attention import attend
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
+from .chain_store import ChainStore
 from .mtp import chain_mask
 
 T = torch.Tensor
@@ -93,7 +88,7 @@ class Proposal:
     draft_ids: list[int] | None = None          # [width] argmax in the draft vocab, when asked
 
 
-class Eagle3Draft:
+class Eagle3Draft(ChainStore):
     """Device EAGLE-3 draft bound to a target engine (shares its embedding; its own fc, layer, norm and head)."""
 
     def __init__(self, spec: Eagle3Spec, target, max_len: int, width: int | None = None):
@@ -106,15 +101,8 @@ class Eagle3Draft:
         self.embed = target.embed
         self.to_target = spec.target_ids().to(self.device)
         s = spec.layer
-        self.cap = max_len + width + 2
+        self.init_store(s.num_kv_heads, s.head_dim, max_len + width + 2, self.device, self.dtype, "EAGLE-3")
         self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
-        kv = (1, s.num_kv_heads, self.cap, s.head_dim)
-        self.k = torch.zeros(kv, device=self.device, dtype=self.dtype)
-        self.v = torch.zeros(kv, device=self.device, dtype=self.dtype)
-        self.key_pos = torch.arange(self.cap, device=self.device)
-        self.next_slot = 1                  # first slot not yet holding a real row
-        self.pend_e = self.pend_h = self.last_h = None   # real rows not yet written; the anchor row's hidden
-        self.anchor_written = False
 
     def features(self, taps: T) -> T:
         return aux_features(taps, self.spec.aux_layer_ids, self.t["fc.weight"])
@@ -126,42 +114,24 @@ class Eagle3Draft:
     def _rows(self, e: T, h: T, slot0: int) -> tuple[T, T, T]:
         """Rows (e_q, h_q) [R, H] at slots slot0..slot0+R-1, written to the store -> (y, n, logits)."""
         r = e.shape[0]
-        if slot0 + r > self.cap:
-            raise ValueError(f"EAGLE-3 KV store of {self.cap} positions is full (pass ends at {slot0 + r})")
-        pos = torch.arange(slot0, slot0 + r, device=self.device)
-        allowed = (self.key_pos[None, :] <= pos[:, None]) & (self.key_pos[None, :] >= 1)   # slot 0: no row
-
-        def cached(q, k, v):
-            self.k[:, :, slot0:slot0 + r] = k
-            self.v[:, :, slot0:slot0 + r] = v
-            return attend(q, self.k, self.v, allowed)
-
         cos, sin = self.cos[slot0:slot0 + r], self.sin[slot0:slot0 + r]
-        y = eagle3_layer(self.t, self.spec, e[None], h[None], cos, sin, cached)[0]
+        y = eagle3_layer(self.t, self.spec, e[None], h[None], cos, sin, self.attend_at(slot0, r))[0]
         n, logits = draft_head(self.t, self.spec, y)
         return y, n, logits
 
     def prompt(self, taps: T) -> None:
         """Prompt taps [L+1, P, H]: rows 1..P-1 (token q, feature q-1) are real; feature P-1 waits for the anchor."""
-        u = self.features(taps)
-        self.pend_e, self.pend_h, self.last_h = taps[0][1:], u[:-1], u[-1:]
-        self.next_slot, self.anchor_written = 1, False
+        self.start(taps[0][1:], self.features(taps))
 
     def accept(self, kept: int, taps: T) -> None:
-        """The verify [x, d_1, ...] kept ``kept`` rows: rows (x, h_prev) (unless ``propose`` already wrote it) and
-        (d_j, feature of verify row j-1) for j < kept join the pending real rows; they replace the chain's entries."""
-        u = self.features(taps[:, :kept])
-        first = 1 if self.anchor_written else 0
-        e, h = taps[0][first:kept], torch.cat([self.last_h, u[:kept - 1]])[first:]
-        self.pend_e, self.pend_h = torch.cat([self.pend_e, e]), torch.cat([self.pend_h, h])
-        self.last_h, self.anchor_written = u[kept - 1:kept], False
+        """The verify kept ``kept`` rows: their tokens and target features join the queue (``queue``); they replace
+        the chain's entries."""
+        self.queue(kept, taps[0], self.features(taps[:, :kept]))
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
-        e = torch.cat([self.pend_e, self.embed[anchor][None]])
-        h = torch.cat([self.pend_h, self.last_h])
+        e, h = self.real_rows(self.embed[anchor])
         y, n, logits = self._rows(e, h, self.next_slot)           # every row real: written for good
-        self.next_slot += e.shape[0]
-        self.anchor_written = True
+        self.written(e.shape[0])
         ys, ls = [y[-1:]], [logits[-1:]]
         draft_ids = [int(ls[-1].argmax(-1))]
         ids = [int(self.to_target[draft_ids[-1]])]
@@ -173,8 +143,6 @@ class Eagle3Draft:
             draft_ids.append(int(logits.argmax(-1)))
             ids.append(int(self.to_target[draft_ids[-1]]))
             hidden = self.chain_input(y, n)
-        self.pend_e = self.pend_e[:0]
-        self.pend_h = self.pend_h[:0]
         if not detail:
             return Proposal(ids)
         return Proposal(ids, torch.cat(ls), torch.cat(ys)[None], draft_ids)

@@ -7,13 +7,8 @@ Row j reads the token at position j and the target's POST-final-norm hidden h_{j
     g = n(y, mtp.norm);  logits = head(g)                 n(x, w) = rms(x) * (1 + w), the target's head
 Chained drafts feed g back as the hidden with E(drafted id): widths 1..4 (any width >= 1 runs).
 
-The draft keeps its own KV store [nkv, cap, d] indexed by RoPE position (slot j = row j). Rows whose
-inputs are both real (a token the target emitted, a hidden the target computed) are written for good;
-chained rows (hidden = the draft's own g) are written at the slots after the last real row and are
-overwritten by the next pass. ``accept`` only records the kept rows' real inputs; ``propose`` writes
-them in one pass together with the anchor's row, i.e. after a verify the kept positions' entries are
-rewritten from the target's real hidden rows, and the entries made from g are discarded. A window the
-loop runs plain (no ``propose``, as a cost width policy may) still ``accept``s: its rows queue up.
+The draft keeps its own KV store by RoPE position, written and rolled back as ``chain_store.ChainStore``
+says (real rows for good, chained rows transient).
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from ..ops.attention import attend
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
+from .chain_store import ChainStore
 
 T = torch.Tensor
 P, L0 = "mtp.", "mtp.layers.0."
@@ -70,7 +66,7 @@ class Proposal:
     layer_out: T | None = None                  # [1, width, H]: the MTP layer's output per drafted row
 
 
-class MTPDraft:
+class MTPDraft(ChainStore):
     """Device MTP draft bound to a qwen38 target engine (shares its embedding, final norm and head)."""
 
     def __init__(self, spec: MTPSpec, target: Qwen38Target, max_len: int, width: int = DEFAULT_WIDTH):
@@ -82,60 +78,29 @@ class MTPDraft:
         self.embed, self.head = target.embed, target.head
         self.final_gain, self.eps = target.final_norm, target.shape.rms_eps
         s = spec.layer
-        self.cap = max_len + width + 2
+        self.init_store(s.num_kv_heads, s.head_dim, max_len + width + 2, self.device, self.dtype, "MTP")
         self.cos, self.sin = rope_tables(spec.rotary_dim, s.rope_theta, self.cap, self.device)
-        kv = (1, s.num_kv_heads, self.cap, s.head_dim)
-        self.k = torch.zeros(kv, device=self.device, dtype=self.dtype)
-        self.v = torch.zeros(kv, device=self.device, dtype=self.dtype)
-        self.key_pos = torch.arange(self.cap, device=self.device)
-        self.next_slot = 1                  # first slot not yet holding a real row
-        self.pend_e = self.pend_h = self.last_h = None   # real rows not yet written; the anchor row's hidden
-        self.anchor_written = False
 
     def _rows(self, e: T, h: T, slot0: int) -> tuple[T, T]:
         """Rows (e_j, h_j) [R, H] at slots slot0..slot0+R-1, written to the store -> (y, g) [R, H]."""
         r = e.shape[0]
-        if slot0 + r > self.cap:
-            raise ValueError(f"MTP KV store of {self.cap} positions is full (pass ends at {slot0 + r})")
-        pos = torch.arange(slot0, slot0 + r, device=self.device)
-        allowed = (self.key_pos[None, :] <= pos[:, None]) & (self.key_pos[None, :] >= 1)   # slot 0: no row
-
-        def cached(q, k, v):
-            self.k[:, :, slot0:slot0 + r] = k
-            self.v[:, :, slot0:slot0 + r] = v
-            return attend(q, self.k, self.v, allowed)
-
         u = mtp_in(self.t, e, h, self.eps)[None]
-        y = mtp_layer(self.t, self.tspec, u, self.cos[slot0:slot0 + r], self.sin[slot0:slot0 + r], cached)[0]
+        y = mtp_layer(self.t, self.tspec, u, self.cos[slot0:slot0 + r], self.sin[slot0:slot0 + r],
+                      self.attend_at(slot0, r))[0]
         return y, rms_norm(y, norm_gain(self.t[P + "norm.weight"]), self.eps)
-
-    def store_rows(self) -> tuple[T, T]:
-        """Read-only views (never write through them) of the store's real rows, slots 1..next_slot-1 (rows whose
-        token and hidden both came from the target; chained rows past them are transient): (k after k_norm and
-        partial RoPE, v), each [nkv, next_slot-1, d]. After a ``propose`` they reach the anchor's slot."""
-        return self.k[0, :, 1:self.next_slot], self.v[0, :, 1:self.next_slot]
 
     def prompt(self, taps: T) -> None:
         """Prompt taps [L+1, P, H]: rows 1..P-1 (token j, hidden j-1) are real; hidden P-1 waits for the anchor."""
-        fin = target_hidden(taps, self.final_gain, self.eps)
-        self.pend_e, self.pend_h, self.last_h = taps[0][1:], fin[:-1], fin[-1:]
-        self.next_slot, self.anchor_written = 1, False
+        self.start(taps[0][1:], target_hidden(taps, self.final_gain, self.eps))
 
     def accept(self, kept: int, taps: T) -> None:
-        """The verify [x, d_1, ...] kept ``kept`` rows: rows (x, h_prev) (unless ``propose`` already wrote it) and
-        (d_j, h of verify row j-1) for j < kept join the pending real rows; they replace the drafts' entries."""
-        fin = target_hidden(taps[:, :kept], self.final_gain, self.eps)
-        first = 1 if self.anchor_written else 0
-        e, h = taps[0][first:kept], torch.cat([self.last_h, fin[:kept - 1]])[first:]
-        self.pend_e, self.pend_h = torch.cat([self.pend_e, e]), torch.cat([self.pend_h, h])
-        self.last_h, self.anchor_written = fin[kept - 1:kept], False
+        """The verify kept ``kept`` rows: their tokens and post-final-norm hidden rows join the queue (``queue``)."""
+        self.queue(kept, taps[0], target_hidden(taps[:, :kept], self.final_gain, self.eps))
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
-        e = torch.cat([self.pend_e, self.embed[anchor][None]])
-        h = torch.cat([self.pend_h, self.last_h])
+        e, h = self.real_rows(self.embed[anchor])
         y, g = self._rows(e, h, self.next_slot)                  # every row real: written for good
-        self.next_slot += e.shape[0]
-        self.anchor_written = True
+        self.written(e.shape[0])
         ys, gs = [y[-1:]], [g[-1:]]
         logits = [F.linear(gs[-1], self.head)]
         ids = [int(logits[-1].argmax(-1))]
@@ -145,8 +110,6 @@ class MTPDraft:
             gs.append(g)
             logits.append(F.linear(g, self.head))
             ids.append(int(logits[-1].argmax(-1)))
-        self.pend_e = self.pend_e[:0]
-        self.pend_h = self.pend_h[:0]
         if not detail:
             return Proposal(ids)
         return Proposal(ids, torch.cat(logits), torch.cat(ys)[None])
