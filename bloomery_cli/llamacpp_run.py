@@ -114,14 +114,19 @@ def _context(lc: Any, model: Any, n: int, mtp: bool) -> Any:
     return ctx
 
 
-def _logits(lc: Any, ctx: Any, rows: int, vocab: int) -> np.ndarray:
-    out = np.empty((rows, vocab), dtype=np.float32)
+def _rows_of(get_ith: Any, ctx: Any, rows: int, width: int, what: str) -> np.ndarray:
+    """[rows, width] float32 copied out of llama.cpp's per-row output pointers (``get_ith(ctx, i)``)."""
+    out = np.empty((rows, width), dtype=np.float32)
     for i in range(rows):
-        p = lc.llama_get_logits_ith(ctx, i)
+        p = get_ith(ctx, i)
         if not p:
-            raise RuntimeError(f"llama.cpp: no logits for output row {i}")
-        out[i] = np.ctypeslib.as_array(p, shape=(vocab,))
+            raise RuntimeError(f"llama.cpp: no {what} for output row {i}")
+        out[i] = np.ctypeslib.as_array(p, shape=(width,))
     return out
+
+
+def _logits(lc: Any, ctx: Any, rows: int, vocab: int) -> np.ndarray:
+    return _rows_of(lc.llama_get_logits_ith, ctx, rows, vocab, "logits")
 
 
 def _decode_target(lc: Any, ext: Any, ctx: Any, ids: list[int], nextn: bool, vocab: int, hidden: int
@@ -139,14 +144,7 @@ def _decode_target(lc: Any, ext: Any, ctx: Any, ids: list[int], nextn: bool, voc
         if rc != 0:
             raise RuntimeError(f"llama.cpp: llama_decode returned {rc}")
         logits = _logits(lc, ctx, t, vocab)
-        h = None
-        if nextn:
-            h = np.empty((t, hidden), dtype=np.float32)
-            for i in range(t):
-                p = ext.llama_get_embeddings_nextn_ith(ctx, i)
-                if not p:
-                    raise RuntimeError(f"llama.cpp: no h_nextn for row {i}")
-                h[i] = np.ctypeslib.as_array(p, shape=(hidden,))
+        h = _rows_of(ext.llama_get_embeddings_nextn_ith, ctx, t, hidden, "h_nextn") if nextn else None
         return logits, h
     finally:
         lc.llama_batch_free(batch)

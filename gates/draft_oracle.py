@@ -106,6 +106,13 @@ def draft_depth_band(c: DraftCheck, layers: int, logits: bool) -> Band:
                                                            f"{layers} draft layer(s)")
 
 
+def dflash2_band(c: DraftCheck, layers: int, stage: str) -> Band:
+    """The same ceiling over DFlash2's op list (``qwen3_dflash2.dflash2_ops``: the conv and selector ops too)."""
+    from .qwen3_dflash2 import dflash2_ops  # imported here: that gate module imports this one
+
+    return chain_band(c.dtype, dflash2_ops(c, layers, stage), f"dflash2 {stage} after {layers} draft layer(s)")
+
+
 # ---------------------------------------------------------------------------------------------------- dflash
 
 def check_dflash(report: Report, c: DraftCheck, plain_ids: list[int] | None = None) -> None:
@@ -126,11 +133,7 @@ def check_dflash(report: Report, c: DraftCheck, plain_ids: list[int] | None = No
 # --------------------------------------------------------------------------------------------------- dflash2
 
 def check_dflash2(report: Report, c: DraftCheck, plain_ids: list[int] | None = None) -> None:
-    from .qwen3_dflash2 import dflash2_ops, set_excused  # imported here: that gate module imports this one
-
-    def dflash2_band(cc: DraftCheck, layers: int, stage: str) -> Band:
-        return chain_band(cc.dtype, dflash2_ops(cc, layers, stage), f"dflash2 {stage} after {layers} draft layer(s)")
-
+    from .qwen3_dflash2 import set_excused  # imported here: that gate module imports this one
 
     st = setup(report, c)
     if st is None:
