@@ -3,6 +3,7 @@ builds' manifest entries, and move the finished entries into the fixture folder 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -87,3 +88,19 @@ def install_model(work: Path, out: Path, name: str, files: list[Path], entry: di
     man.models[name] = entry
     man.write(out)
     return man
+
+
+def fresh_work(out: Path, tag: str) -> Path:
+    """An empty build folder beside ``out`` (``.fixtures-work/<out name>-<tag>``), emptied if a build left one."""
+    work = out.resolve().parent / ".fixtures-work" / f"{out.resolve().name}-{tag}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    return work
+
+
+def clean_work(work: Path) -> None:
+    """Remove a build folder and ``.fixtures-work`` itself once it is empty."""
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        work.parent.rmdir()

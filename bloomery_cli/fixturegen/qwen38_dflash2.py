@@ -18,13 +18,13 @@ reader, and adds its files and model entry to MANIFEST.json (every other entry u
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +33,7 @@ from bloomery_gates.kernels.families.qwen38 import forward_train as qwen38_forwa
 from . import corpus as corpus_mod
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
-from .install import install_model
+from .install import clean_work, fresh_work, install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import DFLASH, MAX_TOTAL_BYTES, TARGET, Qwen38DraftsConfig, _stream
 from .train import greedy_pool
@@ -76,14 +76,26 @@ def _rows(cfg: Qwen38DraftsConfig, tok, tq: dict, tspec, fwd, dev: torch.device)
                     f"and {cfg.real_rows} random {cfg.seq}-token training windows (qwen38_drafts' rows, same seeds)"}
 
 
-def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, steps: int | None = None) -> Manifest:
-    """Train the qwen38 DFlash2 drafter with the qwen38 DFlash fixture's rows and budget; write and register it.
-    ``steps`` overrides the budget (a pipeline check only; the manifest records it)."""
+@dataclass
+class DraftSetup:
+    """What a qwen38 drafter build takes from the qwen38 DFlash fixture: its MANIFEST entry (``dentry``), the
+    config it was built with, its training budget, the tokenizer, the target (``tq`` f32 on the device, ``tspec``
+    over them, ``fwd`` its differentiable forward in the trainers' signature)."""
+
+    dentry: dict
+    cfg: Qwen38DraftsConfig
+    budget: dict
+    tok: Any
+    spec: Any
+    tq: dict
+    tspec: Any
+    fwd: Callable
+
+
+def draft_setup(out_dir: Path, dev: torch.device, steps: int | None = None) -> DraftSetup:
+    """The shared start of the qwen38 DFlash2 and DSpark builds (``steps`` overrides the budget's)."""
     from tokenizers import Tokenizer
 
-    from bloomery_cli.loading import load_dflash2
-
-    t_start, out_dir, dev = time.perf_counter(), Path(out_dir), torch.device(device)
     man = Manifest.read(out_dir)
     if DFLASH not in man.models or TARGET not in man.models:
         raise RuntimeError(f"{out_dir}/MANIFEST.json has no {TARGET} / {DFLASH} entry: run "
@@ -95,13 +107,27 @@ def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, step
     tr = dentry["training"]
     budget = {"steps": int(steps or tr["steps"]), "batch": int(tr["batch"]), "lr": float(tr["lr"]),
               "warmup": int(tr["warmup"]), "anchors_per_row": int(tr["anchors_per_row"])}
-    tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     spec = _target(out_dir)
     tq = {k: spec.tensors[k].to(dev, torch.float32) for k in spec.tensors if not k.startswith("mtp.")}
     tspec = replace(spec, tensors=tq)
 
     def fwd(params, _spec, ids):                    # the spec handed in is the qwen3 form of the shape
         return qwen38_forward(params, tspec, ids)
+
+    return DraftSetup(dentry, cfg, budget, Tokenizer.from_file(str(out_dir / "tokenizer.json")), spec, tq, tspec,
+                      fwd)
+
+
+def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, steps: int | None = None) -> Manifest:
+    """Train the qwen38 DFlash2 drafter with the qwen38 DFlash fixture's rows and budget; write and register it.
+    ``steps`` overrides the budget (a pipeline check only; the manifest records it)."""
+
+    from bloomery_cli.loading import load_dflash2
+
+    t_start, out_dir, dev = time.perf_counter(), Path(out_dir), torch.device(device)
+    st = draft_setup(out_dir, dev, steps)
+    dentry, cfg, budget, tok, spec, tq, tspec, fwd = (st.dentry, st.cfg, st.budget, st.tok, st.spec, st.tq,
+                                                      st.tspec, st.fwd)
 
     shape = DFlash2Shape(num_layers=int(dentry["num_layers"]), block_size=int(dentry["block_size"]),
                          target_layer_ids=tuple(dentry["target_layer_ids"]),
@@ -119,10 +145,7 @@ def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, step
         dq = {k: v.to(dev, torch.float32) for k, v in stored.items()}
         real_walk = eval_walk(dq, replace(dspec, tensors=dq), tq, tspec, data["real_rows"], fwd, first_anchor=1)
 
-    work = out_dir.resolve().parent / ".fixtures-work" / f"{out_dir.resolve().name}-qwen38-dflash2"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work(out_dir, "qwen38-dflash2")
     files = write_dflash2(work / DFLASH2, spec, dspec)
     for f in files:
         os.chmod(f, 0o644)
@@ -149,9 +172,7 @@ def build_qwen38_dflash2(out_dir: Path, device: str = "cpu", progress=None, step
                          "dflash2_walk_held_out_real_accept_tf": real_walk["walk_mean_accept_len_tf"]},
              "made_by": made_by}
     man = install_model(work, out_dir, DFLASH2, files, entry, MAX_TOTAL_BYTES)
-    shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()
+    clean_work(work)
     problems = verify(out_dir)
     if problems:
         raise RuntimeError("fixtures do not verify after the qwen38 DFlash2 build: " + "; ".join(problems))

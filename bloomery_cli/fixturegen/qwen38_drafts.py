@@ -22,7 +22,6 @@ reads them back, and adds their entries to MANIFEST.json (the qwen3 entries unto
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -44,7 +43,7 @@ from . import corpus as corpus_mod
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .export_hf import write_draft
-from .install import MAX_FIXTURE_BYTES
+from .install import MAX_FIXTURE_BYTES, clean_work, fresh_work
 from .manifest import Manifest, verify
 from .qwen38_target import Qwen38Shape, init_qwen38, train_qwen38_target, write_qwen38_target
 from .train import (
@@ -287,10 +286,7 @@ def build_qwen38(out_dir: Path, device: str = "cpu", quick: bool = False, progre
         rep.log(f"dflash: train loss {dlog.tail_mean(50):.4f}, held-out greedy accept "
                 f"{d_greedy['mean_accept_len_tf']:.3f}, real {d_real['mean_accept_len_tf']:.3f}")
 
-    work = out_dir.resolve().parent / ".fixtures-work" / f"{out_dir.resolve().name}-qwen38"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work(out_dir, "qwen38")
     files = write_qwen38_target(work / TARGET, t_bf16, tjson, shape=shape, extra=m_bf16,
                                 extra_config={"mtp_num_hidden_layers": 1})
     files += write_draft(work / DFLASH, tshape, dshape, d_bf16)
@@ -323,9 +319,7 @@ def build_qwen38(out_dir: Path, device: str = "cpu", quick: bool = False, progre
                  "held_out_real": d_real, "seconds": round(dlog.seconds, 1)},
     }
     man = _install(work, out_dir, files, models, made_by)
-    shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()
+    clean_work(work)
     problems = verify(out_dir)
     if problems:
         raise RuntimeError("fixtures do not verify after the qwen38 build: " + "; ".join(problems))

@@ -20,10 +20,8 @@ MANIFEST.json (every other entry untouched).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -31,15 +29,13 @@ from pathlib import Path
 
 import torch
 
-from bloomery_gates.kernels.families.qwen38 import forward_train as qwen38_forward
-
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .export_hf import write_safetensors
-from .install import install_model
+from .install import clean_work, fresh_work, install_model
 from .manifest import Manifest, verify
-from .qwen38_dflash2 import _rows, _target
-from .qwen38_drafts import DFLASH, TARGET, Qwen38DraftsConfig
+from .qwen38_dflash2 import _rows, draft_setup
+from .qwen38_drafts import DFLASH, TARGET
 from .speculators_layout import MAX_TOTAL_BYTES, speculators_config
 from .train_dspark import DSparkShape, dspark_config, train_dspark
 
@@ -61,29 +57,12 @@ def write(out_dir: Path, stored: dict[str, torch.Tensor], dspec, target) -> list
 def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps: int | None = None) -> Manifest:
     """Train the qwen38 DSpark drafter with the qwen38 DFlash fixture's rows and budget; write and register it.
     ``steps`` overrides the budget (a pipeline check only; the manifest records it)."""
-    from tokenizers import Tokenizer
 
     from bloomery_cli.loading import load_dspark
 
     t_start, out_dir, dev = time.perf_counter(), Path(out_dir), torch.device(device)
-    man = Manifest.read(out_dir)
-    if DFLASH not in man.models or TARGET not in man.models:
-        raise RuntimeError(f"{out_dir}/MANIFEST.json has no {TARGET} / {DFLASH} entry: run "
-                           "`python -m bloomery_cli.fixturegen.qwen38_drafts` first")
-    dentry = man.models[DFLASH]
-    made = dentry.get("made_by", {})
-    cfg = Qwen38DraftsConfig.for_device(str(made.get("device", "cpu")), bool(made.get("quick", False)),
-                                        int(made.get("seed", 1234)))
-    tr = dentry["training"]
-    budget = {"steps": int(steps or tr["steps"]), "batch": int(tr["batch"]), "lr": float(tr["lr"]),
-              "warmup": int(tr["warmup"]), "anchors_per_row": int(tr["anchors_per_row"])}
-    tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
-    spec = _target(out_dir)
-    tq = {k: spec.tensors[k].to(dev, torch.float32) for k in spec.tensors if not k.startswith("mtp.")}
-    tspec = replace(spec, tensors=tq)
-
-    def fwd(params, _spec, ids):                    # the spec handed in is the qwen3 form of the shape
-        return qwen38_forward(params, tspec, ids)
+    st = draft_setup(out_dir, dev, steps)
+    cfg, budget, tok, spec, tq, tspec, fwd = st.cfg, st.budget, st.tok, st.spec, st.tq, st.tspec, st.fwd
 
     shape = replace(SHAPE, mask_token_id=tok.token_to_id(tokenizer_train.MASK))
     seed = cfg.seed + SEED_OFFSET
@@ -97,10 +76,7 @@ def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps
             warmup=budget["warmup"], eval_rows=data["held_rows"], eval_first_anchor=data["first_anchor"],
             target_forward=fwd)
 
-    work = out_dir.resolve().parent / ".fixtures-work" / f"{out_dir.resolve().name}-qwen38-dspark"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work(out_dir, "qwen38-dspark")
     files = write(work / DSPARK, stored, dspec, spec)
     for f in files:
         os.chmod(f, 0o644)
@@ -129,9 +105,7 @@ def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps
                           "pool_seconds": data["pool_seconds"]},
              "made_by": made_by}
     man = install_model(work, out_dir, DSPARK, files, entry, MAX_TOTAL_BYTES)
-    shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()
+    clean_work(work)
     problems = verify(out_dir)
     if problems:
         raise RuntimeError("fixtures do not verify after the qwen38 DSpark build: " + "; ".join(problems))

@@ -15,9 +15,7 @@ reader, and adds its files and model entry to MANIFEST.json (every other entry u
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -27,7 +25,7 @@ import torch
 
 from . import corpus as corpus_mod
 from .build import _determinism, _device_info, _versions
-from .install import MAX_FIXTURE_BYTES, install_model
+from .install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import _stream
 from .train import TrainConfig, sample_windows
@@ -102,10 +100,7 @@ def build_qwen3_eagle3(out_dir: Path, device: str = "cpu", config: Eagle3BuildCo
         stored, dspec, stats = train_eagle3(tq, tspec, torch.cat([greedy, real]), replace(cfg.train, seed=seed + 3),
                                             cfg.shape, dev, progress, eval_rows=held_rows, eval_first_anchor=cfg.prefix)
 
-    work = out_dir.resolve().parent / ".fixtures-work" / f"{out_dir.resolve().name}-qwen3-eagle3"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work(out_dir, "qwen3-eagle3")
     files = write_eagle3(work / EAGLE3, stored, dspec, spec)
     for f in files:
         os.chmod(f, 0o644)
@@ -129,9 +124,7 @@ def build_qwen3_eagle3(out_dir: Path, device: str = "cpu", config: Eagle3BuildCo
              "config": {k: v for k, v in asdict(cfg).items() if k not in ("shape", "train")},
              **stats, "made_by": made_by}
     man = install_model(work, out_dir, EAGLE3, files, entry, MAX_TOTAL_BYTES)
-    shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()
+    clean_work(work)
     problems = verify(out_dir)
     if problems:
         raise RuntimeError("fixtures do not verify after the EAGLE-3 build: " + "; ".join(problems))
