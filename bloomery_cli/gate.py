@@ -90,7 +90,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Stored bytes of a spec's tensors, from the headers (no weight read)."""
+    from .formats.lazy import stored_bytes
+
+    return stored_bytes(tensors)
 
 
 @contextmanager

@@ -112,7 +112,7 @@ def check_mtp(report: Report, target: Any, mtp: Any, seq: Sequence[int], gguf: P
     final = forward(target, list(seq)).final
     ours = ref_mtp.teacher_forced(mtp, target, list(seq), final)
     t = len(seq)
-    emb = as_f64(target)["model.embed_tokens.weight"][np.asarray(seq, dtype=np.int64)]
+    emb = as_f64(target).rows("model.embed_tokens.weight", seq)
     drv = ref_mtp.rows(mtp, target, emb, np.vstack([np.zeros((1, final.shape[1])), final[:-1]]), np.arange(t))
     band = mtp_band(target, t)
     got, v = out.mtp_ours.astype(np.float64), out.mtp_ours.shape[1]

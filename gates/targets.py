@@ -17,10 +17,10 @@ from ..kernels.families.qwen3 import Pass, Qwen3Target
 from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import qwen3 as ref_qwen3
 from ..reference.families import qwen38 as ref_qwen38
-from ..reference.families.qwen3 import head_weight
+from ..reference.families.qwen3 import head
 from ..reference.ops.attention import causal_mask
 from ..reference.ops.norm import rms_norm
-from ..reference.rounding import emulate, linear
+from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .state_decls import QWEN3_STATE, QWEN38_STATE
@@ -77,7 +77,7 @@ def greedy_flips(got_logits: np.ndarray, ref_logits: np.ndarray, band) -> tuple[
 
 def head_logits(family: Family, spec: ModelSpec, h: np.ndarray) -> np.ndarray:
     """The family's final norm and the LM head on last-layer rows h [T, H] -> logits [T, V]."""
-    return linear(family.final_norm(spec, h), head_weight(spec))
+    return head(spec, family.final_norm(spec, h))
 
 
 def head_ops(spec: ModelSpec) -> list[Op]:

@@ -63,6 +63,19 @@ def st(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(np.float32).astype(dt).astype(np.float64)
 
 
+_EXACT = {"bf16": ("bf16", "f32"), "f16": ("f16", "f32"), "f32": ("f32",)}
+
+
+def exact_in(stored: str) -> bool:
+    """Whether every value of the stored dtype ('bf16', 'f16', 'f32') is exact in the active storage dtype
+    (so ``st`` is the identity on it); always true outside ``stored_as``."""
+    dt = _CURRENT.get()
+    if dt is None:
+        return True
+    active = {np.dtype(v): k for k, v in _STORAGE.items()}[dt]
+    return active in _EXACT.get(stored, ())
+
+
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """A stored projection: st(x W^T), x [..., in], w [out, in] (the engine's F.linear)."""
     return st(x @ w.T)

@@ -153,6 +153,9 @@ class GGUFTensors(LazyTensors):
     def dtype_of(self, name: str) -> str:
         return self._raw[name].tensor_type.name
 
+    def element_bytes(self, name: str) -> int:
+        return 4                                  # every type is dequantized to float32 (_load)
+
     def file_of(self, name: str) -> Path:
         return self.file.path
 

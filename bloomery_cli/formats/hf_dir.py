@@ -91,9 +91,12 @@ class SafetensorsTensors(LazyTensors):
             raise BadTensor(self.label(name), f"dtype {dtype}; expected one of {', '.join(TORCH_DTYPES)}")
 
     def _load(self, name: str) -> torch.Tensor:
+        """The tensor as a view of its own mapping of the file: its pages leave the process's resident set
+        when the tensor is freed (a handle kept open would keep every page it ever served resident)."""
         f = self._where[name]
         try:
-            return self._handles[f].get_tensor(name)
+            with safe_open(str(f), framework="pt") as handle:
+                return handle.get_tensor(name)
         except (SafetensorError, RuntimeError, OSError) as exc:
             raise InputError(f, f"cannot read tensor {name}: {exc}") from None
 

@@ -1,13 +1,17 @@
 """A read-only, lazy name -> tensor mapping shared by the checkpoint readers.
 
 Readers know every tensor's name, shape and dtype from the file header without reading the data;
-the data is read (and for GGUF, dequantized) on first ``__getitem__`` and cached. ``check_shapes``
+the data is read (and for GGUF, dequantized) on ``__getitem__`` and kept in a store bounded by
+``BLOOMERY_TENSOR_CACHE_BYTES`` (default 1 GiB; ``bloomery_cli.lru``): a bundled fixture stays whole
+in memory, while a real checkpoint is read again from its file (the page cache) rather than held
+twice beside the engine's own copy. ``nbytes()`` is the stored size from the headers. ``check_shapes``
 validates a set of expected shapes from the headers alone, so a bad checkpoint fails before any
 weight byte is touched.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,13 +19,27 @@ from typing import Any
 import torch
 
 from bloomery_cli.errors import BadTensor
+from bloomery_cli.lru import ByteLRU
+
+DEFAULT_CACHE_BYTES = 1 << 30
+ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def cache_budget() -> int:
+    """``BLOOMERY_TENSOR_CACHE_BYTES`` (bytes) or 1 GiB."""
+    raw = os.environ.get("BLOOMERY_TENSOR_CACHE_BYTES", "")
+    return int(raw) if raw.isdigit() else DEFAULT_CACHE_BYTES
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class LazyTensors(Mapping[str, torch.Tensor]):
     """Base class: subclasses implement ``_names``, ``_load``, ``shape_of``, ``dtype_of``, ``file_of``."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, torch.Tensor] = {}
+        self._cache: ByteLRU[torch.Tensor] = ByteLRU(cache_budget(), _tensor_bytes)
 
     # -- subclass hooks ------------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -49,6 +67,17 @@ class LazyTensors(Mapping[str, torch.Tensor]):
     def check_dtype(self, name: str) -> None:
         """Raise ``BadTensor`` if ``name``'s stored dtype cannot be read."""
 
+    def element_bytes(self, name: str) -> int:
+        """Bytes per element of ``name`` as loaded (a dequantizing reader overrides: float32, 4)."""
+        return ELEMENT_BYTES.get(self.dtype_of(name), 4)
+
+    def nbytes(self, name: str) -> int:
+        """Bytes of ``name`` as loaded, from the header alone."""
+        n = 1
+        for d in self.shape_of(name):
+            n *= d
+        return n * self.element_bytes(name)
+
     # -- Mapping -------------------------------------------------------------------------------
     def __contains__(self, name: object) -> bool:
         return name in self._names()
@@ -61,7 +90,7 @@ class LazyTensors(Mapping[str, torch.Tensor]):
             raise KeyError(name)
         self.check_dtype(name)
         tensor = self._load(name)
-        self._cache[name] = tensor
+        self._cache.put(name, tensor)
         return tensor
 
     def __iter__(self) -> Iterator[str]:
@@ -73,6 +102,13 @@ class LazyTensors(Mapping[str, torch.Tensor]):
     def clear_cache(self) -> None:
         """Forget the tensors read so far (the next access reads the file again)."""
         self._cache.clear()
+
+
+def stored_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of all tensors as stored: from the headers for a lazy mapping (nothing read), else counted."""
+    if isinstance(tensors, LazyTensors):
+        return sum(tensors.nbytes(n) for n in tensors)
+    return sum(_tensor_bytes(t) for t in tensors.values())
 
 
 def _shape_and_label(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[tuple[int, ...], str]:

@@ -141,6 +141,9 @@ class MappedTensors(LazyTensors):
     def dtype_of(self, name: str) -> str:
         return self.inner.dtype_of(self.table[name][0])
 
+    def element_bytes(self, name: str) -> int:
+        return self.inner.element_bytes(self.table[name][0])
+
     def file_of(self, name: str) -> Path:
         return self.inner.file_of(self.table[name][0])
 

@@ -257,6 +257,9 @@ class Subset(LazyTensors):
     def dtype_of(self, name: str) -> str:
         return self.base.dtype_of(name)
 
+    def element_bytes(self, name: str) -> int:
+        return self.base.element_bytes(name)
+
     def file_of(self, name: str) -> Path:
         return self.base.file_of(name)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head_weight, hf_hidden_states, mlp, project_kv, self_attention
+from ..families.qwen3 import RefOut, embed, head, hf_hidden_states, mlp, project_kv, self_attention
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -90,7 +90,7 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
         h = st(h + mlp(w, p + "mlp.", m))
         layer_out.append(h)
     final = rms_norm(h, w["norm.weight"], shape.rms_eps)
-    logits = linear(final[1:], head_weight(target))
+    logits = head(target, final[1:])
     return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
                        u=u, final=final)
 

@@ -23,10 +23,10 @@ import numpy as np
 
 from bloomery_cli.spec import DFlash2Spec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head_weight, mlp, self_attention
+from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
 from ..ops.dynamic_conv import conv_delta, dynamic_conv
 from ..ops.norm import rms_norm
-from ..ops.selector import head_logits, select
+from ..ops.selector import scaled_logits, select
 from ..rounding import linear, st
 from ..weights import as_f64
 from .dflash import context_features
@@ -88,7 +88,7 @@ def forward(draft: DFlash2Spec, target: ModelSpec, taps: RefOut, anchor_id: int,
         h = conv_layer(draft, w, f"layers.{i}.", h, u, pos_q, pos_kv)
         layer_out.append(h)
     final = rms_norm(h, w["norm.weight"], draft.layer.rms_eps)
-    logits = head_logits(final[1:], head_weight(target), draft.output_multiplier, draft.final_logit_softcapping)
+    logits = scaled_logits(head(target, final[1:]), draft.output_multiplier, draft.final_logit_softcapping)
     g = linear(final[1:], w[SELECTOR + "hidden_projection.weight"])
     sel = select(logits, g, anchor_id, w[SELECTOR + "predecessor_codebook"], w[SELECTOR + "successor_codebook"],
                  draft.selector_top_k)

@@ -30,9 +30,9 @@ import numpy as np
 
 from bloomery_cli.spec import DSparkSpec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head_weight, mlp, self_attention
+from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
 from ..ops.norm import rms_norm
-from ..rounding import linear, st
+from ..rounding import st
 from ..weights import as_f64
 from .dflash import context_features
 
@@ -58,13 +58,15 @@ class DSparkRefOut:
 def draft_embed(draft: DSparkSpec, target: ModelSpec, ids: Sequence[int]) -> np.ndarray:
     """E(ids) [T, H]: the drafter's embed_tokens copy when present, else the target's embedding."""
     if "embed_tokens.weight" in draft.tensors:
-        return as_f64(draft)["embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
+        return as_f64(draft).rows("embed_tokens.weight", ids)
     return embed(target, ids)
 
 
-def draft_head(draft: DSparkSpec, target: ModelSpec) -> np.ndarray:
-    """The LM head [V, H]: the drafter's lm_head copy when present, else the target's head."""
-    return as_f64(draft)["lm_head.weight"] if "lm_head.weight" in draft.tensors else head_weight(target)
+def draft_head(draft: DSparkSpec, target: ModelSpec, x: np.ndarray) -> np.ndarray:
+    """The LM head on rows x [J, H] -> [J, V]: the drafter's lm_head copy when present, else the target's head."""
+    if "lm_head.weight" in draft.tensors:
+        return as_f64(draft).project("lm_head.weight", x)
+    return head(target, x)
 
 
 def backbone(draft: DSparkSpec, target: ModelSpec, u: np.ndarray, anchor_id: int) -> np.ndarray:
@@ -89,7 +91,7 @@ def markov_rows(draft: DSparkSpec, prev: Sequence[int]) -> np.ndarray:
     """e_k = W1[prev_k] for each row: [len(prev), r] (r = 0: an empty [n, 0])."""
     if draft.markov_rank == 0:
         return np.zeros((len(prev), 0))
-    return as_f64(draft)["markov_head.markov_w1.weight"][np.asarray(prev, dtype=np.int64)]
+    return as_f64(draft).rows("markov_head.markov_w1.weight", prev)
 
 
 def markov_term(draft: DSparkSpec, e: np.ndarray) -> np.ndarray:
@@ -127,7 +129,7 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     u = context_features(draft, taps, s)
     layer_out = backbone(draft, target, u, anchor_id)
     final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
-    base = linear(final, draft_head(draft, target))
+    base = draft_head(draft, target, final)
     if prev is None:
         chain = [anchor_id]
         for k in range(b - 1):

@@ -32,7 +32,7 @@ import numpy as np
 
 from bloomery_cli.spec import Eagle3Spec, ModelSpec
 
-from ..families.qwen3 import mlp
+from ..families.qwen3 import embed_rows, mlp
 from ..ops.attention import attention, causal_mask
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
@@ -104,7 +104,7 @@ def rows(draft: Eagle3Spec, emb: np.ndarray, hid: np.ndarray, positions: np.ndar
     w = as_f64(draft)
     y = layer(draft, emb, hid, positions)
     n = rms_norm(y, w["norm.weight"], draft.layer.rms_eps)
-    logits = linear(n, w["lm_head.weight"])
+    logits = w.project("lm_head.weight", n)
     d = np.argmax(logits, axis=-1)
     return Eagle3RefOut(layer_out=y, chain=n if draft.norm_output else y, logits=logits, draft_ids=d,
                         ids=target_ids(draft)[d])
@@ -120,14 +120,13 @@ def draft(draft: Eagle3Spec, target: ModelSpec, ids: Sequence[int], hidden: np.n
     t = len(ids)
     if not 1 <= t <= hidden.shape[1]:
         raise ValueError(f"context of {t} ids needs 1..{hidden.shape[1]} tap rows")
-    e = as_f64(target)["model.embed_tokens.weight"]
     toks = [*ids[1:], anchor]
     hid = list(features(draft, hidden[:, :t]))
-    out = rows(draft, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1))
+    out = rows(draft, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1))
     for i in range(1, width):
         toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
         hid.append(out.chain[-1])
-        out = rows(draft, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1 + i))
+        out = rows(draft, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1 + i))
     return out.rows(slice(t - 1, t - 1 + width))
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
 
-from ..families.qwen3 import head_weight
+from ..families.qwen3 import embed_rows, head
 from ..families.qwen38 import gated_attention, mlp, norm1p, project_kv
 from ..ops.attention import causal_mask
 from ..rounding import linear, st
@@ -74,7 +74,7 @@ def rows(mtp: MTPSpec, target: Qwen38Spec, emb: np.ndarray, hidden: np.ndarray, 
     """MTP rows (emb_j = E(tok_j), hidden_j = h_{j-1}) at ``positions``, causal among themselves."""
     y = layer(mtp, target, mtp_input(mtp, emb, hidden), positions)
     g = norm1p(y, as_f64(mtp)[P + "norm.weight"], mtp.layer.rms_eps)
-    logits = linear(g, head_weight(target))
+    logits = head(target, g)
     return MTPRefOut(layer_out=y, g=g, logits=logits, ids=np.argmax(logits, axis=-1))
 
 
@@ -82,7 +82,7 @@ def teacher_forced(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: 
     """Every row j = 1..T-1 of a sequence: reads (ids[j], final[j-1]), row j-1 of the result predicts ids[j+1].
 
     final: [T, H] the target's post-final-norm rows over ``ids``."""
-    emb = as_f64(target)["model.embed_tokens.weight"][np.asarray(ids[1:], dtype=np.int64)]
+    emb = embed_rows(target, ids[1:])
     return rows(mtp, target, emb, final[:-1], np.arange(1, len(ids)))
 
 
@@ -95,15 +95,14 @@ def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarra
     d_i is the previous row's argmax, or ``chain_ids[i-1]`` when given (so a check can follow another
     engine's drafts). Returns the ``width`` drafted rows only."""
     t = len(ids)
-    e = as_f64(target)["model.embed_tokens.weight"]
     toks = list(ids[1:]) + [anchor]
     hid = list(final[:t])
-    out = rows(mtp, target, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1))
+    out = rows(mtp, target, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1))
     for i in range(1, width):
         nxt = int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1])
         toks.append(nxt)
         hid.append(out.g[-1])
-        out = rows(mtp, target, e[np.asarray(toks)], np.stack(hid), np.arange(1, t + 1 + i))
+        out = rows(mtp, target, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1 + i))
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
 
@@ -115,6 +114,6 @@ def store_rows(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int],
 
     final: [T, H] the target's post-final-norm rows over ``ids`` (row T-1 is not read)."""
     w, eps = as_f64(mtp), mtp.layer.rms_eps
-    emb = as_f64(target)["model.embed_tokens.weight"][np.asarray(ids[1:], dtype=np.int64)]
+    emb = embed_rows(target, ids[1:])
     a = norm1p(mtp_input(mtp, emb, final[:-1]), w[L0 + "input_layernorm.weight"], eps)
     return project_kv(target, w, L0 + "self_attn.", a, np.arange(1, len(ids)))

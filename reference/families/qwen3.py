@@ -102,13 +102,22 @@ def embed(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
     idx = np.asarray(ids, dtype=np.int64)
     if idx.ndim != 1 or len(idx) == 0 or (idx < 0).any() or (idx >= spec.vocab_size).any():
         raise ValueError(f"ids must be a non-empty 1-D sequence in [0, {spec.vocab_size})")
-    return as_f64(spec)["model.embed_tokens.weight"][idx]
+    return embed_rows(spec, idx)
 
 
-def head_weight(spec: ModelSpec) -> np.ndarray:
-    """The LM head [V, H] as float64: lm_head.weight, or the embedding when tied."""
-    name = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
-    return as_f64(spec)[name]
+def embed_rows(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
+    """Rows of model.embed_tokens.weight for ids [T] (unchecked; T may be 0): [T, H], only those rows read."""
+    return as_f64(spec).rows("model.embed_tokens.weight", np.asarray(ids, dtype=np.int64).reshape(-1))
+
+
+def head_name(spec: ModelSpec) -> str:
+    """The LM head's tensor [V, H]: lm_head.weight, or the embedding when tied."""
+    return "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+
+
+def head(spec: ModelSpec, x: np.ndarray) -> np.ndarray:
+    """The LM head on normed rows x [T, H] -> logits [T, V] = st(x head^T), the head streamed in row chunks."""
+    return as_f64(spec).project(head_name(spec), x)
 
 
 def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
@@ -125,7 +134,7 @@ def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
         h = decoder_layer(spec.layer, w, f"model.layers.{i}.", h, positions, mask)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
-    logits = linear(final, head_weight(spec))
+    logits = head(spec, final)
     return RefOut(logits=logits, hidden=np.stack(hidden), final=final)
 
 

@@ -38,7 +38,7 @@ from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
 from ..rounding import linear, st
 from ..weights import as_f64
-from .qwen3 import RefOut, Weights, embed, head_weight, hf_hidden_states, mlp
+from .qwen3 import RefOut, Weights, embed, head, hf_hidden_states, mlp
 
 __all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_layer", "norm1p", "kv_rows",
            "recurrent_state"]
@@ -142,7 +142,7 @@ def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
         h = decoder_layer(spec, w, l, h, positions, mask)
         hidden.append(h)
     final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
-    return RefOut(logits=linear(final, head_weight(spec)), hidden=np.stack(hidden), final=final)
+    return RefOut(logits=head(spec, final), hidden=np.stack(hidden), final=final)
 
 
 def kv_rows(spec: Qwen38Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:

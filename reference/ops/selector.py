@@ -35,7 +35,12 @@ class Selection:
 def head_logits(final: np.ndarray, head: np.ndarray, multiplier: float = 1.0,
                 softcap: float | None = None) -> np.ndarray:
     """final [J, H] (normed), head [V, H] -> l [J, V] = (final head^T) * multiplier, then softcapped."""
-    l = linear(final, head) * multiplier
+    return scaled_logits(linear(final, head), multiplier, softcap)
+
+
+def scaled_logits(l: np.ndarray, multiplier: float = 1.0, softcap: float | None = None) -> np.ndarray:
+    """l [J, V] (= final head^T) -> l * multiplier, then softcapped: softcap tanh(l / softcap)."""
+    l = l * multiplier
     return softcap * np.tanh(l / softcap) if softcap else l
 
 
