@@ -125,6 +125,13 @@ class Report:
                   f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
                   f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
 
+    def cost(self, phases: dict[str, float], host_rss: int, device_peak: int | None) -> None:
+        """What the run cost: wall seconds per phase, peak host RSS and peak device memory (never a check)."""
+        self.facts.update(phases_s=phases, peak_host_rss_bytes=host_rss, peak_device_bytes=device_peak)
+        dev = "n/a" if device_peak is None else f"{device_peak / 1e9:.2f}GB"
+        self.line("cost " + kv(phases_s=",".join(f"{k}:{v:.1f}" for k, v in phases.items()),
+                               peak_host_rss=f"{host_rss / 1e9:.2f}GB", peak_device=dev))
+
     def note(self, text: str) -> None:
         """Informational lines (external anchors, oracle details); never a check."""
         self.line(text)
