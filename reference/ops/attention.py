@@ -46,3 +46,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> 
     scores = np.where(mask[None, :, :], scores, -np.inf)
     p = st(softmax(scores, axis=-1))
     return st(np.einsum("hts,shd->thd", p, vv))
+
+
+def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarray:
+    """A causal sliding window over absolute positions (vLLM's, ``formats.sliding``):
+
+        mask[t, s] = pos_q[t] - window < pos_kv[s] <= pos_q[t]          (window keys, the query's own included)
+
+    pos_q [T], pos_kv [S] integers; returns bool [T, S]."""
+    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    return (k <= q) & (k > q - window)
