@@ -111,7 +111,7 @@ class DFlashDraft:
     def layer_masks(self, s: int) -> list[torch.Tensor]:
         """One mask per draft layer, each distinct window's built once for this step."""
         windows = self.spec.windows or (None,) * self.spec.num_layers
-        built = {w: self.block_allowed(s, w) for w in set(windows)}
+        built = {w: self.block_allowed(s) if w is None else self.block_allowed(s, w) for w in set(windows)}
         return [built[w] for w in windows]
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
