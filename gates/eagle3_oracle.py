@@ -72,7 +72,7 @@ def speculators_logits(d: Eagle3Spec, target: ModelSpec, ids: list[int], hidden:
     hidden [L+1, T, H]: the target's taps over ``ids`` (aux id l = taps index l)."""
     import torch
 
-    from bloomery_cli.oracle import Float32AsFloat64, hf_rope_parameters
+    from bloomery_cli.oracle import Float32AsFloat64
 
     model = speculators_model(d, target)
     steps: list[np.ndarray] = []
