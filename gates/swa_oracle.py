@@ -5,8 +5,8 @@ z-lab's model code is not run here (no checkpoint code is ever run), so the tier
 transformers' ``masking_utils.sliding_window_causal_mask_function(W)`` (``kv > q - W`` and ``kv <= q``: the rule
 vLLM runs z-lab's sliding layers with, ``formats.sliding``) evaluated on the first block's absolute positions:
 queries s..s+B-1, keys 0..s+B-1. Each sliding layer's mask, the kernel's (``DFlashDraft.layer_masks``, its
-context store cut to the s written rows) and the reference's (``reference/ops/attention.sliding_mask``), must
-equal it entry for entry. Then the draft's logits go to speculators where its definition covers the spec
+context store cut to the s written rows) and the reference's (``sliding_mask`` as ``reference/drafts/dflash``
+calls it), must equal it entry for entry. Then the draft's logits go to speculators where its definition covers the spec
 (``draft_oracle.check_dflash``, a note line otherwise).
 """
 
@@ -18,7 +18,7 @@ import torch
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck
 
-from ..reference.ops.attention import sliding_mask
+from ..reference.drafts import dflash as ref_dflash
 from .draft_oracle import check_dflash
 
 TAG, REF = "(o)", "transformers sliding_window_causal_mask_function"
@@ -56,7 +56,7 @@ def check_windows(report: Report, c: DraftCheck) -> None:
         report.integer_match(f"kernel dflash layer {i} window {w} mask [{b}x{s + b}]", want.size,
                              int((kernel != want).sum()), 0, tag=TAG, ref=REF)
         report.integer_match(f"host f64 dflash layer {i} window {w} mask [{b}x{s + b}]", want.size,
-                             int((sliding_mask(pos_q, pos_kv, w) != want).sum()), 0, tag=TAG, ref=REF)
+                             int((ref_dflash.sliding_mask(pos_q, pos_kv, w) != want).sum()), 0, tag=TAG, ref=REF)
 
 
 def check_swa(report: Report, c: DraftCheck, plain_ids: list[int] | None = None) -> None:
