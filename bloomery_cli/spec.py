@@ -94,6 +94,11 @@ class DFlashSpec:
     vocab_size: int
     tensors: Tensors = field(repr=False)
     windows: tuple[int | None, ...] = ()   # per draft layer: a sliding window W, or None (full); () all full
+    # which keys a window W lets the block row at position p = s + r see (``formats.sliding``):
+    #   "query"        p - W < j <= p                                  (vLLM; the z-lab layout)
+    #   "anchor"       s - W <= j < s, and block rows 0..r             (speculators, sliding_window_non_causal false)
+    #   "anchor-bidir" s - W <= j < s, and the whole block             (speculators, sliding_window_non_causal true)
+    window_rule: str = "query"
 
 
 @dataclass(frozen=True, kw_only=True)

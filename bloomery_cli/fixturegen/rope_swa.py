@@ -12,7 +12,11 @@ distilled under plain RoPE / full attention, so its acceptance drops; it is prin
     qwen3yarn-tiny-dflash-b8  qwen3-tiny-dflash-b8's weights; the same yarn in its config (the draft's own RoPE)
     qwen3-tiny-dflash-b8-swa  qwen3-tiny-dflash-b8's weights; layer_types both "sliding_attention",
                               sliding_window 16 (the prompts are 40-60 tokens, so the window cuts from the
-                              first block on)
+                              first block on): vLLM's rule, p - W < j <= p (``formats.sliding``)
+    qwen3-tiny-dflash-b8-swa-speculators
+                              the same in the speculators layout (``fixturegen.speculators_layout``'s
+                              conversion; sliding_window_non_causal false): speculators' rule, the W context
+                              rows before the block start and the block causally, so its acceptance differs
 
 Each written folder is read back through the harness's readers and must give the source's tensors.
 """
@@ -45,13 +49,18 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
                                  {"layer_types": ["sliding_attention", "sliding_attention"], "sliding_window": WINDOW},
                                  "dflash"),
 }
-TARGET_OF = {"qwen3yarn-tiny-dflash-b8": "qwen3yarn-tiny", "qwen3-tiny-dflash-b8-swa": "qwen3-tiny"}
+SPECULATORS = "qwen3-tiny-dflash-b8-swa-speculators"
+VARIANTS[SPECULATORS] = ("qwen3-tiny-dflash-b8-swa", {"speculators_model_type": "dflash"}, "dflash")
+TARGET_OF = {"qwen3yarn-tiny-dflash-b8": "qwen3yarn-tiny", "qwen3-tiny-dflash-b8-swa": "qwen3-tiny",
+             SPECULATORS: "qwen3-tiny"}
 
 
 def write_variant(name: str, fixtures: Path, work: Path) -> list[Path]:
     """Copy the source folder's files into ``work/name`` with the config edited."""
     src_name, edits, _ = VARIANTS[name]
     src, out = fixtures / src_name, work / name
+    if name == SPECULATORS:
+        return write_speculators(work / src_name, fixtures, out)
     out.mkdir(parents=True)
     files = []
     for f in sorted(src.iterdir()):
@@ -64,6 +73,24 @@ def write_variant(name: str, fixtures: Path, work: Path) -> list[Path]:
             shutil.copyfile(f, dst)
         os.chmod(dst, 0o644)
         files.append(dst)
+    return files
+
+
+def write_speculators(src: Path, fixtures: Path, out: Path) -> list[Path]:
+    """``src`` (the z-lab-layout SWA drafter just written) converted as ``speculators_layout`` converts."""
+    from bloomery_cli import loading
+
+    from .speculators_layout import speculators_config
+
+    target = loading.load_target(fixtures / "qwen3-tiny")
+    cfg = speculators_config("dflash", json.loads((src / "config.json").read_text()), loading.load_dflash(src, target),
+                             target, "fixtures/qwen3-tiny")
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
+    files = [out / "config.json", out / "model.safetensors"]
+    for f in files:
+        os.chmod(f, 0o644)
     return files
 
 
@@ -81,9 +108,10 @@ def read_back(name: str, fixtures: Path, work: Path) -> None:
     else:
         target = loading.load_target(where(TARGET_OF[name]))
         got = loading.load_dflash(work / name, target)
-        want = loading.load_dflash(fixtures / src_name, loading.load_target(fixtures / "qwen3-tiny"))
-        if name.endswith("-swa") and got.windows != (WINDOW, WINDOW):
-            raise RuntimeError(f"{name}: the reader gave windows {got.windows}")
+        want = loading.load_dflash(where(src_name), loading.load_target(fixtures / "qwen3-tiny"))
+        rule = {"qwen3-tiny-dflash-b8-swa": "query", SPECULATORS: "anchor"}.get(name)
+        if rule and (got.windows, got.window_rule) != ((WINDOW, WINDOW), rule):
+            raise RuntimeError(f"{name}: the reader gave windows {got.windows} ({got.window_rule})")
     bad = [k for k in want.tensors if k not in got.tensors or not torch.equal(want.tensors[k], got.tensors[k])]
     if bad or set(got.tensors) != set(want.tensors):
         raise RuntimeError(f"{name} does not read back with {src_name}'s tensors: {bad}")
@@ -92,7 +120,10 @@ def read_back(name: str, fixtures: Path, work: Path) -> None:
 def entry(name: str, fixtures: Path) -> dict[str, Any]:
     src_name, edits, kind = VARIANTS[name]
     return {"files": sorted(f"{name}/{f.name}" for f in (fixtures / name).iterdir()), "kind": kind,
-            "derived_from": src_name, "config_edits": edits,
+            "derived_from": src_name,
+            **({"layout": "speculators", "converted_by": "fixturegen.speculators_layout.speculators_config",
+                "window_rule": "speculators (sliding_window_non_causal false)"} if name == SPECULATORS
+               else {"config_edits": edits}),
             "weights": f"{src_name}/model.safetensors byte for byte "
                        f"(sha256 {sha256_file(fixtures / src_name / 'model.safetensors')[:16]}...); not retrained",
             **({"target": TARGET_OF[name]} if name in TARGET_OF else {}),

@@ -1,4 +1,5 @@
-"""Sliding-window layers of a DFlash draft (z-lab layout): ``layer_types`` + ``sliding_window``.
+"""Sliding-window layers of a DFlash draft: ``layer_types`` + ``sliding_window``, z-lab layout (``draft_windows``,
+vLLM's rule, below) and speculators layout (``speculators_windows``, speculators' rule, there).
 
 The rule is vLLM's (``qwen3_dflash._resolve_layer_attention``, what serves z-lab's Qwen3.5/3.6 and gemma-4
 drafters): a layer whose ``layer_types`` entry is "sliding_attention" attends with window W = the top-level
@@ -44,4 +45,25 @@ def draft_windows(cfg: Cfg, dcfg: Cfg, depth: int) -> tuple[int | None, ...]:
         raise dcfg.bad("causal", f"{dcfg.get('causal', None)!r} beside sliding layers is not supported; expected it "
                                  "absent (sliding layers causal, full layers bidirectional, as vLLM reads it)")
     w = cfg.int("sliding_window", what="the sliding window (layer_types has sliding_attention)", minimum=1)
+    return tuple(w if t == "sliding_attention" else None for t in types)
+
+
+def speculators_windows(tl: Cfg, depth: int) -> tuple[int | None, ...]:
+    """The speculators layout's sliding layers (a "dflash" drafter): ``transformer_layer_config.layer_types`` and
+    ``sliding_window``, as speculators' ``DFlashDraftModel`` reads them. Its rule (``create_anchor_block_mask_mod``)
+    differs from vLLM's: every block row sees the W context rows s - W..s-1 before the block start, and the block
+    causally, or whole with the top-level ``sliding_window_non_causal`` true (the caller's ``window_rule``).
+    ``use_sliding_window`` is inert there (speculators' trainer writes it beside layer_types); without layer_types
+    it is refused, as are a wrong length, another entry and a missing or non-positive sliding_window."""
+    types = tl.get("layer_types", None)
+    if types is None:
+        if tl.bool("use_sliding_window", False):
+            raise tl.bad("use_sliding_window", "true without layer_types; expected layer_types naming each layer")
+        return ()
+    if not isinstance(types, list) or len(types) != depth or any(t not in TYPES for t in types):
+        raise tl.bad("layer_types", f"{types!r}; expected {depth} entries (num_hidden_layers), each one of "
+                                    f"{list(TYPES)}")
+    if "sliding_attention" not in types:
+        return ()
+    w = tl.int("sliding_window", what="the sliding window (layer_types has sliding_attention)", minimum=1)
     return tuple(w if t == "sliding_attention" else None for t in types)

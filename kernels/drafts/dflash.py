@@ -6,7 +6,8 @@ Block at positions s..s+B-1: rows y = [x_s, m, ..., m], h = E(y)      [B, H]
 Each draft layer (Qwen3 layer shape):
     Q from the block rows;  K, V from [u_0..u_{s-1} ; block rows]  (k_norm + RoPE on both)
     no mask: every block row sees all context and all block rows; a sliding layer (``spec.windows[i]`` = W,
-    ``formats.sliding``): the row at position p sees the keys at p - W < j <= p, context and block alike
+    ``formats.sliding``), by ``spec.window_rule``: "query" the row at position p sees the keys p - W < j <= p,
+    context and block alike; "anchor" / "anchor-bidir" the context s - W <= j < s and the block causally / whole
 drafts = argmax( rms(h, norm) head^T )[1:]  -> B-1 ids, row i predicts the token at s+i
 
 The engine keeps only context K/V (post k_norm, post RoPE) in a static cache; block K/V are
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
-from ..ops.attention import attend, sliding_allowed
+from ..ops.attention import anchored_allowed, attend, sliding_allowed
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 
@@ -106,7 +107,11 @@ class DFlashDraft:
         if window is None:
             return allowed
         pos_q = s + torch.arange(self.b, device=self.device)
-        return allowed & sliding_allowed(pos_q, torch.cat([self.key_pos, pos_q]), window)
+        pos_kv = torch.cat([self.key_pos, pos_q])
+        rule = self.spec.window_rule
+        if rule == "query":
+            return allowed & sliding_allowed(pos_q, pos_kv, window)
+        return allowed & anchored_allowed(pos_q, pos_kv, s, window, causal=rule == "anchor")
 
     def layer_masks(self, s: int) -> list[torch.Tensor]:
         """One mask per draft layer, each distinct window's built once for this step."""

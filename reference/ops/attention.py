@@ -48,6 +48,18 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> 
     return st(np.einsum("hts,shd->thd", p, vv))
 
 
+def anchored_mask(pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int, causal: bool) -> np.ndarray:
+    """speculators' window (``create_anchor_block_mask_mod``), for a block at s..s+B-1 after context 0..s-1:
+
+        mask[t, j] = s - window <= pos_kv[j] < s                              (W context keys, every row)
+                     or pos_kv[j] >= s and (not causal or pos_kv[j] <= pos_q[t])   (the block)
+
+    Returns bool [T, S]."""
+    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    block = (k >= s) & ((k <= q) if causal else True)
+    return ((k < s) & (k >= s - window)) | block
+
+
 def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarray:
     """A causal sliding window over absolute positions (vLLM's, ``formats.sliding``):
 
