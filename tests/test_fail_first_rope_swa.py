@@ -8,6 +8,7 @@ own yarn code for the target, transformers' sliding-window mask function for the
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bloomery_cli.gate import GateOptions, run_gate
@@ -52,7 +53,7 @@ def window_ignored(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("name", [YARN, SWA])
+@pytest.mark.parametrize("name", [YARN, SWA, "qwen3-dflash-swa-spec"])
 def test_control_passes(name, dtype):
     code, lines = gate(name, dtype)
     assert code == 0, "\n".join(lines)
@@ -96,3 +97,29 @@ def test_window_off_by_one_everywhere_caught_by_transformers(monkeypatch):
     assert not any(line.startswith("(r)") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
     assert code == 1 and failed(lines, "(o) kernel dflash layer 0 window 16 mask"), "\n".join(lines)
     assert failed(lines, "(o) host f64 dflash layer 0 window 16 mask"), "\n".join(lines)
+
+
+SPEC = "qwen3-dflash-swa-spec"
+
+
+def anchored_one_wider(monkeypatch, module, name) -> None:
+    """speculators' window off by one: s - W - 1 <= j (W + 1 context rows)."""
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda q, k, s, w, causal: real(q, k, s, w + 1, causal))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_kernel_speculators_window_off_by_one(monkeypatch, dtype):
+    anchored_one_wider(monkeypatch, kdflash, "anchored_allowed")
+    code, lines = gate(SPEC, dtype)
+    assert code == 1 and failed(lines, "(r) dflash"), "\n".join(lines)
+
+
+def test_speculators_window_ignored_everywhere_caught_by_speculators(monkeypatch):
+    pytest.importorskip("speculators")
+    pytest.importorskip("transformers")
+    window_ignored(monkeypatch)
+    monkeypatch.setattr(rdflash, "window_mask", lambda d, q, k, s, w: np.ones((len(q), len(k)), dtype=bool))
+    code, lines = gate(SPEC, oracle=True)
+    assert not any(line.startswith("(r)") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
+    assert code == 1 and failed(lines, "(o) host f64 dflash logits"), "\n".join(lines)

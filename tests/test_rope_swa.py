@@ -178,3 +178,66 @@ def test_cli_exit_2_on_an_unsupported_rope(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "rope_scaling.rope_type" in r.output and "'dynamic'" in r.output
     assert len([line for line in r.output.splitlines() if line.strip()]) == 1, r.output
+
+
+# --- the speculators layout: speculators' window rule -------------------------------------------------------
+
+@pytest.mark.parametrize("s, b, w, non_causal", [(56, 8, 16, False), (56, 8, 16, True), (3, 8, 5, False),
+                                                 (20, 4, 1, True)])
+def test_anchored_mask_matches_speculators(s, b, w, non_causal):
+    pytest.importorskip("speculators")
+    import torch
+    from speculators.models.dflash.attention import create_anchor_block_mask_mod
+
+    mod, q_len, kv_len = create_anchor_block_mask_mod(torch.zeros(s + b + 1, dtype=torch.long), s + b + 1,
+                                                      torch.tensor([s]), b, w, non_causal)
+    zero = torch.zeros((), dtype=torch.long)
+    q, kv = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :]
+    full = mod(zero, zero, q, kv).expand(q_len, kv_len).numpy()        # kv: [packed base T ; the block]
+    want = np.concatenate([full[:, :s], full[:, s + b + 1:]], axis=1)   # our keys: context 0..s-1 ; block
+    assert not full[:, s:s + b + 1].any()                               # base rows >= s are never seen
+    pos_q, pos_kv = np.arange(s, s + b), np.arange(s + b)
+    assert np.array_equal(ratt.anchored_mask(pos_q, pos_kv, s, w, causal=not non_causal), want)
+    got = katt.anchored_allowed(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, w, causal=not non_causal)
+    assert np.array_equal(got.numpy() & (pos_kv[None, :] < s + b), want)
+
+
+def test_speculators_layout_reads_sliding_layers(tmp_path):
+    from bloomery_gates.gates.fixtures import FIXTURES
+
+    src = FIXTURES / "qwen3-tiny-dflash-b8-swa-speculators"
+    if not src.is_dir():
+        pytest.skip("fixtures/ not built")
+    import shutil
+    path = tmp_path / "d"
+    shutil.copytree(src, path)
+    target = load_target(FIXTURES / "qwen3-tiny")
+    d = load_dflash(path, target)
+    assert (d.windows, d.window_rule) == ((16, 16), "anchor")
+    edit(path, sliding_window_non_causal=True)
+    assert load_dflash(path, target).window_rule == "anchor-bidir"
+    cfg = json.loads((path / "config.json").read_text())
+    for change, key in [({"sliding_window": None}, "sliding_window"), ({"layer_types": ["sliding_attention"]},
+                                                                       "layer_types")]:
+        (path / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config":
+                                                      {**cfg["transformer_layer_config"], **change}}))
+        with pytest.raises(BadConfig, match=f"transformer_layer_config\\.{key}"):
+            load_dflash(path, target)
+
+
+def test_bidirectional_speculators_window_runs_in_the_reference():
+    """anchor-bidir (sliding_window_non_causal true): a full [B, s+B] mask, kernel and reference equal."""
+    import torch
+
+    from bloomery_gates.reference.ops.attention import attention
+
+    s, b = 12, 4
+    pos_q, pos_kv = np.arange(s, s + b), np.arange(s + b)
+    mask = ratt.anchored_mask(pos_q, pos_kv, s, 5, causal=False)
+    assert mask.shape == (b, s + b) and mask.sum(axis=1).tolist() == [5 + b] * b
+    got = katt.anchored_allowed(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, 5, causal=False)
+    assert got.shape == (b, s + b) and np.array_equal(got.numpy(), mask)
+    rng = np.random.default_rng(0)
+    out = attention(rng.standard_normal((b, 2, 8)), rng.standard_normal((s + b, 1, 8)),
+                    rng.standard_normal((s + b, 1, 8)), mask)
+    assert out.shape == (b, 2, 8)

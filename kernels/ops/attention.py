@@ -36,7 +36,7 @@ def anchored_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, s: int, window: 
     (``causal`` False) or only j <= pos_q[r]; pos_q [R], pos_kv [S] -> bool [R, S] (AND it with the base mask)."""
     q, k = pos_q[:, None], pos_kv[None, :]
     block = (k <= q) if causal else torch.ones_like(k, dtype=torch.bool)
-    return (k >= s - window) & ((k < s) | block)
+    return ((k >= s - window) & ((k < s) | block)).expand(len(pos_q), len(pos_kv))
 
 
 def sliding_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, window: int) -> torch.Tensor:

@@ -57,7 +57,7 @@ def anchored_mask(pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int, ca
     Returns bool [T, S]."""
     q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
     block = (k >= s) & ((k <= q) if causal else True)
-    return ((k < s) & (k >= s - window)) | block
+    return np.broadcast_to(((k < s) & (k >= s - window)) | block, (q.shape[0], k.shape[1])).copy()
 
 
 def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarray:
