@@ -123,3 +123,21 @@ def test_speculators_window_ignored_everywhere_caught_by_speculators(monkeypatch
     code, lines = gate(SPEC, oracle=True)
     assert not any(line.startswith("(r)") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
     assert code == 1 and failed(lines, "(o) host f64 dflash logits"), "\n".join(lines)
+
+
+def test_bidirectional_speculators_window_agrees_with_speculators(tmp_path):
+    """sliding_window_non_causal true (the whole block, W context rows): our reference and kernel against
+    speculators' own model with the same keys."""
+    pytest.importorskip("speculators")
+    import json
+    import shutil
+
+    draft = tmp_path / "bidir"
+    shutil.copytree(FIXTURES / "qwen3-tiny-dflash-b8-swa-speculators", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**cfg, "sliding_window_non_causal": True}))
+    lines: list[str] = []
+    code, _ = run_gate(GATES[SPEC], GateOptions(draft=draft, n=32, max_prompts=1, oracle=True), emit=lines.append)
+    assert code == 0, "\n".join(lines)
+    assert any("window_rule=anchor-bidir" in line for line in lines), "\n".join(lines)
+    assert any(line.startswith("(o) kernel dflash logits") and line.endswith(" PASS") for line in lines)
