@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .spec import ModelSpec
+from .spec import LayerShape, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,40 @@ def _promote_rms_norm(mod: torch.nn.Module) -> None:
 
 
 def _promote_rotary(mod: torch.nn.Module, theta: float, head_dim: int) -> None:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    """Default RoPE: the formula in float64. A scaled RoPE (yarn, linear): HF's own ``ROPE_INIT_FUNCTIONS``
+    entry re-run under ``Float32AsFloat64`` (its float32 ``arange`` / ramp lifted), cos/sin times HF's
+    ``attention_scaling`` as its forward does."""
+    scale = 1.0
+    if getattr(mod, "rope_type", "default") == "default":
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        with Float32AsFloat64():
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[mod.rope_type](mod.config)
+        inv_freq = inv_freq.to(torch.float64)
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].to(torch.float64) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
 
     mod.forward = forward
+
+
+def hf_rope_parameters(ls: LayerShape) -> dict[str, Any]:
+    """The layer's RoPE as HF's ``rope_parameters`` (the keys ``formats.rope_scaling`` read)."""
+    r = ls.rope_scaling
+    if r is None:
+        return {"rope_type": "default", "rope_theta": ls.rope_theta}
+    if r.kind == "linear":
+        return {"rope_type": "linear", "rope_theta": ls.rope_theta, "factor": r.factor}
+    out = {"rope_type": "yarn", "rope_theta": ls.rope_theta, "factor": r.factor,
+           "original_max_position_embeddings": r.original_max_position, "beta_fast": r.beta_fast,
+           "beta_slow": r.beta_slow, "truncate": r.truncate}
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        if getattr(r, key) is not None:
+            out[key] = getattr(r, key)
+    return out
 
 
 def build_hf_qwen3(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
@@ -72,7 +98,7 @@ def build_hf_qwen3(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module
         vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=ls.num_heads,
         num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim, rms_norm_eps=ls.rms_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta},
+        rope_parameters=hf_rope_parameters(ls),
         max_position_embeddings=spec.max_position, tie_word_embeddings=spec.tie_word_embeddings,
         attention_bias=False, use_sliding_window=False, hidden_act="silu",
     )

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .oracle import Float32AsFloat64
+from .oracle import Float32AsFloat64, hf_rope_parameters
 from .spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
 
 WRITTEN_FOR = "0.9.0"
@@ -122,8 +122,11 @@ def layer_config(draft: DFlashSpec, target: ModelSpec) -> Any:
         vocab_size=target.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
         num_hidden_layers=draft.num_layers, num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads,
         head_dim=ls.head_dim, rms_norm_eps=ls.rms_eps, max_position_embeddings=target.max_position,
-        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta}, attention_bias=False,
+        rope_parameters=hf_rope_parameters(ls), attention_bias=False,
         hidden_act="silu", use_sliding_window=False, tie_word_embeddings=False)
+    if any(w is not None for w in draft.windows):        # speculators reads these two attributes as they are
+        cfg.layer_types = ["full_attention" if w is None else "sliding_attention" for w in draft.windows]
+        cfg.sliding_window = next(w for w in draft.windows if w is not None)
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -140,6 +143,11 @@ def speculator_config(draft: DFlashSpec, target: ModelSpec) -> tuple[type, Any]:
         DSparkSpeculatorConfig,
     )
 
+    if draft.window_rule == "query" and any(w is not None for w in draft.windows):
+        raise NotModelled("speculators' sliding window counts W context rows before the block start (anchor - W "
+                          "<= j < anchor, block causal), not vLLM's p - W < j <= p that z-lab-layout drafts run with")
+    if len({w for w in draft.windows if w is not None}) > 1:
+        raise NotModelled("speculators' DFlash has one sliding_window for every sliding layer")
     common = {"transformer_layer_config": layer_config(draft, target), "draft_vocab_size": target.vocab_size,
               "block_size": draft.block_size, "aux_hidden_state_layer_ids": aux_layer_ids(draft),
               "mask_token_id": draft.mask_token_id}
@@ -160,7 +168,8 @@ def speculator_config(draft: DFlashSpec, target: ModelSpec) -> tuple[type, Any]:
         return DFlash2DraftModel, DFlash2SpeculatorConfig(
             **common, conv_kernel_size=draft.conv_kernel_size, conv_group_size=draft.conv_group_size,
             selector_rank=draft.selector_rank, selector_top_k=draft.selector_top_k)
-    return DFlashDraftModel, DFlashSpeculatorConfig(**common)
+    return DFlashDraftModel, DFlashSpeculatorConfig(**common,
+                                                    sliding_window_non_causal=draft.window_rule == "anchor-bidir")
 
 
 def state_dict(draft: DFlashSpec, target: ModelSpec) -> dict[str, torch.Tensor]:

@@ -18,8 +18,31 @@ Tensors = Mapping[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """A non-default RoPE (HF ``rope_parameters`` / ``rope_scaling``), as read; the math is in
+    ``kernels/ops/rope.py`` and ``reference/ops/rope.py`` (``inv_freq``, ``attention_factor``).
+
+    kind "linear": every inverse frequency divided by ``factor``.
+    kind "yarn": transformers' ``_compute_yarn_parameters`` (factor, original_max_position, beta_fast,
+    beta_slow, truncate; the cos/sin scale from attention_factor, else from mscale / mscale_all_dim, else
+    0.1 ln(factor) + 1).
+    """
+
+    kind: str                               # "linear" | "yarn"
+    factor: float
+    original_max_position: int = 0          # yarn only
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
 class LayerShape:
-    """One Qwen3-style decoder layer: GQA attention with q/k RMSNorm, SwiGLU MLP."""
+    """One Qwen3-style decoder layer: GQA attention with q/k RMSNorm, SwiGLU MLP. ``rope_scaling`` None is
+    default RoPE."""
 
     hidden_size: int
     num_heads: int
@@ -28,6 +51,7 @@ class LayerShape:
     intermediate_size: int
     rms_eps: float
     rope_theta: float
+    rope_scaling: RopeScaling | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +93,12 @@ class DFlashSpec:
     target_layer_ids: tuple[int, ...]
     vocab_size: int
     tensors: Tensors = field(repr=False)
+    windows: tuple[int | None, ...] = ()   # per draft layer: a sliding window W, or None (full); () all full
+    # which keys a window W lets the block row at position p = s + r see (``formats.sliding``):
+    #   "query"        p - W < j <= p                                  (vLLM; the z-lab layout)
+    #   "anchor"       s - W <= j < s, and block rows 0..r             (speculators, sliding_window_non_causal false)
+    #   "anchor-bidir" s - W <= j < s, and the whole block             (speculators, sliding_window_non_causal true)
+    window_rule: str = "query"
 
 
 @dataclass(frozen=True, kw_only=True)

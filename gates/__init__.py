@@ -5,8 +5,11 @@ from __future__ import annotations
 from . import (
                qwen3_dflash,
                qwen3_dflash2,
+               qwen3_dflash_swa,
+               qwen3_dflash_swa_spec,
                qwen3_dspark,
                qwen3_eagle3,
+               qwen3yarn_dflash,
                qwen38_dflash,
                qwen38_dflash2,
                qwen38_dspark,
@@ -14,4 +17,5 @@ from . import (
 )
 
 GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2.GATE, qwen38_mtp.GATE,
-                              qwen38_dflash.GATE, qwen38_dflash2.GATE, qwen3_eagle3.GATE, qwen38_dspark.GATE)}
+                              qwen38_dflash.GATE, qwen38_dflash2.GATE, qwen3_eagle3.GATE, qwen38_dspark.GATE,
+                              qwen3yarn_dflash.GATE, qwen3_dflash_swa.GATE, qwen3_dflash_swa_spec.GATE)}

@@ -34,14 +34,14 @@ def speculators_model(d: Eagle3Spec, target: ModelSpec):
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig, Qwen3Config
 
-    from bloomery_cli.oracle import Float32AsFloat64
+    from bloomery_cli.oracle import Float32AsFloat64, hf_rope_parameters
 
     s = d.layer
     layer_cls = Qwen3Config if d.qk_norm else LlamaConfig
     tl = layer_cls(hidden_size=s.hidden_size, num_hidden_layers=1, num_attention_heads=s.num_heads,
                    num_key_value_heads=s.num_kv_heads, head_dim=s.head_dim, intermediate_size=s.intermediate_size,
                    vocab_size=target.vocab_size, rms_norm_eps=s.rms_eps, hidden_act="silu", attention_bias=False,
-                   rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
+                   rope_parameters=hf_rope_parameters(s),
                    max_position_embeddings=max(4096, target.max_position))
     tl._attn_implementation = "eager"
     cfg = Eagle3SpeculatorConfig(

@@ -27,7 +27,8 @@ def check_draft(report: Report, c: DraftCheck) -> None:
 
 def describe(d: DFlashSpec) -> dict:
     return {"block": d.block_size, "target_layers": list(d.target_layer_ids), "layers": d.num_layers,
-            "mask_id": d.mask_token_id}
+            "mask_id": d.mask_token_id,
+            **({"windows": list(d.windows), "window_rule": d.window_rule} if d.windows else {})}
 
 
 GATE = GateDef(

@@ -186,7 +186,7 @@ CONFIG_REFUSALS = [          # (config path, value, error, needle): value KeyErr
     ("transformer_layer_config.num_hidden_layers", 2, Refused, "num_hidden_layers = 2"),
     ("transformer_layer_config.hidden_size", 64, Mismatch, "hidden_size 64"),
     ("transformer_layer_config.vocab_size", 100, Mismatch, "vocab_size 100"),
-    ("transformer_layer_config.rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4}, BadConfig, "yarn"),
+    ("transformer_layer_config.rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4}, BadConfig, "llama3"),
     ("transformer_layer_config.attention_bias", True, BadConfig, "attention_bias"),
     ("draft_vocab_size", 5000, Mismatch, "draft_vocab_size 5000"),
     ("draft_vocab_size", KeyError, BadConfig, "draft_vocab_size"),

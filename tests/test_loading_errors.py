@@ -135,7 +135,7 @@ def test_heads_not_multiple_of_kv(tmp_path):
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling.rope_type"),
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"attention_bias": True}, "attention_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),

@@ -7,7 +7,8 @@ dflash_config.mask_token_id (required); dflash_config.target_layer_ids (optional
 n = num_hidden_layers (the draft depth), n == 1 -> [L // 2], else round(1 + i*(L-4)/(n-1)) for
 i = 0..n-1, L = target layers; fc.weight must then have n*H columns); optional num_target_layers,
 vocab_size (checked against the target).
-dflash_config.causal true and sliding-window layers are refused (not implemented by the kernels).
+dflash_config.causal true is refused. Sliding-window layers (``layer_types`` "sliding_attention",
+``sliding_window``) are read by ``formats.sliding`` (vLLM's rule: causal, window W over absolute positions).
 
 Tensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per draft layer i
 layers.{i}.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
@@ -29,6 +30,7 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
+from bloomery_cli.formats.sliding import draft_windows
 from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -70,8 +72,9 @@ def open_block_draft(directory: Path, architecture: str) -> tuple[Cfg, Any, Cfg]
 def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     """A DFlash drafter from ``directory``, checked to fit ``target`` (``Mismatch`` naming both)."""
     cfg, tensors, dcfg = open_block_draft(directory, ARCHITECTURE)
-    layer = layer_shape_from_hf(cfg)
+    layer = layer_shape_from_hf(cfg, sliding=True)
     depth = cfg.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
+    windows = draft_windows(cfg, dcfg, depth)
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
 
@@ -96,7 +99,7 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     check_shapes(tensors, shapes, directory)
     return DFlashSpec(
         kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
-        mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors,
+        mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors, windows=windows,
     )
 
 

@@ -5,9 +5,10 @@ config.json, as speculators' ``Eagle3SpeculatorConfig.save_pretrained`` writes i
   speculators_model_type "eagle3" (required); transformer_layer_config: the HF config of the one draft layer,
   model_type "qwen3" (per-head q_norm / k_norm) or "llama" (none; head_dim defaults to hidden / heads,
   num_key_value_heads to num_attention_heads), num_hidden_layers 1, vocab_size = the target's, hidden_size =
-  the target's, the usual layer keys (refused as unsupported: non-default RoPE, sliding window, biases, an
-  activation other than silu); draft_vocab_size; eagle_aux_hidden_state_layer_ids (absent: speculators' and
-  vLLM's default [2, L // 2, L - 3], refused when those are not distinct); norm_before_residual, norm_output
+  the target's, the usual layer keys (RoPE yarn / linear read by ``formats.rope_scaling``; refused as
+  unsupported: other RoPE types, sliding window, biases, an activation other than silu); draft_vocab_size;
+  eagle_aux_hidden_state_layer_ids (absent: speculators' and vLLM's default [2, L // 2, L - 3], refused when
+  those are not distinct); norm_before_residual, norm_output
   (false when absent); norm_before_fc and fc_norm must be false, target_hidden_size null or H;
   speculators_config.proposal_methods[default_proposal_method].speculative_tokens = the chain length K
   (proposal_type "greedy"; K = 3, speculators' default ttt_steps, when speculators_config is absent).

@@ -3,9 +3,10 @@
 HF config.json keys (required unless a default is given):
   hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
   vocab_size; rms_norm_eps (1e-6), rope_theta or rope_parameters.rope_theta (10000),
-  max_position_embeddings (32768), tie_word_embeddings (false). Refused as unsupported: a rope_type
-  other than "default", use_sliding_window true, a layer_types entry other than "full_attention",
-  attention_bias true, hidden_act other than "silu".
+  max_position_embeddings (32768), tie_word_embeddings (false); RoPE "linear" and "yarn" in
+  rope_parameters / rope_scaling (``formats.rope_scaling``). Refused as unsupported: any other rope_type,
+  use_sliding_window true, a layer_types entry other than "full_attention" (a DFlash draft reads its
+  sliding layers itself: ``formats.sliding``), attention_bias true, hidden_act other than "silu".
 GGUF keys (llama.cpp): qwen3.block_count, qwen3.context_length, qwen3.embedding_length,
   qwen3.feed_forward_length, qwen3.attention.head_count, qwen3.attention.layer_norm_rms_epsilon;
   qwen3.attention.head_count_kv (default head_count), qwen3.attention.key_length (default
@@ -24,6 +25,7 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
+from bloomery_cli.formats.rope_scaling import rope_scaling_of
 from bloomery_cli.spec import LayerShape, ModelSpec
 
 FAMILY = "qwen3"
@@ -40,6 +42,7 @@ def check_layer(layer: LayerShape, cfg: Cfg, heads_key: str, kv_key: str) -> Non
 
 
 def _rope_theta(cfg: Cfg) -> float:
+    """rope_theta of a default-RoPE config (the qwen38 reader's; any rope_type other than "default" refused)."""
     params = cfg.sub("rope_parameters")
     for key, sub in (("rope_parameters", params), ("rope_scaling", cfg.sub("rope_scaling"))):
         rtype = sub.get("rope_type", None) or sub.get("type", "default")
@@ -50,18 +53,27 @@ def _rope_theta(cfg: Cfg) -> float:
     return cfg.float("rope_theta", 10000.0)
 
 
-def layer_shape_from_hf(cfg: Cfg) -> LayerShape:
-    """The Qwen3 decoder-layer numbers of an HF config (target or DFlash draft)."""
+def _theta(cfg: Cfg) -> float:
+    params = cfg.sub("rope_parameters")
+    if params.get("rope_theta", None) is not None:
+        return params.float("rope_theta")
+    return cfg.float("rope_theta", 10000.0)
+
+
+def layer_shape_from_hf(cfg: Cfg, sliding: bool = False) -> LayerShape:
+    """The Qwen3 decoder-layer numbers of an HF config (target or draft), RoPE scaling included. With
+    ``sliding`` the caller reads layer_types / use_sliding_window itself (the DFlash draft)."""
     if cfg.get("hidden_act", "silu") != "silu":
         raise cfg.bad("hidden_act", f"{cfg.get('hidden_act')!r} is not supported; expected \"silu\"")
     if cfg.bool("attention_bias", False):
         raise cfg.bad("attention_bias", "true is not supported; expected false (no q/k/v/o biases)")
-    if cfg.bool("use_sliding_window", False):
-        raise cfg.bad("use_sliding_window", "true is not supported; expected false (full attention)")
-    layer_types = cfg.get("layer_types", [])
-    odd = sorted({t for t in layer_types if t != "full_attention"}) if isinstance(layer_types, list) else [1]
-    if odd:
-        raise cfg.bad("layer_types", f"{odd} not supported; expected only \"full_attention\"")
+    if not sliding:
+        if cfg.bool("use_sliding_window", False):
+            raise cfg.bad("use_sliding_window", "true is not supported; expected false (full attention)")
+        layer_types = cfg.get("layer_types", [])
+        odd = sorted({t for t in layer_types if t != "full_attention"}) if isinstance(layer_types, list) else [1]
+        if odd:
+            raise cfg.bad("layer_types", f"{odd} not supported; expected only \"full_attention\"")
     layer = LayerShape(
         hidden_size=cfg.int("hidden_size"),
         num_heads=cfg.int("num_attention_heads"),
@@ -69,7 +81,8 @@ def layer_shape_from_hf(cfg: Cfg) -> LayerShape:
         head_dim=cfg.int("head_dim"),
         intermediate_size=cfg.int("intermediate_size"),
         rms_eps=cfg.float("rms_norm_eps", 1e-6),
-        rope_theta=_rope_theta(cfg),
+        rope_theta=_theta(cfg),
+        rope_scaling=rope_scaling_of(cfg),
     )
     check_layer(layer, cfg, "num_attention_heads", "num_key_value_heads")
     return layer
@@ -138,6 +151,9 @@ def qwen3_from_gguf(path: Path) -> ModelSpec:
     meta = {k: f.meta(k) for k in f.meta_keys() if k.startswith(f"{arch}.")}
     cfg = Cfg(meta, path)
     a = f"{arch}."
+    if cfg.get(a + "rope.scaling.type", "none") != "none":
+        raise cfg.bad(a + "rope.scaling.type", f"{cfg.get(a + 'rope.scaling.type')!r} is not supported for a GGUF "
+                                               "target; expected \"none\" (scaled RoPE is read from HF configs)")
     H = cfg.int(a + "embedding_length")
     heads = cfg.int(a + "attention.head_count")
     kv = cfg.get(a + "attention.head_count_kv", heads)

@@ -23,7 +23,10 @@ unchanged. config.json, top level, as ``SpeculatorModelConfig.save_pretrained`` 
     sample_from_anchor          default false for dflash / dflash2 (B-1 drafts, rows 1..B-1), true for dspark
                                 (B anchor-first drafts); the other value is refused
     target_hidden_size          null or the draft hidden size (the kernels read same-width features)
-    sliding_window_non_causal   a bool; inert here (sliding-window layers are refused)
+    sliding_window_non_causal   a bool (default false, as DFlashSpeculatorConfig): with sliding layers in a "dflash"
+                                drafter's transformer_layer_config (layer_types, sliding_window), the block is
+                                seen whole (true) or causally (false), speculators' rule (``formats.sliding``);
+                                inert without sliding layers. DFlash2 / DSpark sliding layers are refused
     speculators_config          optional: algorithm == speculators_model_type; every proposal method greedy with
                                 verifier_accept_k 1 (exact top-1 match, the verify rule the gates prove) and
                                 speculative_tokens <= the drafts a block gives (the gate drafts the full block;
@@ -58,6 +61,7 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, Shapes, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import layer_shape_from_hf
+from bloomery_cli.formats.sliding import speculators_windows
 from bloomery_cli.spec import LayerShape, ModelSpec
 
 KINDS = ("dflash", "dflash2", "dspark")
@@ -106,6 +110,8 @@ class SpecConfig:
     target_layer_ids: tuple[int, ...]
     drafts: int
     tensors: Any
+    windows: tuple[int | None, ...] = ()
+    window_rule: str = "query"                   # the spec's (``DFlashSpec.window_rule``); "query" when no windows
 
 
 def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_keys: tuple[str, ...],
@@ -128,9 +134,10 @@ def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_key
     tl = cfg.sub("transformer_layer_config")
     if tl.get("model_type", "qwen3") != "qwen3":
         raise tl.bad("model_type", f"{tl.get('model_type')!r}; expected \"qwen3\" (the draft layers the kernels build)")
-    layer = layer_shape_from_hf(tl)
+    layer = layer_shape_from_hf(tl, sliding=kind == "dflash")
     tensors = open_safetensors_dir(directory)  # headers only
     depth = tl.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
+    windows = speculators_windows(tl, depth) if kind == "dflash" else ()
     H, V = target.hidden_size, target.vocab_size
 
     def mismatch(problem: str) -> Mismatch:
@@ -156,7 +163,7 @@ def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_key
         rows = "B anchor-first drafts (row k predicts s+k+1)" if anchor else "B-1 drafts from rows 1..B-1"
         raise cfg.bad("sample_from_anchor", f"{str(anchor).lower()} ({rows}) is not built for {kind}; expected "
                                             f"{str(anchor_default).lower()}")
-    cfg.bool("sliding_window_non_causal", False)
+    rule = "anchor-bidir" if cfg.bool("sliding_window_non_causal", False) else "anchor"
     block = cfg.int("block_size", DEFAULT_BLOCK, what="the draft block size", minimum=min_block)
     drafts = block if anchor else block - 1
     mask = cfg.int("mask_token_id", what="the mask token id", minimum=0)
@@ -165,7 +172,8 @@ def read_config_checked(directory: Path, kind: str, target: ModelSpec, extra_key
     _check_proposals(cfg, kind, drafts, block)
     ids = layer_ids(cfg, tensors, target, mismatch)
     return SpecConfig(cfg=cfg, tl=tl, kind=kind, layer=layer, num_layers=depth, block_size=block, mask_token_id=mask,
-                      target_layer_ids=ids, drafts=drafts, tensors=tensors)
+                      target_layer_ids=ids, drafts=drafts, tensors=tensors, windows=windows,
+                      window_rule=rule if windows else "query")
 
 
 def _check_proposals(cfg: Cfg, kind: str, drafts: int, block: int) -> None:

@@ -46,7 +46,7 @@ def dflash_from_speculators(directory: Path, target: ModelSpec) -> DFlashSpec:
     tensors = check_tensors(sc, _backbone(sc, target), target, directory)
     return DFlashSpec(kind="dflash", source=directory, layer=sc.layer, num_layers=sc.num_layers,
                       block_size=sc.block_size, mask_token_id=sc.mask_token_id, target_layer_ids=sc.target_layer_ids,
-                      vocab_size=target.vocab_size, tensors=tensors)
+                      vocab_size=target.vocab_size, tensors=tensors, windows=sc.windows, window_rule=sc.window_rule)
 
 
 def dflash2_from_speculators(directory: Path, target: ModelSpec) -> DFlash2Spec:

@@ -5,7 +5,9 @@ Context feature per committed position p (shared by every draft layer):
 Block at positions s..s+B-1: rows y = [x_s, m, ..., m], h = E(y)      [B, H]
 Each draft layer (Qwen3 layer shape):
     Q from the block rows;  K, V from [u_0..u_{s-1} ; block rows]  (k_norm + RoPE on both)
-    no mask: every block row sees all context and all block rows
+    no mask: every block row sees all context and all block rows; a sliding layer (``spec.windows[i]`` = W,
+    ``formats.sliding``), by ``spec.window_rule``: "query" the row at position p sees the keys p - W < j <= p,
+    context and block alike; "anchor" / "anchor-bidir" the context s - W <= j < s and the block causally / whole
 drafts = argmax( rms(h, norm) head^T )[1:]  -> B-1 ids, row i predicts the token at s+i
 
 The engine keeps only context K/V (post k_norm, post RoPE) in a static cache; block K/V are
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
-from ..ops.attention import attend
+from ..ops.attention import anchored_allowed, attend, sliding_allowed
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 
@@ -66,7 +68,7 @@ class DFlashDraft:
         self.target_eps = target.shape.rms_eps
         self.cap = max_len + self.b
         s = self.shape
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap + self.b, self.device)
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap + self.b, self.device, s.rope_scaling)
         kv = (spec.num_layers, 1, s.num_kv_heads, self.cap, s.head_dim)
         self.k_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
         self.v_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
@@ -97,23 +99,38 @@ class DFlashDraft:
         0..ctx_len-1, as written by prompt / accept: (k after k_norm and RoPE, v), each [nkv, ctx_len, d]."""
         return self.k_ctx[layer, 0, :, :self.ctx_len], self.v_ctx[layer, 0, :, :self.ctx_len]
 
-    def block_allowed(self, s: int) -> torch.Tensor:
-        """[B, cap + B]: every block row sees context positions < s and all B block rows (no mask)."""
+    def block_allowed(self, s: int, window: int | None = None) -> torch.Tensor:
+        """[B, cap + B] over [context store ; block rows]: every block row sees context positions < s and all
+        B block rows (no mask); with a ``window`` W, the row at position p = s + r also needs p - W < j <= p."""
         ctx = (self.key_pos < s)[None, :].expand(self.b, -1)
-        return torch.cat([ctx, torch.ones(self.b, self.b, dtype=torch.bool, device=self.device)], dim=1)
+        allowed = torch.cat([ctx, torch.ones(self.b, self.b, dtype=torch.bool, device=self.device)], dim=1)
+        if window is None:
+            return allowed
+        pos_q = s + torch.arange(self.b, device=self.device)
+        pos_kv = torch.cat([self.key_pos, pos_q])
+        rule = self.spec.window_rule
+        if rule == "query":
+            return allowed & sliding_allowed(pos_q, pos_kv, window)
+        return allowed & anchored_allowed(pos_q, pos_kv, s, window, causal=rule == "anchor")
+
+    def layer_masks(self, s: int) -> list[torch.Tensor]:
+        """One mask per draft layer, each distinct window's built once for this step."""
+        windows = self.spec.windows or (None,) * self.spec.num_layers
+        built = {w: self.block_allowed(s) if w is None else self.block_allowed(s, w) for w in set(windows)}
+        return [built[w] for w in windows]
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
         s, b = self.ctx_len, self.b
         ids = block_ids(torch.tensor([anchor], device=self.device), self.spec.mask_token_id, b)
         h = F.embedding(ids, self.embed)                                                # [1, B, H]
         cos, sin = self.cos[s:s + b], self.sin[s:s + b]
-        allowed = self.block_allowed(s)
+        masks = self.layer_masks(s)
         outs = []
         for i, w in enumerate(self.layers):
             def with_context(q, k, v, i=i):
                 keys = torch.cat([self.k_ctx[i], k], dim=2)
                 vals = torch.cat([self.v_ctx[i], v], dim=2)
-                return attend(q, keys, vals, allowed)
+                return attend(q, keys, vals, masks[i])
             h = decoder_layer(h, w, self.shape, cos, sin, with_context)
             outs.append(h[0])
         logits = F.linear(rms_norm(h[0, 1:], self.norm, self.shape.rms_eps), self.head)  # [B-1, V]
@@ -133,7 +150,7 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlashSpec, target
     shape, b = dspec.layer, dspec.block_size
     n, t = ids.shape
     a = anchors.shape[1]
-    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
+    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device, shape.rope_scaling)
     u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
                          shape.rms_eps, target_params["model.norm.weight"], target_spec.layer.rms_eps)  # [N, T, H]
     block = block_ids(torch.gather(ids, 1, anchors), dspec.mask_token_id, b)             # [N, A, B]
@@ -167,6 +184,8 @@ class FastDFlashDraft:
         from ..families.qwen3 import FusedLayer
         from ..graphs import GraphSet, Staged
 
+        if any(w is not None for w in spec.windows):
+            raise ValueError("FastDFlashDraft: sliding-window draft layers run on DFlashDraft only")
         want = tuple(l + 1 for l in spec.target_layer_ids)
         if tuple(target.tap_ids) != want:
             raise ValueError(f"the target keeps taps {target.tap_ids}; this draft reads {want}")
@@ -181,7 +200,7 @@ class FastDFlashDraft:
         self.embed, self.head = target.embed, target.head
         s = self.shape
         self.cap = -(-(max_len + 2 * max(self.b, target.max_width)) // 64) * 64
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
         kv = (spec.num_layers, s.num_kv_heads, self.cap, s.head_dim)
         self.k_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)
         self.v_ctx = torch.zeros(kv, device=self.device, dtype=self.dtype)

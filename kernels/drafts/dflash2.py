@@ -166,7 +166,7 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlash2Spec, targe
     shape, b = dspec.layer, dspec.block_size
     n, t = ids.shape
     a = anchors.shape[1]
-    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
+    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device, shape.rope_scaling)
     u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
                          shape.rms_eps, target_final_norm(target_spec, target_params), target_spec.layer.rms_eps)
     anchor_ids = torch.gather(ids, 1, anchors)                                             # [N, A]

@@ -161,7 +161,7 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DSparkSpec, target
         with torch.no_grad():
             fin = rms_norm(hidden[-1], target_params["model.norm.weight"], target_spec.layer.rms_eps)
             prev = teacher_prev(ids, F.linear(fin, t_head).argmax(-1), anchors, b)
-    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device)
+    cos_t, sin_t = rope_tables(shape.head_dim, shape.rope_theta, t + b, ids.device, shape.rope_scaling)
     u = context_features(hidden, dspec.target_layer_ids, dparams["fc.weight"], dparams["hidden_norm.weight"],
                          shape.rms_eps, target_params["model.norm.weight"], target_spec.layer.rms_eps)  # [N, T, H]
     block = block_ids(torch.gather(ids, 1, anchors), dspec.mask_token_id, b)             # [N, A, B]

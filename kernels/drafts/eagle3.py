@@ -102,7 +102,7 @@ class Eagle3Draft(ChainStore):
         self.to_target = spec.target_ids().to(self.device)
         s = spec.layer
         self.init_store(s.num_kv_heads, s.head_dim, max_len + width + 2, self.device, self.dtype, "EAGLE-3")
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
 
     def features(self, taps: T) -> T:
         return aux_features(taps, self.spec.aux_layer_ids, self.t["fc.weight"])
@@ -158,7 +158,7 @@ def forward_train(params: Mapping[str, T], spec: Eagle3Spec, taps: list[T], ids:
     drafts do at inference after s-1 accepted drafts (speculators' ttt steps, its tokens from the sequence)."""
     s = spec.layer
     n, tl = ids.shape
-    cos, sin = rope_tables(s.head_dim, s.rope_theta, tl, ids.device)
+    cos, sin = rope_tables(s.head_dim, s.rope_theta, tl, ids.device, s.rope_scaling)
     cos, sin = cos[1:], sin[1:]
     e = F.embedding(ids[:, 1:], params["model.embed_tokens.weight"])
     h = aux_features(taps, spec.aux_layer_ids, params["fc.weight"])[:, :-1]

@@ -91,7 +91,7 @@ def forward_train(params: Mapping[str, torch.Tensor], spec: ModelSpec, ids: torc
     """
     shape = spec.layer
     n, t = ids.shape
-    cos, sin = rope_tables(shape.head_dim, shape.rope_theta, t, ids.device)
+    cos, sin = rope_tables(shape.head_dim, shape.rope_theta, t, ids.device, shape.rope_scaling)
     g = shape.num_heads // shape.num_kv_heads
 
     def causal(q, k, v):
@@ -138,7 +138,7 @@ class Qwen3Target:
         self.final_norm = cast(spec.tensors["model.norm.weight"])
         self.cap = max_len + (rows or 0)
         s = self.shape
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
         kv = (spec.num_layers, 1, s.num_kv_heads, self.cap, s.head_dim)
         self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
         self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
@@ -255,7 +255,7 @@ class FastQwen3Target:
         self.max_width = max(max_width, rows or 0)
         self.cap = -(-(max_len + self.max_width) // 64) * 64
         s = self.shape
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device)
+        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
         kv = (spec.num_layers, s.num_kv_heads, self.cap, s.head_dim)
         self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
         self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)

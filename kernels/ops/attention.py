@@ -29,3 +29,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     probs = torch.softmax(scores, dim=-1).to(v.dtype).view(n, nkv, g * r, -1)
     out = torch.matmul(probs, v).view(n, nkv, g, r, d)                                  # [N, nkv, g, R, d]
     return out.permute(0, 3, 1, 2, 4).reshape(n, r, nh * d)
+
+
+def anchored_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, s: int, window: int, causal: bool) -> torch.Tensor:
+    """speculators' window: context keys s - window <= j < s for every block row, block keys j >= s all
+    (``causal`` False) or only j <= pos_q[r]; pos_q [R], pos_kv [S] -> bool [R, S] (AND it with the base mask)."""
+    q, k = pos_q[:, None], pos_kv[None, :]
+    block = (k <= q) if causal else torch.ones_like(k, dtype=torch.bool)
+    return ((k >= s - window) & ((k < s) | block)).expand(len(pos_q), len(pos_kv))
+
+
+def sliding_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, window: int) -> torch.Tensor:
+    """allowed[r, s] = pos_q[r] - window < pos_kv[s] <= pos_q[r]: a causal window of ``window`` keys over
+    absolute positions (``formats.sliding``); pos_q [R], pos_kv [S] -> bool [R, S], built in one shot."""
+    q, k = pos_q[:, None], pos_kv[None, :]
+    return (k <= q) & (k > q - window)

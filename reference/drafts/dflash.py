@@ -10,7 +10,9 @@ Inputs: the target's reference taps over the context positions 0..s-1 and the an
                 Q = q_norm(a Wq^T)                           rope at s..s+B-1
                 K = k_norm([u ; a] Wk^T),  V = [u ; a] Wv^T  rope at 0..s-1, s..s+B-1
                 h = h + softmax(Q K^T / sqrt(d)) V Wo^T      NO mask: every block row sees all s
-                                                             context rows and all B block rows
+                                                             context rows and all B block rows; a
+                                                             sliding layer (windows[i] = W): the mask
+                                                             of ``window_mask`` (the spec's window_rule)
                 h = h + MLP( rms(h, post_attention_layernorm) )
     logits = rms(h, norm)[1:] head^T                       the TARGET's head; row i predicts s+i
 
@@ -29,6 +31,7 @@ import numpy as np
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head, hf_hidden_states, mlp, project_kv, self_attention
+from ..ops.attention import anchored_mask, sliding_mask
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -80,12 +83,14 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
     pos_q = np.arange(s, s + b)
     pos_kv = np.arange(s + b)
     no_mask = np.ones((b, s + b), dtype=bool)
+    windows = draft.windows or (None,) * draft.num_layers
     layer_out = []
     for i in range(draft.num_layers):
         p = f"layers.{i}."
         a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
         x_kv = np.concatenate([u, a], axis=0)
-        h = st(h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, no_mask))
+        mask = no_mask if windows[i] is None else window_mask(draft, pos_q, pos_kv, s, windows[i])
+        h = st(h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, mask))
         m = rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)
         h = st(h + mlp(w, p + "mlp.", m))
         layer_out.append(h)
@@ -93,6 +98,13 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
     logits = head(target, final[1:])
     return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
                        u=u, final=final)
+
+
+def window_mask(draft: DFlashSpec, pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int) -> np.ndarray:
+    """A sliding layer's mask [B, s+B] under the spec's ``window_rule`` (``bloomery_cli.spec.DFlashSpec``)."""
+    if draft.window_rule == "query":
+        return sliding_mask(pos_q, pos_kv, window)
+    return anchored_mask(pos_q, pos_kv, s, window, causal=draft.window_rule == "anchor")
 
 
 def context_kv(draft: DFlashSpec, taps: RefOut, s: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -78,7 +78,8 @@ def attention_sublayer(draft: Eagle3Spec, w: Mapping[str, np.ndarray], a: np.nda
     if draft.qk_norm:
         q = rms_norm(q, w[A + "q_norm.weight"], s.rms_eps)
         k = rms_norm(k, w[A + "k_norm.weight"], s.rms_eps)
-    q, k = apply_rope(q, positions, s.rope_theta), apply_rope(k, positions, s.rope_theta)
+    q = apply_rope(q, positions, s.rope_theta, s.rope_scaling)
+    k = apply_rope(k, positions, s.rope_theta, s.rope_scaling)
     o = attention(q, k, v, causal_mask(r)).reshape(r, nh * d)
     return linear(o, w[A + "o_proj.weight"])
 

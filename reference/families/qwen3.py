@@ -62,7 +62,7 @@ def self_attention(shape: LayerShape, w: Weights, prefix: str, x_q: np.ndarray, 
     nh, d = shape.num_heads, shape.head_dim
     q = linear(x_q, w[prefix + "q_proj.weight"]).reshape(len(x_q), nh, d)
     q = rms_norm(q, w[prefix + "q_norm.weight"], shape.rms_eps)
-    q = apply_rope(q, pos_q, shape.rope_theta)
+    q = apply_rope(q, pos_q, shape.rope_theta, shape.rope_scaling)
     k, v = project_kv(shape, w, prefix, x_kv, pos_kv)
     o = attention(q, k, v, mask).reshape(len(x_q), nh * d)
     return linear(o, w[prefix + "o_proj.weight"])
@@ -75,7 +75,8 @@ def project_kv(shape: LayerShape, w: Weights, prefix: str, x_kv: np.ndarray,
     nkv, d = shape.num_kv_heads, shape.head_dim
     k = linear(x_kv, w[prefix + "k_proj.weight"]).reshape(len(x_kv), nkv, d)
     v = linear(x_kv, w[prefix + "v_proj.weight"]).reshape(len(x_kv), nkv, d)
-    k = apply_rope(rms_norm(k, w[prefix + "k_norm.weight"], shape.rms_eps), pos_kv, shape.rope_theta)
+    k = apply_rope(rms_norm(k, w[prefix + "k_norm.weight"], shape.rms_eps), pos_kv, shape.rope_theta,
+                   shape.rope_scaling)
     return k, v
 
 

@@ -46,3 +46,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> 
     scores = np.where(mask[None, :, :], scores, -np.inf)
     p = st(softmax(scores, axis=-1))
     return st(np.einsum("hts,shd->thd", p, vv))
+
+
+def anchored_mask(pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int, causal: bool) -> np.ndarray:
+    """speculators' window (``create_anchor_block_mask_mod``), for a block at s..s+B-1 after context 0..s-1:
+
+        mask[t, j] = s - window <= pos_kv[j] < s                              (W context keys, every row)
+                     or pos_kv[j] >= s and (not causal or pos_kv[j] <= pos_q[t])   (the block)
+
+    Returns bool [T, S]."""
+    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    block = (k >= s) & ((k <= q) if causal else True)
+    return np.broadcast_to(((k < s) & (k >= s - window)) | block, (q.shape[0], k.shape[1])).copy()
+
+
+def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarray:
+    """A causal sliding window over absolute positions (vLLM's, ``formats.sliding``):
+
+        mask[t, s] = pos_q[t] - window < pos_kv[s] <= pos_q[t]          (window keys, the query's own included)
+
+    pos_q [T], pos_kv [S] integers; returns bool [T, S]."""
+    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    return (k <= q) & (k > q - window)
