@@ -136,7 +136,8 @@ def block_gate(w, sigmoid: bool, shared: bool) -> Report:
         return rmoe.moe_block(x, ref_routing(x, w, sigmoid), f64(w["gate_up"]), f64(w["down"]), shr)
 
     exact, emulated = exact_and_emulated("f32", reference)
-    close(report, "moe block out", got, exact, emulated, "f32", moe_checks.moe_ops(H, I, K, I if shared else None, True))
+    ops = moe_checks.moe_ops(H, I, K, I if shared else None, True)
+    close(report, "moe block out", got, exact, emulated, "f32", ops)
     return report
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rounding import linear, st
-from .mlp import silu, swiglu
+from .mlp import swiglu
 
 NEG = -np.inf
 
