@@ -107,7 +107,7 @@ def _mtp_name(name: str) -> str:
     for src, dst in MTP_RENAMES:
         if rest.startswith(src):
             return f"layers.{k}.{dst}{rest[len(src):]}"
-    return f"layers.{k}.mtp_block.{rest}"
+    return f"layers.{k}.mtp_block.{rest}".replace("self_attn.attention_sink_bias", "self_attn.sinks")
 
 
 def hf_mtp_chain(spec: Mimo2Spec, ids: Sequence[int], steps: int) -> list[np.ndarray] | None:

@@ -273,3 +273,24 @@ class Mimo2Spec(ModelSpec):
     ``model.mtp.layers.{k}.*``); norms are plain gains w."""
 
     mimo: MimoShape
+
+
+@dataclass(frozen=True)
+class Mimo2MTPSpec:
+    """The MTP head shipped in a mimo2 checkpoint: ``num_layers`` chained next-token layers
+    ``model.mtp.layers.{k}.*`` (MiMo-V2-Flash: 3), each enorm, hnorm [H], eh_proj [H, 2H] (input [E(tok) ; h],
+    embedding first), one SWA decoder layer of the trunk's SWA shape ``attn`` (input_layernorm, self_attn.* with
+    sinks, pre_mlp_layernorm, dense mlp.* of ``intermediate_size``) and final_layernorm [H]. Layer k drafts the
+    (k+1)-th token of a window. The embedding and head are the target's."""
+
+    kind: str                      # "mimo2-mtp"
+    source: Path
+    source_format: str             # "hf"
+    attn: AttnShape
+    hidden_size: int
+    intermediate_size: int
+    rms_eps: float
+    value_scale: float
+    num_layers: int
+    vocab_size: int
+    tensors: Tensors = field(repr=False)

@@ -19,6 +19,7 @@ from bloomery_cli.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import attend_sinks
 from ..ops.mlp import swiglu
+from ..ops.moe import Routing, routed_experts, router_logits, sigmoid_group_topk
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from .qwen38 import Qwen38Pass, partial_rope
@@ -46,21 +47,46 @@ def attention_mixer(a_shape: AttnShape, value_scale: float, t: Mapping[str, T], 
     return F.linear(attend_kv(q, k, v, sinks), t[p + "o_proj.weight"])
 
 
-def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T) -> T:
-    """Layer l's MLP on normed rows x [N, R, H]: dense SwiGLU or the routed experts (``ops.moe``)."""
+def fused_experts(t: Mapping[str, T], p: str, experts: int) -> tuple[T, T]:
+    """(gate_up [E, 2F, H], down [E, H, F]) of the experts under ``p`` ("model.layers.{l}.mlp."): the engine's
+    fused copies when present, else stacked from the checkpoint's per-expert tensors (differentiable)."""
+    if p + "experts.gate_up_proj" in t:
+        return t[p + "experts.gate_up_proj"], t[p + "experts.down_proj"]
+    e = [f"{p}experts.{i}." for i in range(experts)]
+    gate_up = torch.stack([torch.cat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]]) for x in e])
+    return gate_up, torch.stack([t[x + "down_proj.weight"] for x in e])
+
+
+def route(spec: Mimo2Spec, t: Mapping[str, T], p: str, x: T) -> Routing:
+    """The sigmoid router on rows x [M, H]: float32 logits, bias for the choice only, group-limited top-k,
+    renormalised, times routed_scaling_factor (``ops.moe.sigmoid_group_topk``)."""
+    m = spec.mimo.moe
+    return sigmoid_group_topk(router_logits(x, t[p + "gate.weight"]), t[p + "gate.e_score_correction_bias"],
+                              m.num_experts_per_tok, m.n_group, m.topk_group, m.norm_topk_prob,
+                              m.routed_scaling_factor)
+
+
+def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T, routings: dict | None = None) -> T:
+    """Layer l's MLP on normed rows x [N, R, H]: dense SwiGLU, or the routed experts (no shared expert); a sparse
+    layer's routing goes to ``routings[l]`` when given (the gate's tier-1 check reads it)."""
     p = f"model.layers.{l}.mlp."
     if spec.mimo.mlp_types[l] == "dense":
         return swiglu(x, t[p + "gate_proj.weight"], t[p + "up_proj.weight"], t[p + "down_proj.weight"])
-    from ..ops.moe import mimo_moe
-    return mimo_moe(spec.mimo.moe, t, p, x)
+    flat = x.reshape(-1, x.shape[-1])
+    routing = route(spec, t, p, flat)
+    if routings is not None:
+        routings[l] = routing
+    gate_up, down = fused_experts(t, p, spec.mimo.moe.n_routed_experts)
+    return routed_experts(flat, routing, gate_up, down).view(x.shape)
 
 
-def layer(spec: Mimo2Spec, t: Mapping[str, T], l: int, h: T, cos: T, sin: T, attend_kv: AttendKV) -> T:
+def layer(spec: Mimo2Spec, t: Mapping[str, T], l: int, h: T, cos: T, sin: T, attend_kv: AttendKV,
+          routings: dict | None = None) -> T:
     """Decoder layer l on rows h [N, R, H] (cos/sin: the layer kind's tables at the rows' positions)."""
     p, eps, m = f"model.layers.{l}.", spec.layer.rms_eps, spec.mimo
     a = rms_norm(h, t[p + "input_layernorm.weight"], eps)
     h = h + attention_mixer(m.attn(l), m.value_scale, t, p + "self_attn.", a, cos, sin, attend_kv)
-    return h + ffn(spec, t, l, rms_norm(h, t[p + "post_attention_layernorm.weight"], eps))
+    return h + ffn(spec, t, l, rms_norm(h, t[p + "post_attention_layernorm.weight"], eps), routings)
 
 
 def tables(a_shape: AttnShape, length: int, device) -> tuple[T, T]:
@@ -96,7 +122,16 @@ class Mimo2Target:
         self.spec, self.shape, self.mimo = spec, spec.layer, spec.mimo
         self.device, self.dtype, self.rows = torch.device(device), dtype, rows
         cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
-        self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.")}
+        self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.") and
+                  ".mlp.experts." not in n and ".mlp.gate." not in n}
+        for l in range(spec.num_layers):       # experts fused once; the router kept float32 (HF keeps it so)
+            if self.mimo.mlp_types[l] == "sparse":
+                p = f"model.layers.{l}.mlp."
+                gu, dn = fused_experts(spec.tensors, p, self.mimo.moe.n_routed_experts)
+                self.t[p + "experts.gate_up_proj"], self.t[p + "experts.down_proj"] = cast(gu), cast(dn)
+                for n in ("gate.weight", "gate.e_score_correction_bias"):
+                    self.t[p + n] = spec.tensors[p + n].float().to(self.device)
+        self.routings: dict[int, Routing] = {}        # the last pass's routing per sparse layer
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight())
         self.final_norm = spec.tensors["model.norm.weight"].float().to(self.device)
@@ -160,7 +195,7 @@ class Mimo2Target:
                 return attend_sinks(q, self.k_cache[l], self.v_cache[l], allowed, z)
 
             cos, sin = self.rope[self.mimo.layer_types[l]]
-            h = layer(self.spec, self.t, l, h, cos[p0:p0 + r], sin[p0:p0 + r], cached)
+            h = layer(self.spec, self.t, l, h, cos[p0:p0 + r], sin[p0:p0 + r], cached, self.routings)
             taps.append(h[0])
         self._pending = True
         self.rows_run += r

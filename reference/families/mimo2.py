@@ -26,6 +26,7 @@ import numpy as np
 from bloomery_cli.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import sink_attention, window_mask
+from ..ops.moe import routed_experts, router_logits, sigmoid_group_topk
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -61,11 +62,15 @@ def attention(a_shape: AttnShape, w: Weights, prefix: str, a: np.ndarray, positi
 
 def ffn(spec: Mimo2Spec, w: Weights, l: int, x: np.ndarray) -> np.ndarray:
     """Layer l's MLP on normed rows x [T, H]: dense SwiGLU, or the routed experts (no shared expert)."""
-    p = f"model.layers.{l}.mlp."
+    p, m = f"model.layers.{l}.mlp.", spec.mimo.moe
     if spec.mimo.mlp_types[l] == "dense":
         return mlp(w, p, x)
-    from ..ops.moe import mimo_moe
-    return mimo_moe(spec.mimo.moe, w, p, x)
+    routing = sigmoid_group_topk(router_logits(x, w[p + "gate.weight"]), w[p + "gate.e_score_correction_bias"],
+                                 m.num_experts_per_tok, m.n_group, m.topk_group, m.norm_topk_prob,
+                                 m.routed_scaling_factor)
+    e = [f"{p}experts.{i}." for i in range(m.n_routed_experts)]
+    gate_up = np.stack([np.concatenate([w[x_ + "gate_proj.weight"], w[x_ + "up_proj.weight"]]) for x_ in e])
+    return routed_experts(x, routing, gate_up, np.stack([w[x_ + "down_proj.weight"] for x_ in e]))
 
 
 def decoder_layer(spec: Mimo2Spec, w: Weights, l: int, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
