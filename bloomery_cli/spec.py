@@ -281,7 +281,9 @@ class Mimo2MTPSpec:
     ``model.mtp.layers.{k}.*`` (MiMo-V2-Flash: 3), each enorm, hnorm [H], eh_proj [H, 2H] (input [E(tok) ; h],
     embedding first), one SWA decoder layer of the trunk's SWA shape ``attn`` (input_layernorm, self_attn.* with
     sinks, pre_mlp_layernorm, dense mlp.* of ``intermediate_size``) and final_layernorm [H]. Layer k drafts the
-    (k+1)-th token of a window. The embedding and head are the target's."""
+    (k+1)-th token of a window. The embedding and head are the target's. ``hidden``: the engines' two conventions,
+    "post" (HF MtpModel, vLLM: the post-final-norm target row in, final_layernorm's output recycled; the checkpoint's
+    own) or "pre" (llama.cpp: the row before model.norm in, the pre-norm layer output recycled)."""
 
     kind: str                      # "mimo2-mtp"
     source: Path
@@ -294,3 +296,4 @@ class Mimo2MTPSpec:
     num_layers: int
     vocab_size: int
     tensors: Tensors = field(repr=False)
+    hidden: str = "post"           # which target hidden layer 0 reads and each layer recycles: post | pre

@@ -20,14 +20,14 @@ from bloomery_cli.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoESh
 
 @dataclass(frozen=True)
 class Mimo2Shape:
-    hidden_size: int = 128
+    hidden_size: int = 64
     layer_types: tuple[str, ...] = ("full_attention", "sliding_attention", "sliding_attention", "full_attention")
     mlp_types: tuple[str, ...] = ("dense", "sparse", "sparse", "sparse")
     num_heads: int = 4
     num_kv_heads: int = 1
-    head_dim: int = 48
-    v_head_dim: int = 32
-    intermediate_size: int = 384
+    head_dim: int = 32
+    v_head_dim: int = 16
+    intermediate_size: int = 192
     vocab_size: int = 4096
     window: int = 17                      # keys per SWA query counting itself (sliding_window_size 16)
     partial_rotary_factor: float = 0.334
@@ -37,7 +37,7 @@ class Mimo2Shape:
     rms_eps: float = 1e-5
     n_experts: int = 8
     top_k: int = 2
-    moe_intermediate_size: int = 96
+    moe_intermediate_size: int = 64
     n_group: int = 2
     topk_group: int = 1
     routed_scaling_factor: float = 1.0

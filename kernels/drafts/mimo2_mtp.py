@@ -17,7 +17,7 @@ good. A window with anchor a at position A (= the committed count):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -56,10 +56,12 @@ class Proposal:
 class Mimo2MTPDraft:
     """Device MTP draft bound to a mimo2 target engine (its embedding, final norm and head)."""
 
-    def __init__(self, spec: Mimo2MTPSpec, target: Mimo2Target, max_len: int, hidden: str = "post"):
+    def __init__(self, spec: Mimo2MTPSpec, target: Mimo2Target, max_len: int, hidden: str | None = None):
+        hidden = spec.hidden if hidden is None else hidden
         if hidden not in HIDDEN:
             raise ValueError(f"MTP hidden {hidden!r}: expected one of {HIDDEN}")
         self.spec, self.hidden, self.width = spec, hidden, spec.num_layers
+        self.run_spec = replace(spec, hidden=hidden)          # what the gate's checks and state reference read
         self.device, self.dtype = target.device, target.dtype
         self.t = {n: x.to(device=self.device, dtype=self.dtype) for n, x in spec.tensors.items()}
         self.embed, self.head, self.final_gain = target.embed, target.head, target.final_norm
