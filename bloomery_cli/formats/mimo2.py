@@ -156,7 +156,7 @@ def read_shapes(cfg: Cfg, layers: int) -> tuple[LayerShape, MimoShape]:
         raise cfg.bad("num_attention_heads", f"{nh} is not a multiple of the SWA layers' {2 * nkv} kv heads")
     if nh % nkv:
         raise cfg.bad("num_attention_heads", f"{nh} is not a multiple of num_key_value_heads {nkv}")
-    full_theta = _rope(cfg, "full_attention", "rope_theta")[0]
+    full_theta, prf = _rope(cfg, "full_attention", "rope_theta")
     layer = LayerShape(H, nh, nkv, cfg.int("head_dim"), cfg.int("intermediate_size"),
                        own_eps if own_eps is not None else hf_eps, full_theta)
     dv = cfg.int("v_head_dim")
@@ -165,8 +165,7 @@ def read_shapes(cfg: Cfg, layers: int) -> tuple[LayerShape, MimoShape]:
     scale = cfg.get("attention_value_scale", 1.0)
     scale = cfg.float("attention_value_scale") if scale != 1.0 else 1.0
     moe = _moe(cfg, H) if "sparse" in mlps else None
-    return layer, MimoShape(types, mlps, full, swa, scale, cfg.float("partial_rotary_factor", full.rotary_dim /
-                                                                    layer.head_dim), moe)
+    return layer, MimoShape(types, mlps, full, swa, scale, prf, moe)
 
 
 def attn_shapes(p: str, H: int, a: AttnShape) -> Shapes:

@@ -93,6 +93,10 @@ class Mimo2MTPDraft:
         self.e[c:c + kept], self.x[c:c + kept] = taps[0][:kept], self.target_rows(taps[:, :kept])
         self.committed += kept
 
+    def chain_source(self, k: int) -> T:
+        """The hidden rows layer k reads (by position): the target's for layer 0, layer k-1's recycled output after."""
+        return self.x if k == 0 else self.g[k - 1]
+
     def _attend(self, k: int, q0: int, r: int):
         pos = torch.arange(q0, q0 + r, device=self.device)
         allowed = window_allowed(pos, self.key_pos, self.spec.attn.window) & (self.key_pos[None, :] >= k + 1)
@@ -110,8 +114,7 @@ class Mimo2MTPDraft:
         ids, ys, logits = [], [], []
         for k in range(self.width):
             q0, q1 = self.real_end[k], a + k                        # rows q0..q1; q1 > a read the drafts
-            src = self.x if k == 0 else self.g[k - 1]
-            e, h = self.e[q0:q1 + 1][None], src[q0 - 1:q1][None]
+            e, h = self.e[q0:q1 + 1][None], self.chain_source(k)[q0 - 1:q1][None]
             y, g = mtp_layer(self.spec, self.t, k, e, h, self.cos[q0:q1 + 1], self.sin[q0:q1 + 1],
                              self._attend(k, q0, q1 - q0 + 1))
             self.g[k][q0:q1 + 1] = (g if self.hidden == "post" else y)[0]
