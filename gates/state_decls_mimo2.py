@@ -28,6 +28,10 @@ def _names(what: str) -> tuple[str, str]:
     return f"{what} k_cache", f"{what} v_cache"
 
 
+def _mtp_names(k: int) -> tuple[str, str]:
+    return f"mtp store k layer {k}", f"mtp store v layer {k}"
+
+
 def _t_read(engine, run: StateRun) -> dict[str, np.ndarray]:
     out = {}
     for l in range(run.target_spec.num_layers):
@@ -57,7 +61,7 @@ MIMO2_STATE = (StateDecl(_t_read, _t_reference, _t_ops),)
 def _m_read(draft, run: StateRun) -> dict[str, np.ndarray]:
     out = {}
     for k in range(run.draft_spec.num_layers):
-        out.update(zip(_names(f"mtp layer {k} store"), kv_layout(*draft.store_rows(k)), strict=True))
+        out.update(zip(_mtp_names(k), kv_layout(*draft.store_rows(k)), strict=True))
     return out
 
 
@@ -66,7 +70,7 @@ def _m_reference(run: StateRun) -> dict[str, np.ndarray]:
     hidden = run.ref.final if spec.hidden == "post" else run.ref.hidden[-1]
     out = {}
     for k, kv in ref_mtp.store_rows(spec, run.target_spec, run.seq[:n], hidden[:n - 1], spec.hidden).items():
-        out.update(zip(_names(f"mtp layer {k} store"), kv, strict=True))
+        out.update(zip(_mtp_names(k), kv, strict=True))
     return out
 
 
@@ -78,7 +82,7 @@ def _m_ops(run: StateRun) -> dict[str, list[Op]]:
     out = {}
     for k in range(run.draft_spec.num_layers):
         pre = trunk + (step + one + [Op("final_layernorm", h)]) * k + step + [Op("input_layernorm", h)]
-        out.update(zip(_names(f"mtp layer {k} store"), _kv_ops(h, pre), strict=True))
+        out.update(zip(_mtp_names(k), _kv_ops(h, pre), strict=True))
     return out
 
 

@@ -239,3 +239,19 @@ def test_refuses_sparse_mtp(tmp_path):
     write_safetensors(d / "model.safetensors", st)
     with pytest.raises(Refused, match="sparse MTP MLP"):
         load_mimo2_mtp(d, load_target(d))
+
+
+@needs_fixture
+def test_state_fails_kept_rows_hidden_not_recorded(monkeypatch):
+    """accept records the kept rows' tokens but not their target hidden rows: the prefill-time lines cannot see it
+    (they check the first window), the state lines of every MTP layer's store must."""
+    def accept(self, kept, taps):
+        c = self.committed
+        self.e[c:c + kept] = taps[0][:kept]
+        self.committed += kept
+
+    monkeypatch.setattr(kmtp.Mimo2MTPDraft, "accept", accept)
+    code, lines = gate()
+    assert code == 1 and failed(lines, "(r) state after") and any(
+        "mtp store k layer 0" in line and line.endswith(" FAIL") for line in lines), "\n".join(lines)
+    assert not any(line.startswith("(r) mtp layer") and line.endswith(" FAIL") for line in lines)
