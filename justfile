@@ -45,6 +45,13 @@ gate-qwen38-dflash2 *ARGS:
 gate-qwen38-dspark *ARGS:
     bloomery gate run qwen38-dspark {{ARGS}}
 
+gate-mimo2-mtp *ARGS:
+    bloomery gate run mimo2-mtp {{ARGS}}
+
+# the mimo2 fixture (MiMo-V2-Flash layout + its 3 MTP layers), ~25 min on 2 busy CPU cores
+fixtures-mimo2:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.fixturegen.mimo2 --out fixtures
+
 # decode speed at the Qwen3-8B shape on the H200: roofline, verify cost, drafted speed, HF transformers
 bench-qwen3-8b:
     bloomery bench qwen3-dflash --shape qwen3-8b --device cuda --json results/h200/bench-qwen3-8b-cuda-bf16.json

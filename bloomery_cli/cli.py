@@ -94,7 +94,10 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              confidence_cut: Annotated[float | None, typer.Option(
                  "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
                  "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
-                 "accept_mean change, and ids must stay identical.")] = None) -> None:
+                 "accept_mean change, and ids must stay identical.")] = None,
+             mtp_hidden: Annotated[str | None, typer.Option(
+                 "--mtp-hidden", help="mimo2-mtp: which target hidden the MTP head reads and recycles: post (HF / "
+                 "vLLM, the checkpoint's own; default) or pre (llama.cpp).")] = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
 
@@ -104,6 +107,10 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         if not 0.0 <= confidence_cut <= 1.0:
             fail_input(InputError("--confidence-cut", f"{confidence_cut}: expected a threshold in [0, 1]"))
         extra["confidence_cut"] = confidence_cut
+    if mtp_hidden is not None:
+        if mtp_hidden not in ("post", "pre"):
+            fail_input(InputError("--mtp-hidden", f"{mtp_hidden!r}: expected post or pre"))
+        extra["mtp_hidden"] = mtp_hidden
     if width not in ("fixed", "cost"):
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width)

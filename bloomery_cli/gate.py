@@ -147,6 +147,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     max_len = max(len(p) for p in prompts) + n + b + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
     draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
+    draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
     report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
                 target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options))
     for line in gate.anchors:

@@ -25,6 +25,7 @@ from bloomery_cli.formats.dflash2 import dflash2_from_hf
 from bloomery_cli.formats.dspark import dspark_from_hf
 from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
+from bloomery_cli.formats.mimo2 import is_mimo2, mimo2_from_hf
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
 from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
 from bloomery_cli.formats.speculators import speculators_kind
@@ -36,7 +37,8 @@ from bloomery_cli.formats.speculators_drafts import (
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
 from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
 
-__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_eagle3", "load_tokenizer"]
+__all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_eagle3", "load_tokenizer",
+           "load_mimo2_mtp"]
 
 def _existing(path: str | Path, role: str) -> Path:
     p = Path(path).expanduser()
@@ -52,6 +54,8 @@ def load_target(path: str | Path) -> ModelSpec:
     p = _existing(path, "target checkpoint (an HF directory or a .gguf file)")
     if is_qwen38(p):
         return qwen38_from_hf(p) if p.is_dir() else qwen38_from_gguf(p)
+    if is_mimo2(p):
+        return mimo2_from_hf(p)
     if p.is_dir():
         return qwen3_from_hf(p)
     if is_gguf(p):
@@ -99,3 +103,13 @@ def load_eagle3(path: str | Path, target: ModelSpec) -> Eagle3Spec:
     if not p.is_dir():
         raise InputError(p, "expected the EAGLE-3 draft's HF directory (config.json + *.safetensors)")
     return eagle3_from_hf(p, target)
+
+def load_mimo2_mtp(path: str | Path, target: ModelSpec):
+    """The MTP layers shipped in the mimo2 checkpoint ``path`` (usually the target's own directory) for the mimo2
+    ``target``; named errors when absent, incomplete or unfit (formats/mimo2_mtp.py)."""
+    from bloomery_cli.formats.mimo2_mtp import mimo2_mtp_from_file
+
+    p = _existing(path, "mimo2 checkpoint holding the MTP layers (an HF directory)")
+    if not p.is_dir():
+        raise InputError(p, "expected the mimo2 checkpoint's HF directory (config.json + *.safetensors)")
+    return mimo2_mtp_from_file(p, target)

@@ -241,3 +241,89 @@ class Eagle3Spec:
         """[draft_vocab_size] int64: the target id of every draft id (arange + d2t; the identity without d2t)."""
         base = torch.arange(self.draft_vocab_size, dtype=torch.long)
         return base if self.d2t is None else base + self.d2t.long()
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """One attention kind of a mimo2 (MiMo-V2) target: nh query heads, nkv kv heads, q/k heads of ``head_dim``,
+    v heads of ``v_head_dim``, RoPE on the first ``rotary_dim`` channels of each q/k head (theta ``rope_theta``),
+    ``window`` keys per query counting itself (None: full causal), per-head attention sinks when ``sinks``."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    rope_theta: float
+    rotary_dim: int
+    window: int | None
+    sinks: bool
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Routed experts of a sigmoid-scored router (MiMo-V2 / DeepSeek-V3 ``noaux_tc``): E experts of width
+    ``moe_intermediate_size``, top-k, group-limited (``n_group`` groups, the best ``topk_group`` by their top-2 sum),
+    renormalised when ``norm_topk_prob``, then times ``routed_scaling_factor``; no shared expert."""
+
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+
+
+@dataclass(frozen=True)
+class MimoShape:
+    """The mimo2 extras: per layer its attention kind (``layer_types[l]`` "full_attention" | "sliding_attention")
+    and MLP kind (``mlp_types[l]`` "dense" | "sparse"), the two attention shapes, the value scale applied to v
+    before attention, the routed experts (None when every layer is dense) and the shipped MTP layers
+    (``model.mtp.layers.{k}``, 0 when absent: SWA attention + dense MLP each, chained)."""
+
+    layer_types: tuple[str, ...]
+    mlp_types: tuple[str, ...]
+    full: AttnShape
+    swa: AttnShape
+    value_scale: float
+    partial_rotary_factor: float
+    moe: MoEShape | None
+    mtp_layers: int = 0
+
+    def attn(self, layer: int) -> AttnShape:
+        return self.swa if self.layer_types[layer] == "sliding_attention" else self.full
+
+
+@dataclass(frozen=True)
+class Mimo2Spec(ModelSpec):
+    """A mimo2 target (family ``"mimo2"``, HF model_type ``mimo_v2_flash``): ``layer`` holds the full-attention
+    numbers (heads, kv heads, q/k head_dim, dense MLP width, eps, full rope_theta) so shared band code reads it;
+    ``mimo`` everything else. Tensor names are the shipped checkpoint's (``self_attn.attention_sink_bias``,
+    ``mlp.gate.weight`` / ``mlp.gate.e_score_correction_bias``, ``mlp.experts.{e}.{gate,up,down}_proj.weight``,
+    ``model.mtp.layers.{k}.*``); norms are plain gains w."""
+
+    mimo: MimoShape
+
+
+@dataclass(frozen=True)
+class Mimo2MTPSpec:
+    """The MTP head shipped in a mimo2 checkpoint: ``num_layers`` chained next-token layers
+    ``model.mtp.layers.{k}.*`` (MiMo-V2-Flash: 3), each enorm, hnorm [H], eh_proj [H, 2H] (input [E(tok) ; h],
+    embedding first), one SWA decoder layer of the trunk's SWA shape ``attn`` (input_layernorm, self_attn.* with
+    sinks, pre_mlp_layernorm, dense mlp.* of ``intermediate_size``) and final_layernorm [H]. Layer k drafts the
+    (k+1)-th token of a window. The embedding and head are the target's. ``hidden``: the engines' two conventions,
+    "post" (HF MtpModel, vLLM: the post-final-norm target row in, final_layernorm's output recycled; the checkpoint's
+    own) or "pre" (llama.cpp: the row before model.norm in, the pre-norm layer output recycled)."""
+
+    kind: str                      # "mimo2-mtp"
+    source: Path
+    source_format: str             # "hf"
+    attn: AttnShape
+    hidden_size: int
+    intermediate_size: int
+    rms_eps: float
+    value_scale: float
+    num_layers: int
+    vocab_size: int
+    tensors: Tensors = field(repr=False)
+    hidden: str = "post"           # which target hidden layer 0 reads and each layer recycles: post | pre

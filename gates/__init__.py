@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+               mimo2_mtp,
                qwen3_dflash,
                qwen3_dflash2,
                qwen3_dflash_swa,
@@ -19,3 +20,4 @@ from . import (
 GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2.GATE, qwen38_mtp.GATE,
                               qwen38_dflash.GATE, qwen38_dflash2.GATE, qwen3_eagle3.GATE, qwen38_dspark.GATE,
                               qwen3yarn_dflash.GATE, qwen3_dflash_swa.GATE, qwen3_dflash_swa_spec.GATE)}
+GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE

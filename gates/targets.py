@@ -13,8 +13,10 @@ from bloomery_cli.bands import Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.spec import ModelSpec
 
+from ..kernels.families.mimo2 import Mimo2Target
 from ..kernels.families.qwen3 import Pass, Qwen3Target
 from ..kernels.families.qwen38 import Qwen38Target
+from ..reference.families import mimo2 as ref_mimo2
 from ..reference.families import qwen3 as ref_qwen3
 from ..reference.families import qwen38 as ref_qwen38
 from ..reference.families.qwen3 import head
@@ -24,6 +26,7 @@ from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .state_decls import QWEN3_STATE, QWEN38_STATE
+from .state_decls_mimo2 import MIMO2_STATE
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ def _hf_qwen38(spec: ModelSpec, ids: list[int]) -> np.ndarray:
     return hf_qwen38_logits(spec, ids)
 
 
+def _hf_mimo2(spec: ModelSpec, ids: list[int]) -> np.ndarray:
+    from bloomery_cli.oracle_mimo2 import hf_mimo2_logits
+    return hf_mimo2_logits(spec, ids)
+
+
 def _final(norm: Callable) -> Callable:
     def final(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
         return norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
@@ -61,7 +69,9 @@ def _final(norm: Callable) -> Callable:
 FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm),
                             QWEN3_STATE),
             "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
-                             _final(ref_qwen38.norm1p), QWEN38_STATE)}
+                             _final(ref_qwen38.norm1p), QWEN38_STATE),
+            "mimo2": Family("mimo2", Mimo2Target, ref_mimo2.forward, ref_mimo2.reference_layer, _hf_mimo2,
+                            _final(rms_norm), MIMO2_STATE)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:

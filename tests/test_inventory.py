@@ -402,3 +402,16 @@ def test_fixture_mtp_files_if_present():
             assert inv.verdicts == [MTP_IN_FILE]
     if not targets:
         pytest.skip("no qwen38 fixture with MTP tensors yet")
+
+
+def test_mimo2_three_mtp_layers_in_file(tmp_path):
+    """MiMo-V2's model.mtp.layers.{0,1,2}: MTP in-file, 3 layers, drafted by gate mimo2-mtp."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mimo2_factory import write as write_mimo2
+
+    m = inventory([write_mimo2(tmp_path / "mimo2")]).models[0]
+    assert m.verdict == MTP_IN_FILE
+    why = " ".join(m.why)
+    assert "3 MTP layers" in why and "gate mimo2-mtp" in why
+    assert all(n.startswith("model.mtp.layers.") for n in m.names("mtp_nextn"))

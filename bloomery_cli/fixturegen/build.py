@@ -363,8 +363,8 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
 
     man = Manifest()
     man.add_files(work, files)
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
+    if man.stored_bytes > MAX_TOTAL_BYTES:
+        raise RuntimeError(f"fixtures store {man.stored_bytes} distinct bytes, over the {MAX_TOTAL_BYTES} limit")
     tc, dc = asdict(tcfg), asdict(dcfg)
     man.made_by = {
         "command": command, "builder": "bloomery_cli.fixturegen.build", "quick": cfg.quick,

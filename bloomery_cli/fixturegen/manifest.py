@@ -46,10 +46,17 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(int(e["bytes"]) for e in self.files.values())
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of distinct content (by sha256): what the repository stores, since git keeps one blob for
+        files of equal content (a layout copy of the same weights costs nothing). The size caps apply here."""
+        return sum({e["sha256"]: int(e["bytes"]) for e in self.files.values()}.values())
+
     def to_json(self) -> str:
         body = {
             "format": self.format,
             "total_bytes": self.total_bytes,
+            "stored_bytes": self.stored_bytes,
             "files": dict(sorted(self.files.items())),
             "made_by": self.made_by,
             "corpus": self.corpus,

@@ -218,8 +218,8 @@ def _install(work: Path, out: Path, files: list[Path], models: dict, made_by: di
         shutil.rmtree(dst) if dst.is_dir() else dst.unlink(missing_ok=True)
         os.replace(work / name, dst)
     man.add_files(out, [out / f.relative_to(work) for f in files])
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
+    if man.stored_bytes > MAX_TOTAL_BYTES:
+        raise RuntimeError(f"fixtures store {man.stored_bytes} distinct bytes, over the {MAX_TOTAL_BYTES} limit")
     man.models.update({k: {**v, "made_by": made_by} for k, v in models.items()})
     man.write(out)
     return man

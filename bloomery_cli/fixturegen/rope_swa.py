@@ -145,8 +145,8 @@ def build(fixtures: Path) -> Manifest:
         os.replace(work / name, dst)
         man.add_files(fixtures, [dst / f.name for f in files])
         man.models[name] = entry(name, fixtures)
-    if man.total_bytes > MAX_FIXTURE_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_FIXTURE_BYTES} limit")
+    if man.stored_bytes > MAX_FIXTURE_BYTES:
+        raise RuntimeError(f"fixtures store {man.stored_bytes} distinct bytes, over the {MAX_FIXTURE_BYTES} limit")
     man.write(fixtures)
     clean_work(work)
     problems = verify(fixtures)

@@ -159,8 +159,8 @@ def build(fixtures: Path, kinds: tuple[str, ...] = tuple(SOURCES)) -> Manifest:
         os.replace(work / name, dst)
         man.add_files(fixtures, [dst / f.name for f in files])
         man.models[name] = entry
-    if man.total_bytes > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"fixtures total {man.total_bytes} bytes, over the {MAX_TOTAL_BYTES} limit")
+    if man.stored_bytes > MAX_TOTAL_BYTES:
+        raise RuntimeError(f"fixtures store {man.stored_bytes} distinct bytes, over the {MAX_TOTAL_BYTES} limit")
     man.write(fixtures)
     shutil.rmtree(work, ignore_errors=True)
     problems = verify(fixtures)

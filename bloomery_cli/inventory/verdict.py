@@ -103,6 +103,19 @@ def _head_names(names: list[str], k: int = 4) -> str:
     return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
 
 
+def _mtp_layer_count(m: ModelInventory, names: list[str]) -> int:
+    """Distinct MTP layers: GGUF nextn blocks, or the k of HF ``mtp.layers.{k}.`` / ``mtp_layers.{k}.`` names."""
+    if m.fmt == "gguf":
+        return len(m.mtp_blocks)
+    ks = set()
+    for n in names:
+        parts = n.replace("mtp_layers.", "mtp.layers.").split(".")
+        for i in range(len(parts) - 2):
+            if parts[i] == "mtp" and parts[i + 1] == "layers" and parts[i + 2].isdigit():
+                ks.add(int(parts[i + 2]))
+    return len(ks) or (1 if names else 0)
+
+
 def _verdict(m: ModelInventory) -> None:
     mtp_names = m.names("mtp_nextn")
     trunk = any(t.block is not None and t.group != "mtp_nextn" for t in m.tensors)  # trunk blocks
@@ -122,6 +135,9 @@ def _verdict(m: ModelInventory) -> None:
         return
     if mtp_names and trunk:
         m.verdict = MTP_IN_FILE
+        layers = _mtp_layer_count(m, mtp_names)
+        if layers:
+            m.why.append(f"{layers} MTP layer{'s' if layers > 1 else ''}")
         m.why.append(f"{len(mtp_names)} MTP/NextN tensors in the file: {_head_names(mtp_names)}")
         if m.mtp_why:
             m.why.append(m.mtp_why)

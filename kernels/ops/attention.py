@@ -44,3 +44,27 @@ def sliding_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, window: int) -> t
     absolute positions (``formats.sliding``); pos_q [R], pos_kv [S] -> bool [R, S], built in one shot."""
     q, k = pos_q[:, None], pos_kv[None, :]
     return (k <= q) & (k > q - window)
+
+
+def attend_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+                 sinks: torch.Tensor | None) -> torch.Tensor:
+    """``attend`` with per-head attention sinks and a value width dv of its own (MiMo-V2):
+
+        q [N, nh, R, d], k [N, nkv, S, d], v [N, nkv, S, dv], allowed [R, S] or None, sinks [nh] or None
+        p = softmax over [q k^T / sqrt(d) masked ; sink_h], sink column dropped  ->  out [N, R, nh * dv]
+
+    Scores, the sink logit and the softmax are float32; the products run in the storage dtype."""
+    n, nh, r, d = q.shape
+    nkv, dv = k.shape[1], v.shape[-1]
+    g = nh // nkv
+    scores = torch.matmul(q.reshape(n, nkv, g * r, d), k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+    scores = scores.view(n, nkv, g, r, -1)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        z = sinks.float().view(1, nkv, g, 1, 1).expand(n, nkv, g, r, 1)
+        probs = torch.softmax(torch.cat([scores, z], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs.to(v.dtype).reshape(n, nkv, g * r, -1), v).view(n, nkv, g, r, dv)
+    return out.permute(0, 3, 1, 2, 4).reshape(n, r, nh * dv)

@@ -68,3 +68,38 @@ def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarr
     pos_q [T], pos_kv [S] integers; returns bool [T, S]."""
     q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
     return (k <= q) & (k > q - window)
+
+
+def window_mask(pos_q: np.ndarray, pos_k: np.ndarray, window: int | None) -> np.ndarray:
+    """mask[t, j] = pos_k[j] <= pos_q[t] and (window is None or pos_q[t] - pos_k[j] < window): causal, and a
+    sliding window of ``window`` keys counting the query's own position (HF's ``sliding_window``). bool [T, S]."""
+    if window is not None:
+        return sliding_mask(pos_q, pos_k, window)
+    return np.asarray(pos_k)[None, :] <= np.asarray(pos_q)[:, None]
+
+
+def sink_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+                   sinks: np.ndarray | None) -> np.ndarray:
+    """GQA attention with per-head attention sinks and a value width of its own.
+
+        scores[h, t, s] = q[t, h] . k[s, h // r] / sqrt(d)     masked entries -inf
+        p[h, t, :]      = softmax over [scores[h, t, :] ; sinks[h]], the sink column dropped (it takes mass only)
+        out[t, h]       = sum_s p[h, t, s] v[s, h // r]
+
+    q [T, nh, d], k [S, nkv, d], v [S, nkv, dv], mask bool [T, S], sinks [nh] or None (plain softmax).
+    Returns [T, nh, dv]."""
+    t, nh, d = q.shape
+    s, nkv, _ = k.shape
+    if nh % nkv:
+        raise ValueError(f"num_heads {nh} is not a multiple of num_kv_heads {nkv}")
+    if mask.shape != (t, s) or not mask.any(axis=1).all():
+        raise ValueError(f"mask must be bool [{t}, {s}] with a True in every row")
+    kk, vv = repeat_kv(k, nh // nkv), repeat_kv(v, nh // nkv)
+    scores = st(np.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
+    scores = np.where(mask[None, :, :], scores, -np.inf)
+    if sinks is not None:
+        scores = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (nh, t, 1))], axis=-1)
+    p = st(softmax(scores, axis=-1))
+    if sinks is not None:
+        p = p[..., :-1]
+    return st(np.einsum("hts,shd->thd", p, vv))

@@ -1,0 +1,59 @@
+"""Checks of the MoE blocks a gate runs (kernels.ops.moe against reference.ops.moe).
+
+Tier 1, the chosen experts: the device's ids [N, k] against the host transcription of the device's own rule
+(``reference.ops.moe.topk_stable`` / ``group_limited_choice``) run on the device's own float32 choice scores
+[N, E]. Both break ties by the lower expert index, so the two must be equal row for row: no excuse, no band.
+The expert load (how many (row, slot) picks each expert got) goes to the record, so a router that collapsed onto
+one expert is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from bloomery_cli.bands import Op
+from bloomery_cli.contract import Report
+
+from ..kernels.ops.moe import Routing
+from ..reference.ops import moe as rmoe
+
+Rule = Callable[[np.ndarray], np.ndarray]      # float32 choice scores [N, E] -> ids [N, k]
+HOST = "host transcription of the kernel's rule"
+
+
+def softmax_rule(k: int) -> Rule:
+    """The softmax top-k router's choice: topk_stable of the logits."""
+    return lambda c: rmoe.topk_stable(c, k)
+
+
+def group_rule(k: int, n_group: int, topk_group: int) -> Rule:
+    """The sigmoid router's choice: group-limited topk_stable of sigmoid(l) + bias."""
+    return lambda c: rmoe.group_limited_choice(c, k, n_group, topk_group)
+
+
+def moe_ops(hidden: int, expert_ff: int, k: int, shared_ff: int | None, gated: bool) -> list[Op]:
+    """The reductions one MoE block chains (for the band's float32 accumulation term): router, gate/up, down, the
+    k-way weighted sum, and the shared expert (its gate) when present."""
+    ops = [Op("router", hidden), Op("expert gate/up", hidden), Op("silu(gate) * up", 1), Op("expert down", expert_ff),
+           Op("weighted sum", k)]
+    if shared_ff is not None:
+        ops += [Op("shared gate/up", hidden), Op("shared down", shared_ff), Op("routed + shared", 1)]
+        ops += [Op("shared_expert_gate", hidden)] if gated else []
+    return ops
+
+
+def expert_load(ids: np.ndarray, num_experts: int) -> list[int]:
+    """Picks per expert over all (row, slot) pairs of ids [N, k]."""
+    return np.bincount(ids.reshape(-1), minlength=num_experts).tolist()
+
+
+def chosen_experts(report: Report, what: str, routing: Routing, rule: Rule) -> bool:
+    """(r) <what> chosen experts [N x k] vs the host transcription: N checked, rows that differ (must be 0)."""
+    got = routing.ids.detach().cpu().numpy()
+    want = rule(routing.choice.detach().float().cpu().numpy())
+    n, k = got.shape
+    differ = int((got != want).any(axis=-1).sum())
+    report.facts.setdefault("expert_load", {})[what] = expert_load(got, routing.choice.shape[-1])
+    return report.integer_match(f"{what} chosen experts [{n}x{k}]", n, differ, 0, ref=HOST)
