@@ -14,8 +14,10 @@ from bloomery_cli.contract import Report
 from bloomery_cli.spec import ModelSpec
 
 from ..kernels.families.qwen3 import Pass, Qwen3Target
+from ..kernels.families.qwen35moe import Qwen35MoeTarget
 from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import qwen3 as ref_qwen3
+from ..reference.families import qwen35moe as ref_qwen35moe
 from ..reference.families import qwen38 as ref_qwen38
 from ..reference.families.qwen3 import head_weight
 from ..reference.ops.attention import causal_mask
@@ -23,6 +25,7 @@ from ..reference.ops.norm import rms_norm
 from ..reference.rounding import emulate, linear
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
+from .moe_checks import check_routing
 from .state_decls import QWEN3_STATE, QWEN38_STATE
 
 
@@ -35,6 +38,7 @@ class Family:
     oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
     final_norm: Callable           # (spec, h [T, H] f64) -> the rows that enter the head (the family's final norm)
     state: tuple = ()              # StateDecls of the engine's state after a run (KV, recurrent): state_decls
+    check_extra: Callable | None = None   # (report, spec, prefill Pass, dtype) -> the family's own lines (MoE routing)
 
 
 def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
@@ -52,6 +56,11 @@ def _hf_qwen38(spec: ModelSpec, ids: list[int]) -> np.ndarray:
     return hf_qwen38_logits(spec, ids)
 
 
+def _hf_qwen35moe(spec: ModelSpec, ids: list[int]) -> np.ndarray:
+    from bloomery_cli.oracle_qwen35moe import hf_qwen35moe_logits
+    return hf_qwen35moe_logits(spec, ids)
+
+
 def _final(norm: Callable) -> Callable:
     def final(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
         return norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
@@ -61,7 +70,9 @@ def _final(norm: Callable) -> Callable:
 FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm),
                             QWEN3_STATE),
             "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
-                             _final(ref_qwen38.norm1p), QWEN38_STATE)}
+                             _final(ref_qwen38.norm1p), QWEN38_STATE),
+            "qwen35moe": Family("qwen35moe", Qwen35MoeTarget, ref_qwen35moe.forward, ref_qwen35moe.reference_layer,
+                                _hf_qwen35moe, _final(ref_qwen38.norm1p), QWEN38_STATE, check_routing)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -108,3 +119,5 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
                  ops * spec.num_layers + head_ops(spec))
     differ, excused = greedy_flips(got, ref.logits, band)
     report.integer_match("target greedy ids", t, differ, excused)
+    if family.check_extra is not None:
+        family.check_extra(report, spec, prefill, dtype)
