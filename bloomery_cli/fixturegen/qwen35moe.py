@@ -171,8 +171,8 @@ def train_target(tokens: torch.Tensor, shape: Qwen35MoeShape, cfg: Qwen35MoeConf
         ce = F.cross_entropy(logits.float().reshape(-1, shape.vocab_size), w[:, 1:].reshape(-1))
         aux = balance_loss(rec, shape.num_experts, shape.top_k)
         descend(opt, ce + cfg.aux * aux, params, tcfg.clip)
-        ces.append(float(ce))
-        auxes.append(float(aux))
+        ces.append(float(ce.detach()))
+        auxes.append(float(aux.detach()))
         rep.step(step + 1, tcfg.steps, {"ce": ces[-1], "aux": auxes[-1]})
     rep.done()
     stats = {"steps": tcfg.steps, "batch": cfg.batch, "seq": cfg.seq, "lr": cfg.lr, "aux_coefficient": cfg.aux,
@@ -319,10 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=None, help="target steps (default 600)")
+    ap.add_argument("--mtp-steps", type=int, default=None, help="MTP distillation steps (default 300)")
+    ap.add_argument("--pool", type=int, default=None, help="greedy pool rows (default 64)")
     args = ap.parse_args(argv)
     cfg = Qwen35MoeConfig.for_device(args.device, args.quick)
     if args.steps is not None:
         cfg = replace(cfg, target_steps=args.steps)
+    if args.mtp_steps is not None:
+        cfg = replace(cfg, mtp=replace(cfg.mtp, steps=args.mtp_steps, warmup=max(1, args.mtp_steps // 10)))
+    if args.pool is not None:
+        cfg = replace(cfg, pool_size=args.pool)
     man = build_qwen35moe(args.out, args.device, args.quick, progress=lambda *a: print(*a, flush=True), config=cfg)
     print(json.dumps({k: man.models[k].get("held_out") or man.models[k].get("held_out_greedy")
                       for k in (TARGET, f"{TARGET}/mtp")}, indent=1), flush=True)

@@ -122,6 +122,9 @@ def _verdict(m: ModelInventory) -> None:
         return
     if mtp_names and trunk:
         m.verdict = MTP_IN_FILE
+        layers = m.nextn_layers or len({n.split(".")[2] for n in mtp_names if n.startswith("mtp.layers.")})
+        if layers:
+            m.why.append(f"{layers} MTP layer{'' if layers == 1 else 's'}")
         m.why.append(f"{len(mtp_names)} MTP/NextN tensors in the file: {_head_names(mtp_names)}")
         if m.mtp_why:
             m.why.append(m.mtp_why)
