@@ -45,6 +45,9 @@ gate-qwen38-dflash2 *ARGS:
 gate-qwen38-dspark *ARGS:
     bloomery gate run qwen38-dspark {{ARGS}}
 
+gate-qwen35moe-mtp *ARGS:
+    bloomery gate run qwen35moe-mtp {{ARGS}}
+
 # decode speed at the Qwen3-8B shape on the H200: roofline, verify cost, drafted speed, HF transformers
 bench-qwen3-8b:
     bloomery bench qwen3-dflash --shape qwen3-8b --device cuda --json results/h200/bench-qwen3-8b-cuda-bf16.json
