@@ -72,3 +72,13 @@ oracle-llamacpp:
         --json results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.json | tee results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.log
     bloomery gate run qwen38-mtp --target fixtures/qwen38-tiny.gguf --draft fixtures/qwen38-tiny.gguf --oracle \
         --json results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.log
+
+# tier 3 on the qwen35moe GGUF layout (not bundled: over the fixtures' size cap), written from the trained HF fixture
+oracle-llamacpp-qwen35moe:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p .fixtures-work
+    python -m bloomery_cli.fixturegen.qwen35moe --out fixtures --gguf-only --gguf-out .fixtures-work/qwen35moe-tiny.gguf
+    bloomery gate run qwen35moe-mtp --target .fixtures-work/qwen35moe-tiny.gguf \
+        --draft .fixtures-work/qwen35moe-tiny.gguf --oracle --json results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.json \
+        | tee results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.log

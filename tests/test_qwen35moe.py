@@ -204,3 +204,55 @@ def test_reader_named_errors(tmp_path):
         load_target(write_hf(tmp_path / "b", spec, num_experts_per_tok=9))
     with pytest.raises(BadTensor, match="experts.gate_up_proj"):
         load_target(write_hf(tmp_path / "c", spec, moe_intermediate_size=8))
+
+
+# ------------------------------------------------------------------------------------------- GGUF layout
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures"
+needs_fixture = pytest.mark.skipif(not (FIXTURE / "qwen35moe-tiny").is_dir(), reason="no fixtures/qwen35moe-tiny")
+
+
+@pytest.fixture(scope="module")
+def fixture_gguf(tmp_path_factory) -> Path:
+    from bloomery_cli.fixturegen.qwen35moe import export_gguf
+    return export_gguf(FIXTURE, tmp_path_factory.mktemp("gguf") / "qwen35moe-tiny.gguf")
+
+
+@needs_fixture
+def test_gguf_reads_back_and_drafts_like_hf(fixture_gguf):
+    from bloomery_cli.formats.gguf_file import GGUFFile
+    from bloomery_cli.speculative import generate
+
+    f = GGUFFile(fixture_gguf)
+    assert f.meta("general.architecture") == "qwen35moe" and f.meta("qwen35moe.nextn_predict_layers") == 1
+    assert "blk.0.ffn_gate_exps.weight" in f.tensor_names() and "blk.4.nextn.eh_proj.weight" in f.tensor_names()
+    hf, gg = load_target(FIXTURE / "qwen35moe-tiny"), load_target(fixture_gguf)
+    assert gg.family == "qwen35moe" and gg.moe == hf.moe and gg.num_layers == hf.num_layers
+    assert gg.hybrid.linear_num_value_heads > gg.hybrid.linear_num_key_heads      # the V-head regrouping ran
+    for n in ("model.layers.0.linear_attn.in_proj_qkv.weight", "model.layers.0.mlp.experts.gate_up_proj",
+              "model.layers.3.mlp.shared_expert_gate.weight"):
+        assert torch.equal(gg.tensors[n], hf.tensors[n].float()), n
+    prompt = json.loads((FIXTURE / "prompts.jsonl").read_text().splitlines()[0])["ids"]
+    runs = []
+    for t in (hf, gg):
+        eng = kq.Qwen35MoeTarget(t, "cpu", torch.float32, 200, rows=4)
+        runs.append(generate(eng, MTPDraft(load_mtp(t.source, t), eng, 200, 3), prompt, 32).ids)
+    assert runs[0] == runs[1]
+
+
+@needs_fixture
+def test_fail_first_gguf_value_heads_left_tiled(monkeypatch, fixture_gguf):
+    """The reader skips undoing the converter's V-head tiling: kernel and reference agree on the wrong weights, so
+    only llama.cpp on the same file (tier 3) can see it, and it must."""
+    pytest.importorskip("llama_cpp")
+    from bloomery_cli import formats
+    from bloomery_cli.gate import GateOptions, run_gate
+    from bloomery_gates.gates import GATES
+
+    monkeypatch.setattr(formats.qwen38, "_untile_fn", lambda *a: (lambda x: x))
+    lines: list[str] = []
+    code, _ = run_gate(GATES["qwen35moe-mtp"], GateOptions(target=fixture_gguf, draft=fixture_gguf, n=16,
+                                                           max_prompts=1, oracle=True), emit=lines.append)
+    assert code == 1, "\n".join(lines)
+    assert any(line.startswith("(o) host f64 logits") and "llama.cpp" in line and line.endswith("FAIL")
+               for line in lines), "\n".join(lines)

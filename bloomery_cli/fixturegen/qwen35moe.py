@@ -15,7 +15,8 @@ held-out windows, min / max share and the normalised entropy) for the target and
 
 Writes ``qwen35moe-tiny/`` (config.json in ``Qwen3_5MoeForCausalLM``'s text-config layout, model_type
 "qwen3_5_moe_text", mtp_num_hidden_layers 1; model.safetensors with fused experts as HF saves them; tokenizer files),
-reads it back through the harness's reader, and adds its entries to MANIFEST.json (others untouched).
+and ``qwen35moe-tiny.gguf`` (arch qwen35moe, ``write_gguf``), reads both back through the harness's readers, and adds
+their entries to MANIFEST.json (others untouched). ``--gguf-only`` re-exports the GGUF from the trained HF files.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .build import _determinism, _device_info, _versions
 from .install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from .manifest import Manifest, verify
 from .qwen38_drafts import _stream, eval_mtp, train_mtp
-from .qwen38_target import Qwen38Shape, hf_config, init_qwen38, write_qwen38_target
+from .qwen38_target import Qwen38Shape, hf_config, init_qwen38, write_qwen38_gguf, write_qwen38_target
 from .train import (
     Reporter,
     Schedule,
@@ -56,7 +57,7 @@ from .train import (
 )
 from .train_dflash2 import target_shape_of
 
-TARGET = "qwen35moe-tiny"
+TARGET, GGUF = "qwen35moe-tiny", "qwen35moe-tiny.gguf"
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,63 @@ def moe_config(shape: Qwen35MoeShape, eot: int) -> dict:
     return cfg
 
 
+def write_gguf(path: Path, shape: Qwen35MoeShape, tensors: dict, tok) -> Path:
+    """The target and its MTP head as llama.cpp's converter writes a Qwen3.5-MoE checkpoint (arch qwen35moe,
+    block_count L + 1, nextn_predict_layers 1, per-expert-style ffn_{gate,up}_exps, V heads tiled, +1 on the norms),
+    read back through the harness's GGUF reader: every tensor equal to the HF one (exactly, or within 2^-22 where the
+    converter's +1 / -exp transforms round)."""
+    from bloomery_cli.formats.qwen38 import baked_plus_one
+    from bloomery_cli.loading import load_mtp, load_target
+
+    write_qwen38_gguf(path, shape, tensors, tok, mtp_layers=1, name=TARGET, moe=shape.moe)
+    spec = load_target(path)
+    mtp = load_mtp(path, spec)
+    for name, want in tensors.items():
+        got = (mtp.tensors if name.startswith("mtp.") else spec.tensors)[name].float()
+        inexact = baked_plus_one(name) or name.endswith("A_log")
+        if not torch.allclose(got, want.float(), rtol=0.0, atol=2.0 ** -22 if inexact else 0.0):
+            raise RuntimeError(f"{path}: {name} does not read back equal to the trained weights")
+    return path
+
+
+def export_gguf(fixtures: Path, out: Path | None = None) -> Path:
+    """Write ``qwen35moe-tiny.gguf`` from the trained ``qwen35moe-tiny/`` (no retraining). With ``out`` the file goes
+    there and nothing is registered; without, it joins ``fixtures`` and its manifest, refused (nothing moved) when
+    the folder would pass ``MAX_FIXTURE_BYTES``."""
+    from tokenizers import Tokenizer
+
+    from bloomery_cli.loading import load_target
+
+    man = Manifest.read(fixtures)
+    entry = man.models[TARGET]
+    shape = Qwen35MoeShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry["shape"].items()})
+    spec = load_target(fixtures / TARGET)
+    dst = out or fixtures / GGUF
+    tmp = dst.with_name(dst.name + ".tmp")
+    write_gguf(tmp, shape, {n: spec.tensors[n] for n in spec.tensors},
+               Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json")))
+    os.chmod(tmp, 0o644)
+    if out is not None:
+        os.replace(tmp, dst)
+        return dst
+    total = man.total_bytes + tmp.stat().st_size - man.files.get(GGUF, {}).get("bytes", 0)
+    if total > MAX_FIXTURE_BYTES:
+        tmp.unlink()
+        raise RuntimeError(f"fixtures would total {total} bytes with {GGUF}, over the {MAX_FIXTURE_BYTES} limit "
+                           "(write it elsewhere with --gguf-out)")
+    os.replace(tmp, dst)
+    man.add_files(fixtures, [dst])
+    entry["files"] = sorted(set(entry["files"]) | {GGUF})
+    entry["architecture"] = "Qwen3_5MoeForCausalLM (model_type qwen3_5_moe_text; GGUF arch qwen35moe)"
+    entry["gguf_export"] = {"command": "python -m bloomery_cli.fixturegen.qwen35moe --out fixtures --gguf-only",
+                            "from": f"{TARGET}/model.safetensors (the trained weights unchanged)"}
+    man.write(fixtures)
+    problems = verify(fixtures)
+    if problems:
+        raise RuntimeError("fixtures do not verify after the qwen35moe GGUF export: " + "; ".join(problems))
+    return dst
+
+
 def build_qwen35moe(out_dir: Path, device: str = "cpu", quick: bool = False, progress=None,
                     config: Qwen35MoeConfig | None = None) -> Manifest:
     """Train the target and its MTP head, write and register them in ``out_dir``."""
@@ -307,6 +365,10 @@ def build_qwen35moe(out_dir: Path, device: str = "cpu", quick: bool = False, pro
         "seconds": round(mlog.seconds, 1), "made_by": made_by}
     man.write(out_dir)
     clean_work(work)
+    try:
+        export_gguf(out_dir)
+    except RuntimeError as e:                     # over the fixtures' size cap: the HF layout stands alone
+        rep.log(f"{GGUF} not bundled: {e}")
     problems = verify(out_dir)
     if problems:
         raise RuntimeError("fixtures do not verify after the qwen35moe build: " + "; ".join(problems))
@@ -321,7 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="target steps (default 600)")
     ap.add_argument("--mtp-steps", type=int, default=None, help="MTP distillation steps (default 300)")
     ap.add_argument("--pool", type=int, default=None, help="greedy pool rows (default 64)")
+    ap.add_argument("--gguf-only", action="store_true", help="only (re)write the GGUF from the trained HF fixture")
+    ap.add_argument("--gguf-out", type=Path, default=None, help="with --gguf-only: write it here, unregistered")
     args = ap.parse_args(argv)
+    if args.gguf_only:
+        print(export_gguf(args.out, args.gguf_out), flush=True)
+        return 0
     cfg = Qwen35MoeConfig.for_device(args.device, args.quick)
     if args.steps is not None:
         cfg = replace(cfg, target_steps=args.steps)

@@ -25,7 +25,7 @@ import torch
 
 from bloomery_cli.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_cli.formats.lazy import check_shapes
-from bloomery_cli.formats.qwen35moe import qwen35moe_from_hf
+from bloomery_cli.formats.qwen35moe import qwen35moe_from_gguf, qwen35moe_from_hf
 from bloomery_cli.formats.qwen35moe import tensor_shapes as qwen35moe_shapes
 from bloomery_cli.formats.qwen38 import gguf_name, qwen38_from_gguf, qwen38_from_hf, tensor_shapes
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
@@ -70,14 +70,15 @@ def mtp_from_file(path: Path, target: Qwen38Spec) -> MTPSpec:
     if Path(path).resolve() == Path(target.source).resolve():
         own = target
     elif target.family == "qwen35moe":
-        own = qwen35moe_from_hf(path)
+        own = qwen35moe_from_hf(path) if path.is_dir() else qwen35moe_from_gguf(path)
     else:
         own = qwen38_from_hf(path) if path.is_dir() else qwen38_from_gguf(path)
     if own.family != target.family:
         raise Mismatch(f"MTP file {path} vs target {target.source}", f"a {own.family} file; expected {target.family}")
     _fits(own, target, path)
     gguf = own.source_format == "gguf"
-    key = "qwen35.nextn_predict_layers" if gguf else "mtp_num_hidden_layers"
+    key = ("qwen35moe" if own.family == "qwen35moe" else "qwen35") + ".nextn_predict_layers" if gguf \
+        else "mtp_num_hidden_layers"
     names = [n for n in own.tensors if n.startswith("mtp.")]
     declared = own.hybrid.mtp_num_hidden_layers
     if not names:

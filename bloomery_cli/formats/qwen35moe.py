@@ -1,4 +1,4 @@
-"""qwen35moe targets (Qwen3.5 / 3.6-MoE): ``Qwen35MoeSpec`` from an HF directory.
+"""qwen35moe targets (Qwen3.5 / 3.6-MoE): ``Qwen35MoeSpec`` from an HF directory or a llama.cpp GGUF.
 
 The qwen38 hybrid (``formats.qwen38``: the same keys, layer types, DeltaNet and gated attention, mtp.*) with every
 FFN a mixture of experts (HF ``Qwen3_5MoeSparseMoeBlock``). HF model_type "qwen3_5_moe_text" (as
@@ -13,23 +13,33 @@ MoE keys: num_experts (E), num_experts_per_tok (k), moe_intermediate_size (ff), 
     them) or per expert experts.{e}.{gate,up,down}_proj.weight (stacked here into the fused names, lazily);
     shared_expert.{gate,up}_proj.weight [sff, H], shared_expert.down_proj.weight [H, sff]; shared_expert_gate.weight
     [1, H]. The MTP layer ``mtp.layers.0.mlp.*`` has the same set.
+
+GGUF (arch "qwen35moe", llama.cpp's converter): qwen38's keys and names (``formats.qwen38``: +1 on the norms, ssm_a,
+the V-head tiling when value heads outnumber key heads, block_count = trunk + nextn_predict_layers, blk.{L}.nextn.*)
+plus ``qwen35moe.{expert_count, expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length}``
+and per block ffn_gate_inp {H, E}, ffn_{gate,up}_exps {H, ff, E} (or the fused ffn_gate_up_exps {H, 2ff, E}),
+ffn_down_exps {ff, H, E}, ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp {H} (HF [1, H]).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bloomery_cli.formats.config import Cfg
+from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
-from bloomery_cli.formats.qwen38 import MappedTensors, Shapes, _shapes_from_cfg
+from bloomery_cli.formats.qwen38 import MappedTensors, Shapes, _shapes_from_cfg, qwen38_from_gguf
 from bloomery_cli.formats.qwen38 import tensor_shapes as qwen38_shapes
 from bloomery_cli.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 
 FAMILY = "qwen35moe"
 SUPPORTED_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+SUPPORTED_GGUF_ARCHS = ("qwen35moe",)
 PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -143,9 +153,91 @@ class StackedExperts(LazyTensors):
 
 
 def is_qwen35moe(path: Path) -> bool:
-    """Whether ``path`` is an HF directory declaring a qwen3_5_moe model."""
-    return path.is_dir() and (path / "config.json").is_file() and \
-        read_config(path).get("model_type") in SUPPORTED_MODEL_TYPES
+    """Whether ``path`` (an HF directory or a GGUF) declares a qwen3_5_moe model (model_type / architecture)."""
+    if path.is_dir():
+        return (path / "config.json").is_file() and read_config(path).get("model_type") in SUPPORTED_MODEL_TYPES
+    return is_gguf(path) and GGUFFile(path).meta("general.architecture", None) in SUPPORTED_GGUF_ARCHS
+
+
+class FusedGateUp(LazyTensors):
+    """GGUF tensors with each ``blk.i.ffn_gate_exps`` / ``blk.i.ffn_up_exps`` pair (numpy [E, ff, H] each) presented as
+    ``blk.i.ffn_gate_up_exps.weight`` [E, 2 ff, H] (gate rows first, as HF's gate_up_proj), on first access."""
+
+    def __init__(self, inner: LazyTensors):
+        super().__init__()
+        self.inner = inner
+        self.pairs = {n.replace("ffn_gate_exps", "ffn_gate_up_exps"): (n, n.replace("ffn_gate_exps", "ffn_up_exps"))
+                      for n in inner if n.endswith("ffn_gate_exps.weight")}
+        used = {x for pair in self.pairs.values() for x in pair if x in inner}
+        self.names = [n for n in inner if n not in used] + list(self.pairs)
+
+    def _names(self) -> list[str]:
+        return self.names
+
+    def _src(self, name: str) -> str:
+        return self.pairs[name][0] if name in self.pairs else name
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        if name not in self.pairs:
+            return self.inner.shape_of(name)
+        g, u = (self.inner.shape_of(x) if x in self.inner else None for x in self.pairs[name])
+        if u is None or tuple(g) != tuple(u):
+            from bloomery_cli.errors import BadTensor
+            raise BadTensor(f"{self.inner.file_of(self.pairs[name][0])}: tensor {self.pairs[name][1]}",
+                            f"{'missing' if u is None else f'shape {list(u)}'}; expected the shape of "
+                            f"{self.pairs[name][0]} {list(g)}")
+        return (g[0], 2 * g[1], g[2])
+
+    def dtype_of(self, name: str) -> str:
+        return self.inner.dtype_of(self._src(name))
+
+    def file_of(self, name: str) -> Path:
+        return self.inner.file_of(self._src(name))
+
+    def label(self, name: str) -> str:
+        return self.inner.label(self._src(name)) + (" (+ ffn_up_exps)" if name in self.pairs else "")
+
+    def check_dtype(self, name: str) -> None:
+        for x in self.pairs.get(name, (name,)):
+            self.inner.check_dtype(x)
+
+    def _load(self, name: str) -> torch.Tensor:
+        if name not in self.pairs:
+            return self.inner[name]
+        self.shape_of(name)
+        g, u = self.pairs[name]
+        return torch.cat([self.inner[g], self.inner[u]], dim=1)
+
+
+def gguf_moe_shape(cfg: Cfg, a: str) -> MoEShape:
+    """The MoE numbers of a qwen35moe GGUF (llama.cpp's keys)."""
+    e, k = cfg.int(a + "expert_count", minimum=1), cfg.int(a + "expert_used_count", minimum=1)
+    if k > e:
+        raise cfg.bad(a + "expert_used_count", f"{k} is more than expert_count {e}; expected <= {e}")
+    shared = cfg.int(a + "expert_shared_feed_forward_length", 0, minimum=0)
+    return MoEShape(num_experts=e, top_k=k, expert_ff=cfg.int(a + "expert_feed_forward_length", minimum=1),
+                    shared_ff=shared or None, shared_gated=bool(shared), router="softmax")
+
+
+@dataclass(frozen=True)
+class GGUFVariant:
+    """What ``formats.qwen38.qwen38_from_gguf`` needs to read another arch of the hybrid."""
+
+    archs: tuple[str, ...]
+    moe: Callable[[Cfg, str], MoEShape]
+    wrap: Callable[[LazyTensors], LazyTensors]
+    shapes: Callable[..., Shapes]
+    spec: Callable[..., Qwen35MoeSpec]
+
+
+GGUF_VARIANT = GGUFVariant(SUPPORTED_GGUF_ARCHS, gguf_moe_shape, FusedGateUp, tensor_shapes,
+                           lambda **kw: Qwen35MoeSpec(family=FAMILY, **kw))
+
+
+def qwen35moe_from_gguf(path: Path) -> Qwen35MoeSpec:
+    """A qwen35moe target from a llama.cpp GGUF (arch "qwen35moe"): qwen38's GGUF reader (names, the converter's
+    transforms undone, V heads regrouped) with the MoE keys and tensors (``GGUF_VARIANT``)."""
+    return qwen38_from_gguf(path, GGUF_VARIANT)
 
 
 def qwen35moe_from_hf(directory: Path) -> Qwen35MoeSpec:
