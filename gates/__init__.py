@@ -7,6 +7,7 @@ from . import (
                qwen3_dflash2,
                qwen3_dspark,
                qwen3_eagle3,
+               qwen35moe_dflash,
                qwen35moe_mtp,
                qwen38_dflash,
                qwen38_dflash2,
@@ -16,4 +17,4 @@ from . import (
 
 GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2.GATE, qwen38_mtp.GATE,
                               qwen38_dflash.GATE, qwen38_dflash2.GATE, qwen3_eagle3.GATE, qwen38_dspark.GATE,
-                              qwen35moe_mtp.GATE)}
+                              qwen35moe_mtp.GATE, qwen35moe_dflash.GATE)}
