@@ -1,7 +1,7 @@
 """FAIL-first for gate qwen35moe-mtp on the trained fixture: the control passes, and each planted defect of the MoE
 hybrid turns it red (exit 1) at the check that guards it: the shared-expert gate dropped, the router's
 renormalisation dropped, the DeltaNet value heads read in llama.cpp's tiled order instead of HF's grouped one (the
-V-head order a GGUF converter reorders), and the recurrent state not rolled back."""
+V-head order a GGUF converter reorders), and the recurrent state not rolled back (both gates)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from bloomery_gates.kernels.ops.gated_deltanet import l2norm
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen35moe-tiny").is_dir(), reason="fixtures/qwen35moe-tiny not built")
 
 
-def gate(**kw):
+def gate(name: str = "qwen35moe-mtp", **kw):
     lines: list[str] = []
-    code, _ = run_gate(GATES["qwen35moe-mtp"], GateOptions(n=64, max_prompts=2, **kw), emit=lines.append)
+    code, _ = run_gate(GATES[name], GateOptions(n=64, max_prompts=2, **kw), emit=lines.append)
     return code, lines
 
 
@@ -63,7 +63,18 @@ def test_fail_first_value_heads_in_tiled_order(monkeypatch):
     assert code == 1 and failed(lines, "(r) target layer 0 out"), "\n".join(lines)
 
 
-def test_fail_first_state_not_rolled_back(monkeypatch):
+needs_dflash = pytest.mark.skipif(not (FIXTURES / "qwen35moe-tiny-dflash-b8").is_dir(), reason="no DFlash fixture")
+
+
+@needs_dflash
+def test_dflash_control_passes():
+    code, lines = gate("qwen35moe-dflash")
+    assert code == 0, "\n".join(lines)
+    assert "ids identical 64" in lines
+
+
+@pytest.mark.parametrize("name", ["qwen35moe-mtp", pytest.param("qwen35moe-dflash", marks=needs_dflash)])
+def test_fail_first_state_not_rolled_back(monkeypatch, name):
     monkeypatch.setattr(kq38.Qwen38Target, "_rollback_row", lambda self, kept, first, n: n - 1)
-    code, lines = gate()
+    code, lines = gate(name)
     assert code == 1 and failed(lines, "(w) prompt"), "\n".join(lines)
