@@ -52,6 +52,9 @@ gate-mimo2-mtp *ARGS:
 fixtures-mimo2:
     OMP_NUM_THREADS=1 python -m bloomery_cli.fixturegen.mimo2 --out fixtures
 
+gate-qwen35moe-mtp *ARGS:
+    bloomery gate run qwen35moe-mtp {{ARGS}}
+
 # decode speed at the Qwen3-8B shape on the H200: roofline, verify cost, drafted speed, HF transformers
 bench-qwen3-8b:
     bloomery bench qwen3-dflash --shape qwen3-8b --device cuda --json results/h200/bench-qwen3-8b-cuda-bf16.json
@@ -76,3 +79,13 @@ oracle-llamacpp:
         --json results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.json | tee results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.log
     bloomery gate run qwen38-mtp --target fixtures/qwen38-tiny.gguf --draft fixtures/qwen38-tiny.gguf --oracle \
         --json results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.log
+
+# tier 3 on the qwen35moe GGUF layout (not bundled: over the fixtures' size cap), written from the trained HF fixture
+oracle-llamacpp-qwen35moe:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p .fixtures-work
+    python -m bloomery_cli.fixturegen.qwen35moe --out fixtures --gguf-only --gguf-out .fixtures-work/qwen35moe-tiny.gguf
+    bloomery gate run qwen35moe-mtp --target .fixtures-work/qwen35moe-tiny.gguf \
+        --draft .fixtures-work/qwen35moe-tiny.gguf --oracle --json results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.json \
+        | tee results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.log

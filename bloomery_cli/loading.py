@@ -27,6 +27,7 @@ from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.mimo2 import is_mimo2, mimo2_from_hf
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
+from bloomery_cli.formats.qwen35moe import is_qwen35moe, qwen35moe_from_gguf, qwen35moe_from_hf
 from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
 from bloomery_cli.formats.speculators import speculators_kind
 from bloomery_cli.formats.speculators_drafts import (
@@ -52,6 +53,8 @@ def load_target(path: str | Path) -> ModelSpec:
     """The target model at ``path``: an HF directory or a ``*.gguf`` file. Qwen3 (model_type qwen3, arch
     qwen3) or qwen38 (model_type qwen3_5 / qwen3_5_text, arch qwen35: a ``Qwen38Spec``)."""
     p = _existing(path, "target checkpoint (an HF directory or a .gguf file)")
+    if is_qwen35moe(p):
+        return qwen35moe_from_hf(p) if p.is_dir() else qwen35moe_from_gguf(p)
     if is_qwen38(p):
         return qwen38_from_hf(p) if p.is_dir() else qwen38_from_gguf(p)
     if is_mimo2(p):

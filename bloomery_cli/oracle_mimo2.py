@@ -35,10 +35,10 @@ def hf_config(spec: Mimo2Spec) -> Any:
             "sliding_attention": {"rope_type": "default", "rope_theta": m.swa.rope_theta,
                                   "partial_rotary_factor": m.partial_rotary_factor}}
     moe = m.moe
-    kw = {} if moe is None else dict(n_routed_experts=moe.n_routed_experts, num_experts_per_tok=moe.num_experts_per_tok,
-                                     moe_intermediate_size=moe.moe_intermediate_size, n_group=moe.n_group,
-                                     topk_group=moe.topk_group, norm_topk_prob=moe.norm_topk_prob,
-                                     routed_scaling_factor=moe.routed_scaling_factor)
+    kw = {} if moe is None else dict(n_routed_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                                     moe_intermediate_size=moe.expert_ff, n_group=moe.n_group,
+                                     topk_group=moe.topk_group, norm_topk_prob=moe.norm_topk,
+                                     routed_scaling_factor=moe.routed_scale)
     config = tf.MiMoV2FlashConfig(
         vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads,
@@ -79,7 +79,7 @@ def build_hf_mimo2(spec: Mimo2Spec) -> torch.nn.Module:
         model = tf.MiMoV2FlashForCausalLM(hf_config(spec)).to(torch.float64).eval()
     moe = spec.mimo.moe
     state = hf_state({n: t for n, t in spec.tensors.items() if not n.startswith("model.mtp.")}, "",
-                     moe.n_routed_experts if moe else None)
+                     moe.num_experts if moe else None)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
     if unexpected or missing:

@@ -182,6 +182,39 @@ class Qwen38Spec(ModelSpec):
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    """A mixture-of-experts FFN (``kernels.ops.moe`` / ``reference.ops.moe``): ``num_experts`` E routed experts of
+    width ``expert_ff`` (HF fused ``mlp.experts.gate_up_proj`` [E, 2 ff, H], ``mlp.experts.down_proj`` [E, H, ff]),
+    ``top_k`` chosen per row by ``router``:
+      "softmax": softmax over all experts, top-k, renormalised (Qwen3.5/3.6-MoE; ``mlp.gate.weight`` [E, H]);
+      "sigmoid": sigmoid scores, + ``mlp.gate.e_score_correction_bias`` [E] for the choice only, the best
+                 ``topk_group`` of ``n_group`` groups (by the sum of each group's 2 best), top-k, renormalised
+                 when ``norm_topk``, times ``routed_scale`` (DeepSeek-V3 style: MiMo-V2, GLM-5).
+    ``shared_ff``: the shared expert's width (``mlp.shared_expert.{gate,up,down}_proj``), None when there is none;
+    ``shared_gated``: scaled by sigmoid(x ``mlp.shared_expert_gate.weight``^T) (Qwen) or not."""
+
+    num_experts: int
+    top_k: int
+    expert_ff: int
+    shared_ff: int | None = None
+    shared_gated: bool = False
+    router: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk: bool = True
+    routed_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Qwen35MoeSpec(Qwen38Spec):
+    """A qwen35moe target (family ``"qwen35moe"``, Qwen3.5/3.6-MoE): the qwen38 hybrid whose every FFN is the MoE
+    ``moe`` (softmax router, one sigmoid-gated shared expert). ``layer.intermediate_size`` holds the expert width
+    (the reduction length the bands count for the expert down projection)."""
+
+    moe: MoEShape
+
+
+@dataclass(frozen=True)
 class MTPSpec:
     """An MTP / NextN head shipped with a qwen38 (Qwen3.5/3.8) target (DRAFTERS.md section 1).
 
@@ -257,21 +290,6 @@ class AttnShape:
     rotary_dim: int
     window: int | None
     sinks: bool
-
-
-@dataclass(frozen=True)
-class MoEShape:
-    """Routed experts of a sigmoid-scored router (MiMo-V2 / DeepSeek-V3 ``noaux_tc``): E experts of width
-    ``moe_intermediate_size``, top-k, group-limited (``n_group`` groups, the best ``topk_group`` by their top-2 sum),
-    renormalised when ``norm_topk_prob``, then times ``routed_scaling_factor``; no shared expert."""
-
-    n_routed_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    n_group: int
-    topk_group: int
-    norm_topk_prob: bool
-    routed_scaling_factor: float
 
 
 @dataclass(frozen=True)

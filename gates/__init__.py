@@ -11,6 +11,8 @@ from . import (
                qwen3_dspark,
                qwen3_eagle3,
                qwen3yarn_dflash,
+               qwen35moe_dflash,
+               qwen35moe_mtp,
                qwen38_dflash,
                qwen38_dflash2,
                qwen38_dspark,
@@ -19,5 +21,6 @@ from . import (
 
 GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2.GATE, qwen38_mtp.GATE,
                               qwen38_dflash.GATE, qwen38_dflash2.GATE, qwen3_eagle3.GATE, qwen38_dspark.GATE,
-                              qwen3yarn_dflash.GATE, qwen3_dflash_swa.GATE, qwen3_dflash_swa_spec.GATE)}
+                              qwen3yarn_dflash.GATE, qwen3_dflash_swa.GATE, qwen3_dflash_swa_spec.GATE,
+                              qwen35moe_mtp.GATE, qwen35moe_dflash.GATE)}
 GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE

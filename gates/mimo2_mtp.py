@@ -61,7 +61,7 @@ def check_routing(report: Report, c: DraftCheck) -> None:
     if m is None:
         return
     for l, routing in sorted(c.engine.routings.items()):
-        chosen_experts(report, f"target layer {l}", routing, group_rule(m.num_experts_per_tok, m.n_group,
+        chosen_experts(report, f"target layer {l}", routing, group_rule(m.top_k, m.n_group,
                                                                         m.topk_group))
 
 

@@ -57,3 +57,16 @@ def chosen_experts(report: Report, what: str, routing: Routing, rule: Rule) -> b
     differ = int((got != want).any(axis=-1).sum())
     report.facts.setdefault("expert_load", {})[what] = expert_load(got, routing.choice.shape[-1])
     return report.integer_match(f"{what} chosen experts [{n}x{k}]", n, differ, 0, ref=HOST)
+
+
+def rule_of(moe) -> Rule:
+    """The host transcription of the device router of ``moe`` (``bloomery_cli.spec.MoEShape``)."""
+    return softmax_rule(moe.top_k) if moe.router == "softmax" else group_rule(moe.top_k, moe.n_group, moe.topk_group)
+
+
+def check_routing(report: Report, spec, prefill, dtype: str) -> None:
+    """Tier 1 for every MoE layer of the prefill pass: ``(r) target layer <l> chosen experts [T x k] vs host
+    transcription of the kernel's rule: T checked, 0 differ``; the load per expert goes to the record."""
+    rule = rule_of(spec.moe)
+    for l, routing in sorted((prefill.routing or {}).items()):
+        chosen_experts(report, f"target layer {l}", routing, rule)

@@ -88,7 +88,10 @@ def hf_mtp_logits(target, mtp: MTPSpec, ids: list[int]):
         from transformers.modeling_layers import MtpModel
     except ImportError:
         return None
-    model = build_hf_qwen38(target)
+    build = build_hf_qwen38
+    if target.family == "qwen35moe":            # the same MtpModel shim over the MoE trunk (FAMILIES_MOE.md 3)
+        from bloomery_cli.oracle_qwen35moe import build_hf_qwen35moe as build
+    model = build(target)
     model.config.num_mtp_layers, model.config.mtp_layer_types = mtp.num_layers, ["full_attention"]
     with Float32AsFloat64():
         hf = MtpModel(model, mtp.num_layers).to(torch.float64).eval()

@@ -15,9 +15,11 @@ from bloomery_cli.spec import ModelSpec
 
 from ..kernels.families.mimo2 import Mimo2Target
 from ..kernels.families.qwen3 import Pass, Qwen3Target
+from ..kernels.families.qwen35moe import Qwen35MoeTarget
 from ..kernels.families.qwen38 import Qwen38Target
 from ..reference.families import mimo2 as ref_mimo2
 from ..reference.families import qwen3 as ref_qwen3
+from ..reference.families import qwen35moe as ref_qwen35moe
 from ..reference.families import qwen38 as ref_qwen38
 from ..reference.families.qwen3 import head
 from ..reference.ops.attention import causal_mask
@@ -25,6 +27,7 @@ from ..reference.ops.norm import rms_norm
 from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
+from .moe_checks import check_routing
 from .state_decls import QWEN3_STATE, QWEN38_STATE
 from .state_decls_mimo2 import MIMO2_STATE
 
@@ -38,6 +41,7 @@ class Family:
     oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
     final_norm: Callable           # (spec, h [T, H] f64) -> the rows that enter the head (the family's final norm)
     state: tuple = ()              # StateDecls of the engine's state after a run (KV, recurrent): state_decls
+    check_extra: Callable | None = None   # (report, spec, prefill Pass, dtype) -> the family's own lines (MoE routing)
 
 
 def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
@@ -60,6 +64,11 @@ def _hf_mimo2(spec: ModelSpec, ids: list[int]) -> np.ndarray:
     return hf_mimo2_logits(spec, ids)
 
 
+def _hf_qwen35moe(spec: ModelSpec, ids: list[int]) -> np.ndarray:
+    from bloomery_cli.oracle_qwen35moe import hf_qwen35moe_logits
+    return hf_qwen35moe_logits(spec, ids)
+
+
 def _final(norm: Callable) -> Callable:
     def final(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
         return norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
@@ -71,7 +80,9 @@ FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_laye
             "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
                              _final(ref_qwen38.norm1p), QWEN38_STATE),
             "mimo2": Family("mimo2", Mimo2Target, ref_mimo2.forward, ref_mimo2.reference_layer, _hf_mimo2,
-                            _final(rms_norm), MIMO2_STATE)}
+                            _final(rms_norm), MIMO2_STATE),
+            "qwen35moe": Family("qwen35moe", Qwen35MoeTarget, ref_qwen35moe.forward, ref_qwen35moe.reference_layer,
+                                _hf_qwen35moe, _final(ref_qwen38.norm1p), QWEN38_STATE, check_routing)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -118,3 +129,5 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
                  ops * spec.num_layers + head_ops(spec))
     differ, excused = greedy_flips(got, ref.logits, band)
     report.integer_match("target greedy ids", t, differ, excused)
+    if family.check_extra is not None:
+        family.check_extra(report, spec, prefill, dtype)

@@ -93,7 +93,7 @@ class _Training:
         def route(spec, t, p, x):
             r = self.saved_route(spec, t, p, x)
             layer = int(p.split(".")[2])
-            self.loads[layer] = torch.bincount(r.ids.reshape(-1), minlength=spec.mimo.moe.n_routed_experts)
+            self.loads[layer] = torch.bincount(r.ids.reshape(-1), minlength=spec.mimo.moe.num_experts)
             return r
         kfam.route = route
         return self

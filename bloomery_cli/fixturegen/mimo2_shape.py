@@ -54,8 +54,9 @@ class Mimo2Shape:
              mtp_layers: int | None = None) -> Mimo2Spec:
         layer = LayerShape(self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
                            self.intermediate_size, self.rms_eps, self.rope_theta)
-        moe = MoEShape(self.n_experts, self.top_k, self.moe_intermediate_size, self.n_group, self.topk_group, True,
-                       self.routed_scaling_factor) if "sparse" in self.mlp_types else None
+        moe = MoEShape(num_experts=self.n_experts, top_k=self.top_k, expert_ff=self.moe_intermediate_size,
+                       router="sigmoid", n_group=self.n_group, topk_group=self.topk_group, norm_topk=True,
+                       routed_scale=self.routed_scaling_factor) if "sparse" in self.mlp_types else None
         m = MimoShape(self.layer_types, self.mlp_types, self.attn(False), self.attn(True), self.value_scale,
                       self.partial_rotary_factor, moe, self.mtp_layers if mtp_layers is None else mtp_layers)
         return Mimo2Spec(family="mimo2", source=source, source_format="hf", layer=layer,

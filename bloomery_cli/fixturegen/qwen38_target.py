@@ -240,7 +240,7 @@ def _gguf_array(hf: str, t: torch.Tensor, shape: Qwen38Shape) -> np.ndarray:
 
 def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torch.Tensor], tok: Tokenizer,
                       mtp_layers: int = 0, name: str = "qwen38-tiny",
-                      rope_sections: Sequence[int] | None = None) -> Path:
+                      rope_sections: Sequence[int] | None = None, moe=None) -> Path:
     """The target (and any ``mtp.*`` tensors) as a llama.cpp GGUF, arch "qwen35". Matrices BF16; norms, the
     conv kernel, ssm_a and ssm_dt F32.
 
@@ -252,14 +252,24 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
     fixture's 4 pairs k = 0..3 -> t, h, w, t: every pair rotates, i.e. plain partial RoPE); heads under 32
     channels (test shapes, where llama.cpp would abort on that default) get the even interleave
     (``rope_sections.writer_sections``). The earlier [rotary_dim/2, 0, 0, 0] left pairs 1 and 2 unrotated in
-    llama.cpp. ``rope_sections`` overrides the value (tests plant a bad layout with it)."""
+    llama.cpp. ``rope_sections`` overrides the value (tests plant a bad layout with it).
+
+    ``moe`` (a ``spec.MoEShape``): arch "qwen35moe" instead, with the expert keys, and each layer's MoE FFN as
+    llama.cpp's converter writes a per-expert checkpoint: ffn_gate_inp, ffn_gate_exps / ffn_up_exps (the halves of
+    HF's fused gate_up_proj), ffn_down_exps, ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp {H} (F32)."""
     L, types = len(shape.layer_types), shape.layer_types
     every = types.index("full_attention") + 1 if "full_attention" in types else L + 1
     if any((t == "full_attention") != ((i + 1) % every == 0) for i, t in enumerate(types)):
         raise ValueError(f"layer_types {list(types)} is not a full_attention_interval schedule; "
                          "llama.cpp's qwen35 loader reads only the interval")
     hy = shape.spec({}).hybrid
-    w = gguf_header(path, "qwen35", name, L + mtp_layers, shape)
+    w = gguf_header(path, "qwen35" if moe is None else "qwen35moe", name, L + mtp_layers, shape)
+    if moe is not None:
+        w.add_expert_count(moe.num_experts)
+        w.add_expert_used_count(moe.top_k)
+        w.add_expert_feed_forward_length(moe.expert_ff)
+        if moe.shared_ff:
+            w.add_expert_shared_feed_forward_length(moe.shared_ff)
     w.add_rope_dimension_count(hy.rotary_dim)
     sections = list(rope_sections) if rope_sections is not None else writer_sections(hy.rotary_dim, shape.head_dim)
     w.add_rope_dimension_sections(sections)
@@ -289,13 +299,23 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
         g = gguf_name(hf, L).split(".")
         return (g[0] == "blk", int(g[1]) if g[0] == "blk" else 0, ".".join(g))
 
-    for hf in sorted(tensors, key=order):
-        arr = _gguf_array(hf, tensors[hf], shape)
-        if arr.ndim >= 2 and not hf.endswith("conv1d.weight"):
+    def put(gname: str, arr: np.ndarray, matrix: bool) -> None:
+        if matrix:
             raw = torch.from_numpy(arr).to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-            w.add_tensor(gguf_name(hf, L), raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(gname, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
-            w.add_tensor(gguf_name(hf, L), arr.astype(np.float32))
+            w.add_tensor(gname, arr.astype(np.float32))
+
+    for hf in sorted(tensors, key=order):
+        arr, gname = _gguf_array(hf, tensors[hf], shape), gguf_name(hf, L)
+        if hf.endswith("mlp.experts.gate_up_proj"):                    # [E, 2ff, H] -> gate / up halves
+            ff = arr.shape[1] // 2
+            put(gname.replace("ffn_gate_up_exps", "ffn_gate_exps"), np.ascontiguousarray(arr[:, :ff]), True)
+            put(gname.replace("ffn_gate_up_exps", "ffn_up_exps"), np.ascontiguousarray(arr[:, ff:]), True)
+        elif hf.endswith("mlp.shared_expert_gate.weight"):             # HF [1, H] -> {H}
+            put(gname, arr.reshape(-1), False)
+        else:
+            put(gname, arr, arr.ndim >= 2 and not hf.endswith("conv1d.weight"))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

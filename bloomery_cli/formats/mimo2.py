@@ -135,8 +135,9 @@ def _moe(cfg: Cfg, hidden: int) -> MoEShape:
     tg = cfg.int("topk_group", maximum=g, why=f"n_group is {g}")
     if tg * (e // g) < k:
         raise cfg.bad("topk_group", f"{tg} groups of {e // g} experts cannot hold num_experts_per_tok {k}")
-    return MoEShape(e, k, cfg.int("moe_intermediate_size"), g, tg, cfg.bool("norm_topk_prob", True),
-                    cfg.float("routed_scaling_factor", 1.0))
+    return MoEShape(num_experts=e, top_k=k, expert_ff=cfg.int("moe_intermediate_size"), router="sigmoid",
+                    n_group=g, topk_group=tg, norm_topk=cfg.bool("norm_topk_prob", True),
+                    routed_scale=cfg.float("routed_scaling_factor", 1.0))
 
 
 def read_shapes(cfg: Cfg, layers: int) -> tuple[LayerShape, MimoShape]:
@@ -199,7 +200,7 @@ def tensor_shapes(layer: LayerShape, m: MimoShape, layers: int, vocab: int, tied
         if m.mlp_types[i] == "dense":
             s.update(dense_shapes(p + "mlp.", H, layer.intermediate_size))
         else:
-            e, f = m.moe.n_routed_experts, m.moe.moe_intermediate_size
+            e, f = m.moe.num_experts, m.moe.expert_ff
             s[p + "mlp.gate.weight"] = ((e, H), "[n_routed_experts, hidden] (router)")
             s[p + "mlp.gate.e_score_correction_bias"] = ((e,), "[n_routed_experts]")
             for x in range(e):

@@ -25,18 +25,24 @@ import torch
 
 from bloomery_cli.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.qwen35moe import qwen35moe_from_gguf, qwen35moe_from_hf
+from bloomery_cli.formats.qwen35moe import tensor_shapes as qwen35moe_shapes
 from bloomery_cli.formats.qwen38 import gguf_name, qwen38_from_gguf, qwen38_from_hf, tensor_shapes
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
 
 SUPPORTED_LAYERS = 1
+MTP_FAMILIES = ("qwen38", "qwen35moe")
 
 
 def mtp_shapes(target: Qwen38Spec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor one MTP head must carry (HF names) with its shape, from the target's numbers."""
+    """Every tensor one MTP head must carry (HF names) with its shape, from the target's numbers (a qwen35moe
+    target's MTP layer has the trunk's MoE FFN)."""
     H = target.hidden_size
     full = replace(target.hybrid, layer_types=("full_attention",))
-    layer = {k.replace("model.layers.0.", "mtp.layers.0.", 1): v
-             for k, v in tensor_shapes(target.layer, full, 1, target.vocab_size, True).items()
+    moe = getattr(target, "moe", None)
+    table = tensor_shapes(target.layer, full, 1, target.vocab_size, True) if moe is None else \
+        qwen35moe_shapes(target.layer, full, moe, 1, target.vocab_size, True)
+    layer = {k.replace("model.layers.0.", "mtp.layers.0.", 1): v for k, v in table.items()
              if k.startswith("model.layers.0.")}
     return {"mtp.fc.weight": ((H, 2 * H), "[hidden_size, 2*hidden_size] (input [embedding ; hidden])"),
             "mtp.pre_fc_norm_embedding.weight": ((H,), "[hidden_size]"),
@@ -48,7 +54,8 @@ def mtp_shapes(target: Qwen38Spec) -> dict[str, tuple[tuple[int, ...], str]]:
 def _fits(own: Qwen38Spec, target: Qwen38Spec, where: Path) -> None:
     """The file's trunk numbers must be the target's (the MTP reads its hidden rows, embedding and head)."""
     checks = (("hidden_size", own.hidden_size, target.hidden_size), ("vocab", own.vocab_size, target.vocab_size),
-              ("layer shape", own.layer, target.layer), ("rotary_dim", own.hybrid.rotary_dim, target.hybrid.rotary_dim))
+              ("layer shape", own.layer, target.layer), ("rotary_dim", own.hybrid.rotary_dim, target.hybrid.rotary_dim),
+              ("moe", getattr(own, "moe", None), getattr(target, "moe", None)))
     for what, a, b in checks:
         if a != b:
             raise Mismatch(f"MTP file {where} vs target {target.source}", f"{what} {a} != target's {b}; expected equal")
@@ -56,14 +63,22 @@ def _fits(own: Qwen38Spec, target: Qwen38Spec, where: Path) -> None:
 
 def mtp_from_file(path: Path, target: Qwen38Spec) -> MTPSpec:
     """The MTP head in ``path`` (an HF directory or a qwen35 GGUF), checked to fit ``target``."""
-    if target.family != "qwen38":
+    if target.family not in MTP_FAMILIES:
         raise Mismatch(f"MTP file {path} vs target {target.source}",
-                       f"target family {target.family!r}; the MTP head here is the qwen38 (Qwen3.5/3.8) layout")
-    own = target if Path(path).resolve() == Path(target.source).resolve() else (qwen38_from_hf(path) if path.is_dir()
-                                                            else qwen38_from_gguf(path))
+                       f"target family {target.family!r}; the MTP head here is the qwen38 / qwen35moe "
+                       "(Qwen3.5/3.6/3.8) layout")
+    if Path(path).resolve() == Path(target.source).resolve():
+        own = target
+    elif target.family == "qwen35moe":
+        own = qwen35moe_from_hf(path) if path.is_dir() else qwen35moe_from_gguf(path)
+    else:
+        own = qwen38_from_hf(path) if path.is_dir() else qwen38_from_gguf(path)
+    if own.family != target.family:
+        raise Mismatch(f"MTP file {path} vs target {target.source}", f"a {own.family} file; expected {target.family}")
     _fits(own, target, path)
     gguf = own.source_format == "gguf"
-    key = "qwen35.nextn_predict_layers" if gguf else "mtp_num_hidden_layers"
+    key = ("qwen35moe" if own.family == "qwen35moe" else "qwen35") + ".nextn_predict_layers" if gguf \
+        else "mtp_num_hidden_layers"
     names = [n for n in own.tensors if n.startswith("mtp.")]
     declared = own.hybrid.mtp_num_hidden_layers
     if not names:

@@ -74,6 +74,14 @@ GGUF_LAYER = {
     "ssm_dt.bias": "linear_attn.dt_bias",
     "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight",
+    # MoE FFNs (arch qwen35moe, formats.qwen35moe): separate ffn_{gate,up}_exps are fused on read (FusedGateUp)
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
 GGUF_NEXTN = {"nextn.eh_proj.weight": "fc.weight", "nextn.enorm.weight": "pre_fc_norm_embedding.weight",
               "nextn.hnorm.weight": "pre_fc_norm_hidden.weight", "nextn.shared_head_norm.weight": "norm.weight",
@@ -261,7 +269,8 @@ def qwen38_from_hf(directory: Path) -> Qwen38Spec:
                       max_position=cfg.int("max_position_embeddings", 32768), tensors=tensors, hybrid=hy)
 
 
-def _gguf_table(names: list[str], trunk: int, hy: HybridShape) -> dict[str, tuple[str, Fn | None, tuple | None]]:
+def _gguf_table(names: list[str], trunk: int, hy: HybridShape,
+                hy_hidden: int = 0) -> dict[str, tuple[str, Fn | None, tuple | None]]:
     nk, nv, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_value_head_dim
     table: dict[str, tuple[str, Fn | None, tuple | None]] = {}
     for g in names:
@@ -288,6 +297,9 @@ def _gguf_table(names: list[str], trunk: int, hy: HybridShape) -> dict[str, tupl
         if hf.endswith("linear_attn.conv1d.weight"):
             fns.append(lambda x: x.reshape(x.shape[0], 1, x.shape[-1]))
         shape = (hy.conv_dim, 1, hy.linear_conv_kernel_dim) if hf.endswith("conv1d.weight") else None
+        if hf.endswith("mlp.shared_expert_gate.weight"):              # GGUF {H} -> HF [1, H]
+            fns.append(lambda x: x.reshape(1, -1))
+            shape = (1, hy_hidden) if hy_hidden else None
         table[hf] = (g, _chain(fns), shape)
     return table
 
@@ -320,14 +332,16 @@ def _chain(fns: list[Fn]) -> Fn | None:
     return run
 
 
-def qwen38_from_gguf(path: Path) -> Qwen38Spec:
-    """A qwen38 target from a llama.cpp GGUF (arch "qwen35"; tensors renamed to HF names, float32)."""
+def qwen38_from_gguf(path: Path, variant=None) -> Qwen38Spec:
+    """A qwen38 target from a llama.cpp GGUF (arch "qwen35"; tensors renamed to HF names, float32). ``variant``
+    (``formats.qwen35moe.GGUF_VARIANT``): another arch of the same hybrid, its own FFN keys, tensors and spec."""
     f = GGUFFile(path)
     arch = f.meta("general.architecture", None)
+    archs = variant.archs if variant is not None else SUPPORTED_GGUF_ARCHS
     if arch is None:
-        raise BadConfig(f"{path}: key general.architecture", "missing; expected \"qwen35\"")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise Refused(path, f"general.architecture is {arch!r}; this reader supports {list(SUPPORTED_GGUF_ARCHS)}")
+        raise BadConfig(f"{path}: key general.architecture", f"missing; expected {archs[0]!r}")
+    if arch not in archs:
+        raise Refused(path, f"general.architecture is {arch!r}; this reader supports {list(archs)}")
     a = f"{arch}."
     meta = {k: f.meta(k) for k in f.meta_keys() if k.startswith(a)}
     cfg = Cfg(meta, path)
@@ -336,8 +350,10 @@ def qwen38_from_gguf(path: Path) -> Qwen38Spec:
     trunk = cfg.int(a + "block_count", what="the layer count", **layer_bound(f.tensor_names(), "blk.")) - nextn
     if trunk < 1:
         raise cfg.bad(a + "block_count", f"{trunk + nextn} with nextn_predict_layers {nextn}; expected a trunk")
+    moe = variant.moe(cfg, a) if variant is not None else None
+    ff = moe.expert_ff if moe is not None else cfg.int(a + "feed_forward_length")
     layer = LayerShape(H, heads, cfg.int(a + "attention.head_count_kv", heads),
-                       cfg.int(a + "attention.key_length", H // heads), cfg.int(a + "feed_forward_length"),
+                       cfg.int(a + "attention.key_length", H // heads), ff,
                        cfg.float(a + "attention.layer_norm_rms_epsilon"), cfg.float(a + "rope.freq_base", 10000.0))
     check_layer(layer, cfg, a + "attention.head_count", a + "attention.head_count_kv")
     recurrent = meta.get(a + "attention.recurrent_layers")
@@ -359,18 +375,21 @@ def qwen38_from_gguf(path: Path) -> Qwen38Spec:
     if problem:
         raise cfg.bad(a + "rope.dimension_sections", problem)
     raw = f.tensors(rename=lambda n: n)
+    if variant is not None:
+        raw = variant.wrap(raw)
     if "token_embd.weight" not in raw:
         raise BadTensor(f"{path}: tensor token_embd.weight", "missing; expected [vocab, embedding_length]")
     vocab = raw.shape_of("token_embd.weight")[0]
-    tensors = MappedTensors(raw, _gguf_table(list(raw), trunk, hy))
+    tensors = MappedTensors(raw, _gguf_table(list(raw), trunk, hy, H))
     tied = "lm_head.weight" not in tensors
-    expected = tensor_shapes(layer, hy, trunk, vocab, tied)
+    expected = tensor_shapes(layer, hy, trunk, vocab, tied) if moe is None else \
+        variant.shapes(layer, hy, moe, trunk, vocab, tied)
     for name, (shape, why) in expected.items():
         if name not in tensors:
             raise BadTensor(f"{path}: tensor {gguf_name(name, trunk)} (= {name})",
                             f"missing; expected shape {list(shape)} {why}")
     check_shapes(tensors, expected, path)
-    return Qwen38Spec(family=FAMILY, source=path, source_format="gguf", layer=layer, num_layers=trunk,
-                      vocab_size=vocab, tie_word_embeddings=tied, max_position=cfg.int(a + "context_length"),
-                      tensors=tensors, hybrid=hy)
+    fields = dict(source=path, source_format="gguf", layer=layer, num_layers=trunk, vocab_size=vocab,
+                  tie_word_embeddings=tied, max_position=cfg.int(a + "context_length"), tensors=tensors, hybrid=hy)
+    return Qwen38Spec(family=FAMILY, **fields) if moe is None else variant.spec(moe=moe, **fields)
 

@@ -135,7 +135,7 @@ def _verdict(m: ModelInventory) -> None:
         return
     if mtp_names and trunk:
         m.verdict = MTP_IN_FILE
-        layers = _mtp_layer_count(m, mtp_names)
+        layers = m.nextn_layers or _mtp_layer_count(m, mtp_names)
         if layers:
             m.why.append(f"{layers} MTP layer{'s' if layers > 1 else ''}")
         m.why.append(f"{len(mtp_names)} MTP/NextN tensors in the file: {_head_names(mtp_names)}")

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
 
+from ..families.ffn import ffn_for
 from ..families.qwen38 import Qwen38Target, attention_mixer, norm_gain
 from ..ops.attention import attend
-from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from .chain_store import ChainStore
@@ -43,13 +43,14 @@ def concat_inputs(e: T, h: T) -> T:
     return torch.cat([e, h], dim=-1)
 
 
-def mtp_layer(t: Mapping[str, T], tspec: Qwen38Spec, u: T, cos: T, sin: T, attend_kv) -> T:
-    """The MTP decoder layer on rows u [N, R, H] (the trunk's full-attention layer, mtp.layers.0 weights)."""
+def mtp_layer(t: Mapping[str, T], tspec: Qwen38Spec, u: T, cos: T, sin: T, attend_kv, train: bool = False) -> T:
+    """The MTP decoder layer on rows u [N, R, H] (the trunk's full-attention layer, mtp.layers.0 weights; its FFN
+    the trunk's kind, ``ffn.ffn_for``: dense, or the MoE of a qwen35moe target)."""
     eps = tspec.layer.rms_eps
     a = rms_norm(u, norm_gain(t[L0 + "input_layernorm.weight"]), eps)
     y = u + attention_mixer(tspec, t, L0 + "self_attn.", a, cos, sin, attend_kv)
     m = rms_norm(y, norm_gain(t[L0 + "post_attention_layernorm.weight"]), eps)
-    return y + swiglu(m, t[L0 + "mlp.gate_proj.weight"], t[L0 + "mlp.up_proj.weight"], t[L0 + "mlp.down_proj.weight"])
+    return y + ffn_for(tspec, train)(tspec, t, L0, m)
 
 
 def mtp_in(t: Mapping[str, T], e: T, h: T, eps: float) -> T:
@@ -153,7 +154,7 @@ def forward_train(mparams: Mapping[str, T], tspec: Qwen38Spec, final: T, ids: T,
             vals.append(v)
             return attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
 
-        y = mtp_layer(mparams, tspec, mtp_in(mparams, e, h, eps), cos, sin, chained)
+        y = mtp_layer(mparams, tspec, mtp_in(mparams, e, h, eps), cos, sin, chained, train=True)
         g = rms_norm(y, norm_gain(mparams[P + "norm.weight"]), eps)
         out.append(F.linear(g, head))
         h = F.pad(g[:, :-1], (0, 0, 1, 0))              # step s+1 at q reads g of step s at q-1

@@ -62,8 +62,8 @@ def route(spec: Mimo2Spec, t: Mapping[str, T], p: str, x: T) -> Routing:
     renormalised, times routed_scaling_factor (``ops.moe.sigmoid_group_topk``)."""
     m = spec.mimo.moe
     return sigmoid_group_topk(router_logits(x, t[p + "gate.weight"]), t[p + "gate.e_score_correction_bias"],
-                              m.num_experts_per_tok, m.n_group, m.topk_group, m.norm_topk_prob,
-                              m.routed_scaling_factor)
+                              m.top_k, m.n_group, m.topk_group, m.norm_topk,
+                              m.routed_scale)
 
 
 def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T, routings: dict | None = None) -> T:
@@ -76,7 +76,7 @@ def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T, routings: dict | None
     routing = route(spec, t, p, flat)
     if routings is not None:
         routings[l] = routing
-    gate_up, down = fused_experts(t, p, spec.mimo.moe.n_routed_experts)
+    gate_up, down = fused_experts(t, p, spec.mimo.moe.num_experts)
     return routed_experts(flat, routing, gate_up, down).view(x.shape)
 
 
@@ -127,7 +127,7 @@ class Mimo2Target:
         for l in range(spec.num_layers):       # experts fused once; the router kept float32 (HF keeps it so)
             if self.mimo.mlp_types[l] == "sparse":
                 p = f"model.layers.{l}.mlp."
-                gu, dn = fused_experts(spec.tensors, p, self.mimo.moe.n_routed_experts)
+                gu, dn = fused_experts(spec.tensors, p, self.mimo.moe.num_experts)
                 self.t[p + "experts.gate_up_proj"], self.t[p + "experts.down_proj"] = cast(gu), cast(dn)
                 for n in ("gate.weight", "gate.e_score_correction_bias"):
                     self.t[p + n] = spec.tensors[p + n].float().to(self.device)

@@ -25,9 +25,9 @@ from bloomery_cli.spec import Qwen38Spec
 from ..ops.attention import attend
 from ..ops.causal_conv import causal_conv, with_tail
 from ..ops.gated_deltanet import delta_chunked, delta_scan, gated_rms_norm, gates, prepare_qk
-from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
+from .ffn import ffn_for
 from .qwen3 import Pass
 
 T = torch.Tensor
@@ -42,14 +42,16 @@ def norm_gain(w: T) -> T:
 @dataclass
 class Qwen38Pass(Pass):
     """``Pass`` plus ``final`` [R, H]: the post-final-norm rows n1(taps[L], model.norm), the vectors that
-    enter the head (what an MTP draft reads as the target hidden)."""
+    enter the head (what an MTP draft reads as the target hidden); ``routing`` (MoE families, else None)."""
 
     final: T | None = field(default=None)
+    routing: dict | None = field(default=None)     # MoE families: layer -> the pass's chosen experts
 
 
-def _mlp(h: T, t: Mapping[str, T], p: str, eps: float) -> T:
+def _mlp(h: T, t: Mapping[str, T], p: str, eps: float, spec: Qwen38Spec | None = None, train: bool = False) -> T:
+    """h + ffn(n1(h, post_attention_layernorm)): the family's FFN (``ffn.ffn_for``: dense SwiGLU, or the MoE)."""
     a = rms_norm(h, norm_gain(t[p + "post_attention_layernorm.weight"]), eps)
-    return h + swiglu(a, t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], t[p + "mlp.down_proj.weight"])
+    return h + ffn_for(spec, train)(spec, t, p, a)
 
 
 def partial_rope(x: T, cos: T, sin: T) -> T:
@@ -121,7 +123,7 @@ def forward_train(params: Mapping[str, T], spec: Qwen38Spec, ids: T, chunk: int 
             h = h + deltanet_mixer(spec, params, p + "linear_attn.", a, None, scan)[0]
         else:
             h = h + attention_mixer(spec, params, p + "self_attn.", a, cos, sin, causal)
-        h = _mlp(h, params, p, s.rms_eps)
+        h = _mlp(h, params, p, s.rms_eps, spec, train=True)
         hidden.append(h)
     head = params["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"]
     logits = F.linear(rms_norm(h, norm_gain(params["model.norm.weight"]), s.rms_eps), head)
@@ -253,7 +255,7 @@ class Qwen38Target:
                     return attend(q, self.k_cache[j], self.v_cache[j], allowed)
 
                 h = h + attention_mixer(self.spec, self.t, p + "self_attn.", a, cos, sin, cached)
-            h = _mlp(h, self.t, p, eps)
+            h = _mlp(h, self.t, p, eps, self.spec)
             taps.append(h[0])
         self._pending = pending
         self.rows_run += r

@@ -30,7 +30,7 @@ import numpy as np
 from bloomery_cli.spec import Mimo2MTPSpec, Mimo2Spec
 
 from ..families import mimo2 as trunk
-from ..families.qwen3 import head_weight, mlp
+from ..families.qwen3 import embed_rows, head, mlp
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -70,8 +70,7 @@ def chain(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden: np.n
     window (hidden up to T-1, seq = ids + [anchor, d_1, ...]) gives layer k positions k+1..T+k."""
     if hidden_mode not in HIDDEN:
         raise ValueError(f"MTP hidden {hidden_mode!r}: expected one of {HIDDEN}")
-    e = as_f64(target)["model.embed_tokens.weight"]
-    n, head = len(seq), head_weight(target)
+    n = len(seq)
     x = hidden
     out = ChainOut([], [], [], [])
     for k in range(steps or mtp.num_layers):
@@ -79,11 +78,11 @@ def chain(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden: np.n
         if r <= 0:
             break
         pos = np.arange(k + 1, k + 1 + r)
-        y, g = mtp_layer(mtp, k, e[np.asarray(seq[k + 1:k + 1 + r], dtype=np.int64)], x[:r], pos)
+        y, g = mtp_layer(mtp, k, embed_rows(target, seq[k + 1:k + 1 + r]), x[:r], pos)
         out.positions.append(pos)
         out.y.append(y)
         out.g.append(g)
-        out.logits.append(linear(g, head))
+        out.logits.append(head(target, g))
         x = g if hidden_mode == "post" else y            # x_{k+1, q-1}: layer k's rows
     return out
 
@@ -122,11 +121,10 @@ def store_rows(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden:
     positions k+1..len(seq)-1, (k [R, nkv, d], v [R, nkv, dv])."""
     w, eps, out = as_f64(mtp), mtp.rms_eps, {}
     run = chain(mtp, target, seq, hidden[:len(seq) - 1], hidden_mode)
-    e = as_f64(target)["model.embed_tokens.weight"]
     x = hidden[:len(seq) - 1]
     for k, pos in enumerate(run.positions):
         p, r = f"{P}{k}.", len(pos)
-        emb = e[np.asarray(seq[k + 1:k + 1 + r], dtype=np.int64)]
+        emb = embed_rows(target, seq[k + 1:k + 1 + r])
         u = linear(np.concatenate([rms_norm(emb, w[p + "enorm.weight"], eps),
                                    rms_norm(x[:r], w[p + "hnorm.weight"], eps)], -1), w[p + "eh_proj.weight"])
         a = rms_norm(u, w[p + "input_layernorm.weight"], eps)

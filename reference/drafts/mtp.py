@@ -27,8 +27,9 @@ import numpy as np
 
 from bloomery_cli.spec import MTPSpec, Qwen38Spec
 
+from ..families.ffn import ffn_for
 from ..families.qwen3 import embed_rows, head
-from ..families.qwen38 import gated_attention, mlp, norm1p, project_kv
+from ..families.qwen38 import gated_attention, norm1p, project_kv
 from ..ops.attention import causal_mask
 from ..rounding import linear, st
 from ..weights import as_f64
@@ -62,7 +63,7 @@ def layer(mtp: MTPSpec, target: Qwen38Spec, u: np.ndarray, positions: np.ndarray
     w, eps = as_f64(mtp), mtp.layer.rms_eps
     a = norm1p(u, w[L0 + "input_layernorm.weight"], eps)
     y = st(u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u))))
-    return st(y + mlp(w, L0 + "mlp.", norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps)))
+    return st(y + ffn_for(target)(target, w, L0, norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps)))
 
 
 def target_final(target: Qwen38Spec, last_hidden: np.ndarray) -> np.ndarray:

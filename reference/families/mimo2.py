@@ -30,7 +30,7 @@ from ..ops.moe import routed_experts, router_logits, sigmoid_group_topk
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
-from .qwen3 import RefOut, Weights, embed, head_weight, mlp
+from .qwen3 import RefOut, Weights, embed, head, mlp
 from .qwen38 import partial_rope
 
 __all__ = ["RefOut", "forward", "reference_layer", "decoder_layer", "attention", "project_kv", "kv_rows", "ffn"]
@@ -66,9 +66,9 @@ def ffn(spec: Mimo2Spec, w: Weights, l: int, x: np.ndarray) -> np.ndarray:
     if spec.mimo.mlp_types[l] == "dense":
         return mlp(w, p, x)
     routing = sigmoid_group_topk(router_logits(x, w[p + "gate.weight"]), w[p + "gate.e_score_correction_bias"],
-                                 m.num_experts_per_tok, m.n_group, m.topk_group, m.norm_topk_prob,
-                                 m.routed_scaling_factor)
-    e = [f"{p}experts.{i}." for i in range(m.n_routed_experts)]
+                                 m.top_k, m.n_group, m.topk_group, m.norm_topk,
+                                 m.routed_scale)
+    e = [f"{p}experts.{i}." for i in range(m.num_experts)]
     gate_up = np.stack([np.concatenate([w[x_ + "gate_proj.weight"], w[x_ + "up_proj.weight"]]) for x_ in e])
     return routed_experts(x, routing, gate_up, np.stack([w[x_ + "down_proj.weight"] for x_ in e]))
 
@@ -98,7 +98,7 @@ def forward(spec: Mimo2Spec, ids: Sequence[int]) -> RefOut:
         h = decoder_layer(spec, w, l, h, positions)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
-    return RefOut(logits=linear(final, head_weight(spec)), hidden=np.stack(hidden), final=final)
+    return RefOut(logits=head(spec, final), hidden=np.stack(hidden), final=final)
 
 
 def kv_rows(spec: Mimo2Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -38,10 +38,14 @@ from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
 from ..rounding import linear, st
 from ..weights import as_f64
-from .qwen3 import RefOut, Weights, embed, head, hf_hidden_states, mlp
+from .ffn import ffn_for
+from .qwen3 import RefOut, Weights, embed, head, hf_hidden_states
 
 __all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_layer", "norm1p", "kv_rows",
            "recurrent_state"]
+
+
+HYBRIDS = ("qwen38", "qwen35moe")      # the families this wiring runs (qwen35moe: the same layers, MoE FFNs)
 
 
 def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -120,7 +124,7 @@ def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions
         h = st(h + gated_deltanet(spec, w, p + "linear_attn.", a))
     else:
         h = st(h + gated_attention(spec, w, p + "self_attn.", a, positions, mask))
-    return st(h + mlp(w, p + "mlp.", norm1p(h, w[p + "post_attention_layernorm.weight"], eps)))
+    return st(h + ffn_for(spec)(spec, w, p, norm1p(h, w[p + "post_attention_layernorm.weight"], eps)))
 
 
 def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
@@ -131,7 +135,7 @@ def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
 
 def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
     """Run the whole sequence ids (positions 0..T-1, causal) and keep every layer's output."""
-    if spec.family != "qwen38":
+    if spec.family not in HYBRIDS:
         raise ValueError(f"reference.families.qwen38 got a {spec.family!r} spec")
     w = as_f64(spec)
     h = embed(spec, ids)
