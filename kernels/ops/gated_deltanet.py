@@ -74,6 +74,17 @@ def delta_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     return torch.stack(outs, dim=-3), (torch.stack(states, dim=-4) if keep else s)
 
 
+def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                    state: torch.Tensor, s_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``delta_scan`` without the per-row states: (o [..., T, nv, dv], the state after row T-1, copied into
+    ``s_out`` when given). The torch twin of ``kernels.triton.deltanet.delta_recurrent`` (same signature)."""
+    o, s = delta_scan(q, k, v, g, b, state)
+    if s_out is not None:
+        s_out.copy_(s)
+        s = s_out
+    return o, s
+
+
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
                   state: torch.Tensor | None = None, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Same inputs as ``delta_scan`` with leading axes [N] -> (o [N, T, nv, dv], last state). Differentiable."""
