@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import EXIT_INPUT, InputError
+from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
                        "reference.\n\nExit codes: 0 passed, 1 a check failed, 2 bad input.",
@@ -94,9 +95,15 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              confidence_cut: Annotated[float | None, typer.Option(
                  "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
                  "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
-                 "accept_mean change, and ids must stay identical.")] = None) -> None:
+                 "accept_mean change, and ids must stay identical.")] = None,
+             threads: Threads = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
+
+    try:
+        apply_threads(threads)
+    except InputError as e:
+        fail_input(e)
 
     gate = lookup(name)
     extra = {}
@@ -121,12 +128,17 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
               oracle: Annotated[bool | None, typer.Option("--oracle/--no-oracle", help="Tier 3 (outside oracles) on "
                                                           "every gate; default: on when transformers imports (the "
                                                           "draft and GGUF oracles add their lines where "
-                                                          "speculators / llama_cpp import, else a note).")] = None
-              ) -> None:
+                                                          "speculators / llama_cpp import, else a note).")] = None,
+              threads: Threads = None) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     import importlib.util
 
     from .gate import GateOptions, run_gate
+
+    try:
+        out.print(f"threads {apply_threads(threads)} (torch intra-op; bloomery_cli.threads)", highlight=False)
+    except InputError as e:
+        fail_input(e)
 
     if oracle is None:
         oracle = importlib.util.find_spec("transformers") is not None
@@ -236,6 +248,7 @@ _register_late()
 
 def main() -> None:
     try:
+        apply_threads()                 # the thread rule (bloomery_cli.threads); --threads overrides it per command
         app()
     except InputError as e:   # a reader error outside a command's own handling
         err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)
