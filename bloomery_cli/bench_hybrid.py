@@ -124,7 +124,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         target = Qwen38Target(tspec, dev, dt, max_len)
         draft = MTPDraft(mspec, target, max_len, width=mtp_width) if mtp else DFlash2Draft(dspec, target, max_len)
         cond = {"device": str(dev), "dtype": dtype, "prompt_len": prompt_len, "batch": 1, "width": width, "n": n,
-                "layers": tspec.num_layers, "engine": f"qwen38 eager delta={target.impl}"}
+                "layers": tspec.num_layers, "verify_rows": b, "engine": f"qwen38 eager delta={target.impl}"}
         rec.update(conditions=conditions(dev) | cond, bandwidth=roof, weights={"bytes": wb, "read_per_step": rb,
                                                                                 "draft_bytes": draft_b})
         log(f"engine qwen38 eager delta_rule={target.impl}")
@@ -204,11 +204,11 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
         row = {"a": a, "tau_nominal": sum(a ** j for j in range(b)), "accept_mean": am, "tok_s": tok_s,
                "speedup": tok_s / plain_tok_s, "draft_share": run.tally.draft_share, "windows": run.tally.windows,
                "ids_identical": run.ids == ref.ids[:n], "off_track": rd.off_track,
-               "frac_of_tau_x_plain": tok_s / (am * plain_tok_s) if am else 0.0}
+               "tau_x_plain_frac": tok_s / (am * plain_tok_s) if am else 0.0}
         rec["sweep"].append(row)
         log(f"drafted a={a:.4f} tau={row['tau_nominal']:.2f} accept_mean={am:.3f} tok_s={tok_s:.2f} "
             f"speedup={row['speedup']:.2f} draft_share={row['draft_share']:.3f} "
-            f"frac_of_tau_x_plain={row['frac_of_tau_x_plain']:.3f} ids_identical={row['ids_identical']}")
+            f"frac_of_tau_x_plain={row['tau_x_plain_frac']:.3f} ids_identical={row['ids_identical']}")
         if (mtp and a == 0.8) or (not mtp and abs(row["tau_nominal"] - 6.0) < 1e-6):
             need = CRITERION * am * plain_tok_s
             rec["criterion"] = {"at": "a=0.8" if mtp else "tau=6", "tok_s": tok_s, "needed": need,
