@@ -8,10 +8,13 @@ the nv value heads), decay a_t = exp(g_t) and strength b_t (see ``gates``):
 Everything here is float32 whatever the storage dtype (the state always is), outputs are float32.
 
 Scan (``delta_scan``): one row at a time; row t's arithmetic reads only S_{t-1} and row t, so a row gives
-the same numbers however many rows share the call. With ``keep=True`` it returns the state after every
-row ([..., T, nv, dk, dv]): the engine's rollback picks the state after the last kept row from it.
+the same numbers however many rows share the call. ``keep=True`` also returns the state after every row
+([..., T, nv, dk, dv]; tests). ``delta_recurrent`` is the scan as the engine's verify and commit call it
+(outputs and the last state only): the commit replays the kept rows through it and gets the verify's bits
+(kernels/families/qwen38.py; its Triton twin is kernels/triton/deltanet.py).
 
-Chunked (``delta_chunked``, chunks of C rows, differentiable): inside a chunk with entry state S0 and
+Chunked (``delta_chunked``, chunks of C rows, differentiable; training and the engine's prefill): inside a
+chunk with entry state S0 and
 cumulative log-decay G_t = sum_{s<=t} g_s (gamma_t = exp(G_t)), unrolling the recurrence gives
 
     u_t = b_t v_t - b_t gamma_t S0^T k_t - sum_{s<t} b_t exp(G_t - G_s) (k_t . k_s) u_s
