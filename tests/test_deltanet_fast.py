@@ -188,3 +188,32 @@ def test_auto_impl_is_torch_on_cpu_and_for_odd_head_dims():
     assert kq.Qwen38Target(_spec(), "cpu", torch.float32, 64, 4).impl == "torch"
     odd = make_qwen38(dk=6)
     assert kq.Qwen38Target(odd, "cpu", torch.float32, 64, 4).impl == "torch"
+
+
+@triton_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_prep_and_out_norm_match_torch(dtype):
+    """The fused conv + SiLU + l2 + gates kernel and the gated output norm against the torch composition."""
+    from bloomery_gates.kernels.ops.gated_deltanet import gated_rms_norm, prepare_torch
+    from bloomery_gates.kernels.triton import deltanet_prep as kp
+
+    gen = torch.Generator().manual_seed(3)
+    n, r, kt, nk, nv, dk, dv = 1, 5, 4, 2, 4, 16, 32
+    c = 2 * nk * dk + nv * dv
+    buf, w = torch.randn(n, kt - 1 + r, c, generator=gen), torch.randn(c, kt, generator=gen) * 0.5
+    alpha, beta = torch.randn(n, r, nv, generator=gen) * 3, torch.randn(n, r, nv, generator=gen)
+    a_log, dt_bias = torch.log(torch.rand(nv, generator=gen) * 4 + 0.1), torch.randn(nv, generator=gen)
+    args = [x.to(DEVICE, dtype) for x in (buf, w, alpha, beta, a_log, dt_bias)]
+    want = prepare_torch(*[x.cpu() for x in args], nk, dk, dv)
+    got = kp.prepare(*args, nk, dk, dv)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for x, y in zip(got, want, strict=True):
+        torch.testing.assert_close(x.cpu(), y.float(), atol=tol, rtol=tol)
+    o, z, wn = torch.randn(n, r, nv, dv, generator=gen), torch.randn(n, r, nv, dv, generator=gen), torch.rand(dv) + 0.5
+    on = kp.gated_rms_norm(o.to(DEVICE), wn.to(DEVICE, dtype), z.to(DEVICE, dtype), 1e-6, dtype)
+    ref = gated_rms_norm(o, wn.to(dtype), z.to(dtype), 1e-6, dtype)
+    assert on.dtype == dtype
+    torch.testing.assert_close(on.cpu().float(), ref.float(), atol=tol, rtol=tol)
+    one = kp.prepare(*[x[:, :kt] if i == 0 else x for i, x in enumerate(args[:2])], args[2][:, :1], args[3][:, :1],
+                     *args[4:], nk, dk, dv)
+    assert all(torch.equal(a[:, 0], b[:, 0]) for a, b in zip(one, got, strict=True))   # row-local: same bits

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from bloomery_cli.spec import Qwen38Spec
 
 from ..ops.attention import attend
-from ..ops.causal_conv import causal_conv, with_tail
-from ..ops.gated_deltanet import delta_chunked, gated_rms_norm, gates, prepare_qk
+from ..ops.causal_conv import with_tail
+from ..ops.gated_deltanet import delta_chunked, gated_rms_norm, prepare_torch
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
@@ -48,6 +48,17 @@ from .qwen3 import Pass
 T = torch.Tensor
 Scan = Callable[[T, T, T, T, T], T]      # (q, k, v, g, b) prepared f32 -> o [N, R, nv, dv]
 PREFILL_CHUNK = 64                       # the prefill's delta-rule chunk (rows per triangular solve)
+Fused = tuple[Callable[..., tuple[T, ...]], Callable[..., T]]   # (prepare, gated_rms_norm)
+TORCH_FUSED: Fused = (prepare_torch, gated_rms_norm)
+
+
+def fused_ops(impl: str) -> Fused:
+    """The DeltaNet's pre/post-recurrence ops of a resolved impl (``kernels.triton.deltanet_prep`` or torch)."""
+    if impl != "triton":
+        return TORCH_FUSED
+    from ..triton.deltanet_prep import gated_rms_norm as tri_norm
+    from ..triton.deltanet_prep import prepare as tri_prep
+    return tri_prep, tri_norm
 
 
 def norm_gain(w: T) -> T:
@@ -90,24 +101,23 @@ def attention_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, cos: T, 
     return F.linear(attend_kv(q, k, v) * torch.sigmoid(gate), t[p + "o_proj.weight"])
 
 
-def deltanet_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, tail: T | None, scan: Scan) -> tuple[T, T]:
+def deltanet_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, tail: T | None, scan: Scan,
+                   fused: Fused = TORCH_FUSED) -> tuple[T, T]:
     """Gated DeltaNet on normed rows a [N, R, H] after conv tail ``tail`` [N, K-1, C] (None: zeros) ->
     (out [N, R, H], the conv buffer [tail ; x] [N, K-1+R, C]). ``scan`` runs the delta rule from the
-    layer's state. ``p`` ends in "linear_attn."."""
+    layer's state; ``fused`` = (prepare, gated_rms_norm): the torch composition or the Triton kernels.
+    ``p`` ends in "linear_attn."."""
     hy, eps = spec.hybrid, spec.layer.rms_eps
     n, r, _ = a.shape
     nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
         hy.linear_value_head_dim
     buf = with_tail(F.linear(a, t[p + "in_proj_qkv.weight"]), hy.linear_conv_kernel_dim, tail)
-    x = F.silu(causal_conv(buf, t[p + "conv1d.weight"].reshape(hy.conv_dim, -1)))
-    kd = hy.key_dim
-    q, k = prepare_qk(x[..., :kd].reshape(n, r, nk, dk), x[..., kd:2 * kd].reshape(n, r, nk, dk), nv)
-    v = x[..., 2 * kd:].reshape(n, r, nv, dv)
-    g, b = gates(F.linear(a, t[p + "in_proj_a.weight"]), F.linear(a, t[p + "in_proj_b.weight"]), t[p + "A_log"],
-                 t[p + "dt_bias"])
+    prep, out_norm = fused
+    q, k, v, g, b = prep(buf, t[p + "conv1d.weight"].reshape(hy.conv_dim, -1), F.linear(a, t[p + "in_proj_a.weight"]),
+                         F.linear(a, t[p + "in_proj_b.weight"]), t[p + "A_log"], t[p + "dt_bias"], nk, dk, dv)
     o = scan(q, k, v, g, b)
     z = F.linear(a, t[p + "in_proj_z.weight"]).view(n, r, nv, dv)
-    o = gated_rms_norm(o, t[p + "norm.weight"], z, eps, a.dtype).reshape(n, r, nv * dv)
+    o = out_norm(o, t[p + "norm.weight"], z, eps, a.dtype).reshape(n, r, nv * dv)
     return F.linear(o, t[p + "out_proj.weight"]), buf
 
 
@@ -173,6 +183,7 @@ class Qwen38Target:
             impl = "torch"
         self.impl = resolve_impl(impl, self.device)
         self.recur = delta_impl(self.impl)
+        self.fused = fused_ops(self.impl)
         cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
         self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.")}
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
@@ -283,7 +294,8 @@ class Qwen38Target:
                     pend.rows = (q, k, v, g, b)
                     return self.recur(q, k, v, g, b, self.state[i])[0]
 
-                out, pend.buf = deltanet_mixer(self.spec, self.t, p + "linear_attn.", a, self.conv_tail[i], scan)
+                out, pend.buf = deltanet_mixer(self.spec, self.t, p + "linear_attn.", a, self.conv_tail[i], scan,
+                                               self.fused)
                 pending.append(pend)
                 h = h + out
             else:

@@ -54,6 +54,21 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, nv: int) -> tuple[torch.Tensor,
     return q, l2norm(k).repeat_interleave(rep, dim=-2)
 
 
+def prepare_torch(buf: torch.Tensor, conv_w: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                  a_log: torch.Tensor, dt_bias: torch.Tensor, nk: int, dk: int, dv: int) -> tuple[torch.Tensor, ...]:
+    """The layer's inputs to the delta rule from its conv buffer buf [N, K-1+R, C] (C = 2 nk dk + nv dv) and the
+    a / b projections alpha, beta [N, R, nv]: conv, SiLU, split, ``prepare_qk``, ``gates`` ->
+    (q, k [N, R, nv, dk], v [N, R, nv, dv], g, b [N, R, nv]), float32 but v (buf's dtype)."""
+    from .causal_conv import causal_conv
+
+    n, nv = buf.shape[0], alpha.shape[-1]
+    x = F.silu(causal_conv(buf, conv_w))
+    r, kd = x.shape[1], nk * dk
+    q, k = prepare_qk(x[..., :kd].reshape(n, r, nk, dk), x[..., kd:2 * kd].reshape(n, r, nk, dk), nv)
+    g, b = gates(alpha, beta, a_log, dt_bias)
+    return q, k, x[..., 2 * kd:].reshape(n, r, nv, dv), g, b
+
+
 def delta_step(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: s [..., nv, dk, dv], q/k [..., nv, dk], v [..., nv, dv], g/b [..., nv] -> (o [..., nv, dv], s')."""
