@@ -136,7 +136,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     from .gate import GateOptions, run_gate
 
     try:
-        out.print(f"threads {apply_threads(threads)} (torch intra-op; bloomery_cli.threads)", highlight=False)
+        n_threads = apply_threads(threads)
     except InputError as e:
         fail_input(e)
 
@@ -168,7 +168,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         rows.append((g.name, "PASSED" if code == 0 else "FAILED", same, f"{acc.get('accept_mean', 0):.3f}",
                      f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
         worst = max(worst, code)
-    table = Table(title=f"gates on {device} {dtype}")
+    table = Table(title=f"gates on {device} {dtype}, {n_threads} CPU thread(s) (bloomery_cli.threads)")
     for col in ("gate", "verdict", "ids identical", "accept_mean", "draft_share", "wall"):
         table.add_column(col)
     for r in rows:
