@@ -29,15 +29,18 @@ import torch
 import typer
 
 from .bench_dflash2 import copy_bandwidth
+from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_shapes import SHAPES, hf_decode, random_pair, weight_bytes
 from .errors import InputError
 from .preflight import check_output_file
 from .records import conditions, write_atomic
 from .speculative import generate
+from .threads import Threads, apply_threads
 from .width import CostWidth, width_policy
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TAUS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+HYBRID_NAMES = ("qwen38-dflash2", "qwen38-mtp")
 
 
 @contextmanager
@@ -378,16 +381,25 @@ def _hf(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log) -> dict[str
 
 
 def bench_command(
-        name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash.")],
+        name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash, or for a hybrid "
+                                            "shape qwen38-dflash2 / qwen38-mtp.")],
         shape: Annotated[str | None, typer.Option("--shape", help=f"Random weights of a model shape made on the "
-                         f"device: {', '.join(SHAPES)} [default: the gate's checkpoints].")] = None,
+                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES])} [default: the gate's checkpoints].")] = None,
         device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")] = "auto",
         dtype: Annotated[str, typer.Option("--dtype", help="bf16, f16 or f32.")] = "bf16",
         prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt length (--shape).")] = 512,
         n: Annotated[int, typer.Option("-n", help="Ids decoded per run.")] = 256,
         json: Annotated[Path | None, typer.Option("--json", help="Write the record here, atomically.")] = None,
         width: Annotated[str, typer.Option("--width", help="Width policy of the drafted runs: fixed or cost.")]
-        = "fixed") -> None:
+        = "fixed",
+        layers: Annotated[int | None, typer.Option("--layers", help="Hybrid shapes: run only the first N layers "
+                                                   "(real width, fewer layers) [default: all].")] = None,
+        block: Annotated[int | None, typer.Option("--block", help="qwen38-dflash2: the drafter's block B "
+                                                  "[default: 8].")] = None,
+        mtp_width: Annotated[int, typer.Option("--mtp-width", help="qwen38-mtp: chained drafts per window.")] = 3,
+        hf: Annotated[bool, typer.Option("--hf", help="Hybrid shapes: also HF transformers' Qwen3_5ForCausalLM "
+                                         "eager generate on the same weights.")] = False,
+        threads: Threads = None) -> None:
     """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
@@ -398,6 +410,19 @@ def bench_command(
 
     try:
         check_output_file(json, "--json")          # before the run, not after it
+        apply_threads(threads, device)
+        if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
+            if shape is None:
+                raise ValueError(f"{name}: the hybrid bench needs --shape ({', '.join(HYBRID_SHAPES)})")
+            from .bench_hybrid import bench_hybrid
+
+            rec = bench_hybrid(name, shape, device, dtype, prompt_len, n, layers, block, mtp_width, width, hf,
+                               quiet=json is not None, save=save)
+            if not rec.get("ids_identical_all"):
+                typer.echo("FAILED: a drafted run's ids differ from the plain run's (or no drafted run finished)",
+                           err=True)
+                raise typer.Exit(1)
+            return
         bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -147,10 +147,12 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def hf_decode(spec, dev, prompt: list[int], tokens: int, ours: torch.Tensor | None = None) -> dict[str, Any]:
+def hf_decode(spec, dev, prompt: list[int], tokens: int, ours: torch.Tensor | None = None,
+              build=None) -> dict[str, Any]:
     """HF eager ``generate``: decode rate from the difference of a 1-token and a (1+tokens)-token call; with
-    ``ours`` (our prefill logits [P, V]) also the worst relative difference from HF's prefill logits."""
-    model = hf_model(spec, dev, "eager")
+    ``ours`` (our prefill logits [P, V]) also the worst relative difference from HF's prefill logits.
+    ``build(spec, dev)`` makes the model (default: Qwen3ForCausalLM, eager)."""
+    model = build(spec, dev) if build is not None else hf_model(spec, dev, "eager")
     ids = torch.tensor([prompt], device=dev)
     rel = None
     if ours is not None:

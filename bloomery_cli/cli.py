@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import EXIT_INPUT, InputError
+from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
                        "reference.\n\nExit codes: 0 passed, 1 a check failed, 2 bad input.",
@@ -97,9 +98,15 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
                  "accept_mean change, and ids must stay identical.")] = None,
              mtp_hidden: Annotated[str | None, typer.Option(
                  "--mtp-hidden", help="mimo2-mtp: which target hidden the MTP head reads and recycles: post (HF / "
-                 "vLLM, the checkpoint's own; default) or pre (llama.cpp).")] = None) -> None:
+                 "vLLM, the checkpoint's own; default) or pre (llama.cpp).")] = None,
+             threads: Threads = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
+
+    try:
+        apply_threads(threads)
+    except InputError as e:
+        fail_input(e)
 
     gate = lookup(name)
     extra = {}
@@ -128,12 +135,17 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
               oracle: Annotated[bool | None, typer.Option("--oracle/--no-oracle", help="Tier 3 (outside oracles) on "
                                                           "every gate; default: on when transformers imports (the "
                                                           "draft and GGUF oracles add their lines where "
-                                                          "speculators / llama_cpp import, else a note).")] = None
-              ) -> None:
+                                                          "speculators / llama_cpp import, else a note).")] = None,
+              threads: Threads = None) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     import importlib.util
 
     from .gate import GateOptions, run_gate
+
+    try:
+        n_threads = apply_threads(threads)
+    except InputError as e:
+        fail_input(e)
 
     if oracle is None:
         oracle = importlib.util.find_spec("transformers") is not None
@@ -163,7 +175,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         rows.append((g.name, "PASSED" if code == 0 else "FAILED", same, f"{acc.get('accept_mean', 0):.3f}",
                      f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
         worst = max(worst, code)
-    table = Table(title=f"gates on {device} {dtype}")
+    table = Table(title=f"gates on {device} {dtype}, {n_threads} CPU thread(s) (bloomery_cli.threads)")
     for col in ("gate", "verdict", "ids identical", "accept_mean", "draft_share", "wall"):
         table.add_column(col)
     for r in rows:
@@ -243,6 +255,7 @@ _register_late()
 
 def main() -> None:
     try:
+        apply_threads()                 # the thread rule (bloomery_cli.threads); --threads overrides it per command
         app()
     except InputError as e:   # a reader error outside a command's own handling
         err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)

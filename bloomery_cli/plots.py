@@ -3,6 +3,11 @@
 - ``kept-histograms.png``: the kept-length histogram of each gate record (share of windows per kept length).
 - ``plot-<record>.png``: drafted tok/s against mean acceptance for each bench record with a sweep, beside
   plain tok/s, tau x plain (a free draft and a verify as cheap as a step), the plain roofline and tau x it.
+  The roofline drawn is the bytes-read one (bandwidth / bytes a step reads) where the record has it, else
+  the copy-rate one (bandwidth / all weight bytes).
+- ``plot-shape-<shape>-<device>-<dtype>.png``: per shape (and device, dtype), every bench record's drafted
+  curve on one plot (e.g. DFlash2 B=8, B=16 and MTP at qwen38-27b), each record's plain tok/s, and the
+  shape's roofline with tau x roofline: the most any drafter can reach at that acceptance.
 """
 
 from __future__ import annotations
@@ -49,14 +54,14 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         sweep = r.get("sweep") if "bench" in r else None
         if not sweep:
             continue
-        plain, roof = r["plain"]["tok_s"], r.get("bandwidth", {}).get("roofline_tok_s")
+        plain, (roof, roof_what) = r["plain"]["tok_s"], roofline(r)
         taus = [s["accept_mean"] for s in sweep]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot(taus, [s["tok_s"] for s in sweep], "o-", label="drafted (measured)")
         ax.plot(taus, [t * plain for t in taus], "--", label="tau x plain")
         ax.axhline(plain, color="gray", lw=1, label=f"plain {plain:.0f} tok/s")
         if roof:
-            ax.axhline(roof, color="red", lw=1, label=f"plain roofline {roof:.0f} tok/s")
+            ax.axhline(roof, color="red", lw=1, label=f"plain roofline ({roof_what}) {roof:.0f} tok/s")
             ax.plot(taus, [t * roof for t in taus], ":", color="red", label="tau x roofline")
         c = r.get("conditions", {})
         ax.set_xlabel("mean acceptance tau (kept rows per window)")
@@ -69,4 +74,58 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         fig.savefig(results_dir / name, dpi=110)
         plt.close(fig)
         names.append(name)
+    names += shape_plots(results_dir, records, plt)
     return names
+
+
+def roofline(r: dict[str, Any]) -> tuple[float | None, str]:
+    """(roofline tok/s, which): the bytes-read one when the record has it, else the copy-rate one."""
+    bw = r.get("bandwidth", {})
+    if bw.get("roofline_read_tok_s"):
+        return bw["roofline_read_tok_s"], "bytes read"
+    return bw.get("roofline_tok_s"), "all weights"
+
+
+def _label(r: dict[str, Any]) -> str:
+    """bench, its verify rows per window and its layer count where the record says them."""
+    c = r.get("conditions", {})
+    return r["bench"] + (f" rows {c['verify_rows']}" if c.get("verify_rows") else "") + \
+        (f" layers {c['layers']}" if c.get("layers") else "")
+
+
+def shape_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]], plt) -> list[str]:
+    """One plot per (shape, device, dtype) over every bench record with a sweep."""
+    groups: dict[tuple[str, str, str], list[tuple[Path, dict[str, Any]]]] = {}
+    for path, r in records:
+        if "bench" in r and r.get("sweep") and r.get("plain"):
+            c = r.get("conditions", {})
+            key = (str(r.get("shape")), str(c.get("device_name", c.get("device", "?"))), str(c.get("dtype", "")))
+            groups.setdefault(key, []).append((path, r))
+    names = []
+    for (shape, device, dtype), recs in sorted(groups.items()):
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        top, roof, roof_what = 1.0, None, ""
+        for path, r in recs:
+            taus = [s["accept_mean"] for s in r["sweep"]]
+            line, = ax.plot(taus, [s["tok_s"] for s in r["sweep"]], "o-", label=f"{_label(r)} [{path.stem}]")
+            ax.axhline(r["plain"]["tok_s"], color=line.get_color(), lw=0.8, ls="--")
+            top = max(top, *taus)
+            roof, roof_what = roofline(r) if roof is None else (roof, roof_what)
+        if roof:
+            xs = [1.0, top]
+            ax.plot(xs, [x * roof for x in xs], ":", color="red", label=f"tau x roofline ({roof_what})")
+            ax.axhline(roof, color="red", lw=1, label=f"plain roofline {roof:.0f} tok/s")
+        ax.set_xlabel("mean acceptance tau (kept rows per window)")
+        ax.set_ylabel("tok/s")
+        ax.set_title(f"{shape} on {device} {dtype}, batch 1: drafted tok/s (dashed: each record's plain)", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"plot-shape-{_slug(shape)}-{_slug(device)}-{_slug(dtype)}.png"
+        fig.savefig(results_dir / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _slug(x: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-." else "-" for ch in x).strip("-").lower()

@@ -19,6 +19,7 @@ from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dflash as kdflash
 from bloomery_gates.kernels.drafts import dspark as kdspark
 from bloomery_gates.kernels.families import qwen3 as kqwen3
+from bloomery_gates.kernels.families import qwen38 as kqwen38
 from bloomery_gates.kernels.ops import gated_deltanet as kdelta
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")
@@ -106,6 +107,13 @@ def delta_rule_order(monkeypatch):
     monkeypatch.setattr(kdelta, "delta_step", step)
 
 
+def prefill_decay_halved(monkeypatch):
+    """The prefill's chunked delta rule reads the log-decay at half strength (g / 2)."""
+    real = kqwen38.delta_chunked
+    monkeypatch.setattr(kqwen38, "delta_chunked", lambda q, k, v, g, b, state=None, chunk=64:
+                        real(q, k, v, g / 2, b, state, chunk))
+
+
 DEFECTS = [
     # (defect, gate, the (r) line head that must fail)
     (wrong_eps, "qwen3-dflash", "(r) target layer"),
@@ -113,7 +121,10 @@ DEFECTS = [
     (feature_layers_off_by_one, "qwen3-dflash", "(r) dflash"),
     (draft_mlp_gelu, "qwen3-dflash", "(r) dflash"),
     (markov_prev_off_by_one, "qwen3-dspark", "(r) dspark logits+markov"),
-    (delta_rule_order, "qwen38-mtp", "(r) target layer"),
+    # the verify / commit recurrence (the scan): seen by the state after the drafted windows
+    (delta_rule_order, "qwen38-mtp", "(r) state after"),
+    # the prefill's chunked form: seen by the per-layer lines over the prompt
+    (prefill_decay_halved, "qwen38-mtp", "(r) target layer"),
 ]
 
 

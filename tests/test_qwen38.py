@@ -144,7 +144,8 @@ def _run_plain(spec, prompt, rest, rows):
 
 def test_rollback_commit_every_k_then_continue_equals_straight_run():
     """Verify R rows, commit(k) for every k, continue one row at a time: bit-identical to the plain run,
-    conv tails and recurrent states included; commit itself runs no row."""
+    conv tails and recurrent states included; commit runs no layer (it replays the delta rule over the kept rows'
+    stored inputs)."""
     spec, rows = make_qwen38(), 4
     prompt, window, after = IDS[:12], IDS[12:16], IDS[16:22]
     for k in range(1, rows + 1):

@@ -6,10 +6,24 @@ float32 (``norm_gain``), rows x [N, R, H].
 Engine state, per layer kind:
   full_attention   static KV cache [nkv, cap, d] cut by position (as qwen3): rows past the commit point
                    are masked out by position and overwritten by the next pass.
-  linear_attention conv tail [K-1, C] and recurrent state [nv, dk, dv] (float32). A verify of R rows keeps
-                   its conv buffer [tail ; R rows] and the state after EVERY row [R, nv, dk, dv]; commit(k)
-                   selects tail = buffer[k : k+K-1] and state = states[k-1]: the state after row k-1,
-                   restored without re-running anything.
+  linear_attention conv tail [K-1, C] and recurrent state [nv, dk, dv] (float32).
+
+Passes over a linear layer:
+  prefill  the chunked delta rule (``delta_chunked``, chunks of 64: a few triangular solves, no loop over
+           rows); the state after the prompt is committed at once. Plain and drafted runs prefill the same.
+  verify   the sequential recurrence (``delta_recurrent``: one Triton launch on CUDA, the torch scan
+           elsewhere) from the committed state, outputs only. The pass keeps its conv buffer [tail ; R rows]
+           and the prepared delta-rule inputs of its R rows (q, k, v, g, b: [R, nv, dk|dv|1], float32), NOT
+           the state after every row (R x nv dk dv floats: 48 MB a layer at the 27B shape, R = 16).
+  commit(k) tail = buffer[k : k+K-1] (a slice of stored rows); state = the recurrence replayed over the k kept
+           rows' stored inputs from the committed state, by the same function the verify ran. Exact, not
+           approximate: each row's update reads only the state before it and that row, in an order fixed by
+           the shapes alone, so the replay performs the verify's float operations on the same operands and
+           gives its bits; and a plain run's k one-row commits perform the same operations again, so the
+           drafted and plain runs' states stay bit-equal. Cost: one more read and write of the state per layer
+           (the replay), against R state writes. No layer, projection or conv is re-run.
+The chunked form is not used for verify: it sums the same terms in another order (equal to rounding, not
+bit-equal), so a drafted row would not give the plain row's bits and ids identical could not be promised.
 """
 
 from __future__ import annotations
@@ -23,15 +37,28 @@ import torch.nn.functional as F
 from bloomery_cli.spec import Qwen38Spec
 
 from ..ops.attention import attend
-from ..ops.causal_conv import causal_conv, with_tail
-from ..ops.gated_deltanet import delta_chunked, delta_scan, gated_rms_norm, gates, prepare_qk
+from ..ops.causal_conv import with_tail
+from ..ops.gated_deltanet import delta_chunked, gated_rms_norm, prepare_torch
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
+from ..triton import delta_dims_ok, delta_impl, resolve_impl
 from .ffn import ffn_for
 from .qwen3 import Pass
 
 T = torch.Tensor
 Scan = Callable[[T, T, T, T, T], T]      # (q, k, v, g, b) prepared f32 -> o [N, R, nv, dv]
+PREFILL_CHUNK = 64                       # the prefill's delta-rule chunk (rows per triangular solve)
+Fused = tuple[Callable[..., tuple[T, ...]], Callable[..., T]]   # (prepare, gated_rms_norm)
+TORCH_FUSED: Fused = (prepare_torch, gated_rms_norm)
+
+
+def fused_ops(impl: str) -> Fused:
+    """The DeltaNet's pre/post-recurrence ops of a resolved impl (``kernels.triton.deltanet_prep`` or torch)."""
+    if impl != "triton":
+        return TORCH_FUSED
+    from ..triton.deltanet_prep import gated_rms_norm as tri_norm
+    from ..triton.deltanet_prep import prepare as tri_prep
+    return tri_prep, tri_norm
 
 
 def norm_gain(w: T) -> T:
@@ -76,24 +103,23 @@ def attention_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, cos: T, 
     return F.linear(attend_kv(q, k, v) * torch.sigmoid(gate), t[p + "o_proj.weight"])
 
 
-def deltanet_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, tail: T | None, scan: Scan) -> tuple[T, T]:
+def deltanet_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, tail: T | None, scan: Scan,
+                   fused: Fused = TORCH_FUSED) -> tuple[T, T]:
     """Gated DeltaNet on normed rows a [N, R, H] after conv tail ``tail`` [N, K-1, C] (None: zeros) ->
     (out [N, R, H], the conv buffer [tail ; x] [N, K-1+R, C]). ``scan`` runs the delta rule from the
-    layer's state. ``p`` ends in "linear_attn."."""
+    layer's state; ``fused`` = (prepare, gated_rms_norm): the torch composition or the Triton kernels.
+    ``p`` ends in "linear_attn."."""
     hy, eps = spec.hybrid, spec.layer.rms_eps
     n, r, _ = a.shape
     nk, nv, dk, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_key_head_dim, \
         hy.linear_value_head_dim
     buf = with_tail(F.linear(a, t[p + "in_proj_qkv.weight"]), hy.linear_conv_kernel_dim, tail)
-    x = F.silu(causal_conv(buf, t[p + "conv1d.weight"].reshape(hy.conv_dim, -1)))
-    kd = hy.key_dim
-    q, k = prepare_qk(x[..., :kd].reshape(n, r, nk, dk), x[..., kd:2 * kd].reshape(n, r, nk, dk), nv)
-    v = x[..., 2 * kd:].reshape(n, r, nv, dv)
-    g, b = gates(F.linear(a, t[p + "in_proj_a.weight"]), F.linear(a, t[p + "in_proj_b.weight"]), t[p + "A_log"],
-                 t[p + "dt_bias"])
+    prep, out_norm = fused
+    q, k, v, g, b = prep(buf, t[p + "conv1d.weight"].reshape(hy.conv_dim, -1), F.linear(a, t[p + "in_proj_a.weight"]),
+                         F.linear(a, t[p + "in_proj_b.weight"]), t[p + "A_log"], t[p + "dt_bias"], nk, dk, dv)
     o = scan(q, k, v, g, b)
     z = F.linear(a, t[p + "in_proj_z.weight"]).view(n, r, nv, dv)
-    o = gated_rms_norm(o, t[p + "norm.weight"], z, eps, a.dtype).reshape(n, r, nv * dv)
+    o = out_norm(o, t[p + "norm.weight"], z, eps, a.dtype).reshape(n, r, nv * dv)
     return F.linear(o, t[p + "out_proj.weight"]), buf
 
 
@@ -130,18 +156,36 @@ def forward_train(params: Mapping[str, T], spec: Qwen38Spec, ids: T, chunk: int 
     return logits, hidden
 
 
+@dataclass
+class Pending:
+    """What a pass leaves for ``commit`` per linear layer: the conv buffer [1, K-1+R, C] and either the prepared
+    delta-rule inputs of its rows (verify: q, k [1, R, nv, dk], v [1, R, nv, dv], g, b [1, R, nv]) or the state
+    after its last row (prefill: [1, nv, dk, dv])."""
+
+    buf: T
+    rows: tuple[T, T, T, T, T] | None = None
+    last: T | None = None
+
+
 class Qwen38Target:
     """The target engine: prefill / verify / commit with Qwen3Target's API (see the module docstring for
     the state). ``final_norm`` is the final norm's effective float32 gain 1 + w, so that
     ``rms_norm(taps[L], final_norm, shape.rms_eps)`` is the head's input, as for qwen3. Every verify runs
     exactly ``rows`` rows when set (short passes padded at the end), so plain and drafted runs have equal
-    shapes; the delta-rule scan is sequential over rows, so a row's numbers never depend on the row count.
+    shapes; the verify's delta rule is sequential over rows, so a row's numbers never depend on the row count.
+    ``impl`` picks the verify recurrence: "auto" (Triton on CUDA when it imports and the head dims are powers of
+    two), "torch" or "triton".
     """
 
     def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
-                 rows: int | None = None):
+                 rows: int | None = None, impl: str = "auto"):
         self.spec, self.shape, self.hybrid = spec, spec.layer, spec.hybrid
         self.device, self.dtype, self.rows = torch.device(device), dtype, rows
+        if impl == "auto" and not delta_dims_ok(spec.hybrid.linear_key_head_dim, spec.hybrid.linear_value_head_dim):
+            impl = "torch"
+        self.impl = resolve_impl(impl, self.device)
+        self.recur = delta_impl(self.impl)
+        self.fused = fused_ops(self.impl)
         cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
         self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.")}
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
@@ -160,7 +204,7 @@ class Qwen38Target:
         self.conv_tail = torch.zeros(len(self.lin_layers), 1, k - 1, c, device=self.device, dtype=dtype)
         self.state = torch.zeros(len(self.lin_layers), 1, hy.linear_num_value_heads, hy.linear_key_head_dim,
                                  hy.linear_value_head_dim, device=self.device, dtype=torch.float32)
-        self._pending: list[tuple[T, T, int]] | None = None   # per linear layer: (conv buffer, states, first row)
+        self._pending: list[Pending] | None = None             # per linear layer, what the last pass left
         self.length = 0
         self.rows_run = 0                                      # rows pushed through the layers so far
 
@@ -178,7 +222,8 @@ class Qwen38Target:
         return out
 
     def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        """Run rows ids at positions length..length+R-1 (KV written, per-row states kept, nothing committed)."""
+        """Run rows ids at positions length..length+R-1 (KV written, the rows' delta-rule inputs kept, nothing
+        committed)."""
         real = len(ids)
         padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
         out = self._run(padded, logits, keep_rows=True)
@@ -187,15 +232,20 @@ class Qwen38Target:
         return out
 
     def commit(self, kept: int) -> None:
-        """Keep the first ``kept`` rows of the last pass: KV by position; per linear layer the conv tail and
-        the recurrent state after row kept-1, selected from what that pass kept (nothing is re-run)."""
+        """Keep the first ``kept`` rows of the last pass: KV by position; per linear layer the conv tail (a slice
+        of the pass's conv buffer) and the recurrent state after row kept-1: after a prefill the pass's last
+        state, after a verify the recurrence replayed over the kept rows' stored inputs (module docstring)."""
         if self._pending is None:
             raise RuntimeError("commit without a pass to commit")
         k = self.hybrid.linear_conv_kernel_dim
-        for i, (buf, states, first) in enumerate(self._pending):
-            row = self._rollback_row(kept, first, states.shape[0])
-            self.state[i] = states[row]
-            self.conv_tail[i] = buf[:, kept:kept + k - 1]
+        for i, pend in enumerate(self._pending):
+            if pend.rows is None:
+                self._rollback_row(kept, pend.buf.shape[1] - (k - 1) - 1, 1)
+                self.state[i] = pend.last
+            else:
+                n = self._rollback_row(kept, 0, pend.rows[0].shape[1]) + 1
+                self.recur(*(x[:, :n] for x in pend.rows), self.state[i], self.state[i])
+            self.conv_tail[i] = pend.buf[:, kept:kept + k - 1]
         self.length += kept
         self._pending = None
 
@@ -214,10 +264,11 @@ class Qwen38Target:
         return self.conv_tail[i, 0], self.state[i, 0]
 
     def _rollback_row(self, kept: int, first: int, n_states: int) -> int:
-        """Index into the pass's kept states of the state after row kept-1."""
+        """Which of the states after rows first..first+n_states-1 the commit restores, as an index from
+        ``first``: the state after row kept-1 (a verify replays its rows 0..index)."""
         row = kept - 1 - first
         if not 0 <= row < n_states:
-            raise ValueError(f"cannot commit {kept} rows: this pass kept the states after rows "
+            raise ValueError(f"cannot commit {kept} rows: this pass can restore the states after rows "
                              f"{first}..{first + n_states - 1}")
         return row
 
@@ -236,15 +287,18 @@ class Qwen38Target:
             a = rms_norm(h, norm_gain(self.t[p + "input_layernorm.weight"]), eps)
             if self.hybrid.is_linear(l):
                 i = self.lin_layers.index(l)
-                kept: list[T] = []
+                pend = Pending(self.conv_tail[i])
 
-                def scan(q, k, v, g, b, i=i, kept=kept):
-                    o, st = delta_scan(q, k, v, g, b, self.state[i], keep=keep_rows)
-                    kept.append(st[0] if keep_rows else st[0][None])                     # [R|1, nv, dk, dv]
-                    return o
+                def scan(q, k, v, g, b, i=i, pend=pend):
+                    if not keep_rows:                                                     # prefill
+                        o, pend.last = delta_chunked(q, k, v, g, b, self.state[i], chunk=PREFILL_CHUNK)
+                        return o
+                    pend.rows = (q, k, v, g, b)
+                    return self.recur(q, k, v, g, b, self.state[i])[0]
 
-                out, buf = deltanet_mixer(self.spec, self.t, p + "linear_attn.", a, self.conv_tail[i], scan)
-                pending.append((buf, kept[0], 0 if keep_rows else r - 1))
+                out, pend.buf = deltanet_mixer(self.spec, self.t, p + "linear_attn.", a, self.conv_tail[i], scan,
+                                               self.fused)
+                pending.append(pend)
                 h = h + out
             else:
                 j = self.attn_layers.index(l)

@@ -8,10 +8,13 @@ the nv value heads), decay a_t = exp(g_t) and strength b_t (see ``gates``):
 Everything here is float32 whatever the storage dtype (the state always is), outputs are float32.
 
 Scan (``delta_scan``): one row at a time; row t's arithmetic reads only S_{t-1} and row t, so a row gives
-the same numbers however many rows share the call. With ``keep=True`` it returns the state after every
-row ([..., T, nv, dk, dv]): the engine's rollback picks the state after the last kept row from it.
+the same numbers however many rows share the call. ``keep=True`` also returns the state after every row
+([..., T, nv, dk, dv]; tests). ``delta_recurrent`` is the scan as the engine's verify and commit call it
+(outputs and the last state only): the commit replays the kept rows through it and gets the verify's bits
+(kernels/families/qwen38.py; its Triton twin is kernels/triton/deltanet.py).
 
-Chunked (``delta_chunked``, chunks of C rows, differentiable): inside a chunk with entry state S0 and
+Chunked (``delta_chunked``, chunks of C rows, differentiable; training and the engine's prefill): inside a
+chunk with entry state S0 and
 cumulative log-decay G_t = sum_{s<=t} g_s (gamma_t = exp(G_t)), unrolling the recurrence gives
 
     u_t = b_t v_t - b_t gamma_t S0^T k_t - sum_{s<t} b_t exp(G_t - G_s) (k_t . k_s) u_s
@@ -51,6 +54,21 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, nv: int) -> tuple[torch.Tensor,
     return q, l2norm(k).repeat_interleave(rep, dim=-2)
 
 
+def prepare_torch(buf: torch.Tensor, conv_w: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                  a_log: torch.Tensor, dt_bias: torch.Tensor, nk: int, dk: int, dv: int) -> tuple[torch.Tensor, ...]:
+    """The layer's inputs to the delta rule from its conv buffer buf [N, K-1+R, C] (C = 2 nk dk + nv dv) and the
+    a / b projections alpha, beta [N, R, nv]: conv, SiLU, split, ``prepare_qk``, ``gates`` ->
+    (q, k [N, R, nv, dk], v [N, R, nv, dv], g, b [N, R, nv]), float32 but v (buf's dtype)."""
+    from .causal_conv import causal_conv
+
+    n, nv = buf.shape[0], alpha.shape[-1]
+    x = F.silu(causal_conv(buf, conv_w))
+    r, kd = x.shape[1], nk * dk
+    q, k = prepare_qk(x[..., :kd].reshape(n, r, nk, dk), x[..., kd:2 * kd].reshape(n, r, nk, dk), nv)
+    g, b = gates(alpha, beta, a_log, dt_bias)
+    return q, k, x[..., 2 * kd:].reshape(n, r, nv, dv), g, b
+
+
 def delta_step(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: s [..., nv, dk, dv], q/k [..., nv, dk], v [..., nv, dv], g/b [..., nv] -> (o [..., nv, dv], s')."""
@@ -72,6 +90,17 @@ def delta_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         if keep:
             states.append(s)
     return torch.stack(outs, dim=-3), (torch.stack(states, dim=-4) if keep else s)
+
+
+def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                    state: torch.Tensor, s_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``delta_scan`` without the per-row states: (o [..., T, nv, dv], the state after row T-1, copied into
+    ``s_out`` when given). The torch twin of ``kernels.triton.deltanet.delta_recurrent`` (same signature)."""
+    o, s = delta_scan(q, k, v, g, b, state)
+    if s_out is not None:
+        s_out.copy_(s)
+        s = s_out
+    return o, s
 
 
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,

@@ -62,3 +62,19 @@ def select_impl(impl: str):
     else:
         from ..ops.selector import scores_and_walk
     return scores_and_walk
+
+
+def delta_dims_ok(dk: int, dv: int) -> bool:
+    """Whether the Triton delta rule takes these head dims (powers of two: its aranges; every Qwen3.5/3.8
+    checkpoint has 128)."""
+    return all(n > 0 and n & (n - 1) == 0 for n in (dk, dv))
+
+
+def delta_impl(impl: str):
+    """The delta-rule recurrence of a resolved impl: (q, k, v, g, b, state, s_out=None) -> (o, state after the
+    last row), the triton kernel or ``ops.gated_deltanet.delta_recurrent`` (the torch scan)."""
+    if impl == "triton":
+        from .deltanet import delta_recurrent
+    else:
+        from ..ops.gated_deltanet import delta_recurrent
+    return delta_recurrent

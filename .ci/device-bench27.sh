@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The Qwen3.8-27B-shape hybrid benches on the H200 (never CI), through the `device` tool (kind nvidia-h200):
+#   bash .ci/device-bench27.sh                 (carry .whl with the gguf wheel; N=256 LAYERS= HF=--hf by default)
+# qwen38-dflash2 at B=8 and B=16 and qwen38-mtp (3 chained drafts), bf16, 512-token prompt, random weights made
+# on the device; records and logs under $OUT (results/h200/ takes them).
+set -uo pipefail
+N=${N:-256}; LAYERS=${LAYERS:-}; HF=${HF---hf}; T=${T:-200}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
+PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
+export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
+{ date -u +%FT%TZ; git log -1 --format='commit %H %s' 2>/dev/null | cut -c1-100
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} | tee $OUT/device-bench27.txt
+L=${LAYERS:+--layers $LAYERS}
+run() {  # name tag args...
+  local name=$1 tag=$2; shift 2
+  timeout $T python3 -P -m bloomery_cli.bench $name --shape qwen38-27b --device cuda -n $N $L "$@" \
+    --json $OUT/bench-$tag-cuda-bf16.json > $OUT/bench-$tag-cuda-bf16.log 2>&1
+  echo "$tag exit $?"; grep -vE "^\[transformers\]" $OUT/bench-$tag-cuda-bf16.log | cut -c1-400
+}
+for step in ${STEPS:-dflash2-b8 mtp dflash2-b16}; do
+  case $step in
+    dflash2-b8) run qwen38-dflash2 qwen38-27b-dflash2-b8 --block 8 $HF ;;
+    dflash2-b16) run qwen38-dflash2 qwen38-27b-dflash2-b16 --block 16 ;;
+    mtp) run qwen38-mtp qwen38-27b-mtp --mtp-width 3 ;;
+  esac
+done

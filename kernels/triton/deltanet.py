@@ -1,0 +1,75 @@
+"""The gated delta rule's sequential recurrence as one Triton launch (the hybrid engine's verify and commit).
+
+Per (sequence n, value head h, value block vb) one program holds its state block S [dk, BV] (float32) in
+registers and walks the T rows in order, the same arithmetic as ``ops.gated_deltanet.delta_step``:
+
+    S <- exp(g_t) S;   u = b_t (v_t - S^T k_t);   S <- S + k_t u^T;   o_t = S^T q_t
+
+A column block of S only ever reads its own columns (S^T k and S^T q are per column), so blocks over dv are
+independent programs. Inputs q, k [N, T, nv, dk], v [N, T, nv, dv], g, b [N, T, nv] (float32, contiguous);
+the state [N, nv, dk, dv] is read once and the state after row T-1 written once to ``s_out`` (which may be the
+input state: each program reads and writes only its own block). Outputs o [N, T, nv, dv].
+
+Why this is the engine's fast path and not the chunked form: the loop body does not depend on T or on any
+other row, and T is not specialised (``do_not_specialize``), so one compiled kernel gives row t the same bits
+whether it runs in a pass of 1 row or of 16 and whether its state is carried in registers (verify) or
+re-read after a commit (replay). That is what keeps the drafted run's ids identical to the plain run's. The
+chunked (UT / WY) form sums the same terms in another order: equal to float32 rounding, not bit-equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import delta_dims_ok
+
+
+@triton.jit(do_not_specialize=["T"])
+def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, s_out_ptr, T,
+                      NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+    nh = tl.program_id(0).to(tl.int64)              # n * NV + h
+    vb = tl.program_id(1)
+    n = nh // NV
+    h = nh % NV
+    kk = tl.arange(0, DK)
+    vv = vb * BV + tl.arange(0, BV)
+    blk = nh * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(s_ptr + blk)
+    for t in range(T):
+        row = (n * T + t) * NV + h
+        q = tl.load(q_ptr + row * DK + kk)
+        k = tl.load(k_ptr + row * DK + kk)
+        v = tl.load(v_ptr + row * DV + vv)
+        g = tl.load(g_ptr + row)
+        b = tl.load(b_ptr + row)
+        s = s * tl.exp(g)
+        u = b * (v - tl.sum(s * k[:, None], axis=0))
+        s = s + k[:, None] * u[None, :]
+        tl.store(o_ptr + row * DV + vv, tl.sum(s * q[:, None], axis=0))
+    tl.store(s_out_ptr + blk, s)
+
+
+def block_v(dv: int) -> int:
+    return min(dv, 32)
+
+
+def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                    state: torch.Tensor, s_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q/k [N, T, nv, dk], v [N, T, nv, dv], g/b [N, T, nv], state [N, nv, dk, dv] (float32)
+    -> (o [N, T, nv, dv], the state after row T-1, written into ``s_out`` when given, else a new tensor)."""
+    n, t, nv, dk = k.shape
+    dv = v.shape[-1]
+    if not delta_dims_ok(dk, dv):
+        raise ValueError(f"the Triton delta rule needs power-of-two head dims, got dk={dk} dv={dv}")
+    q, k, v, g, b = (x.float().contiguous() for x in (q, k, v, g, b))
+    state = state.float().contiguous()
+    s_out = torch.empty_like(state) if s_out is None else s_out
+    if not s_out.is_contiguous() or s_out.dtype != torch.float32:
+        raise ValueError("s_out must be a contiguous float32 tensor")
+    o = torch.empty(n, t, nv, dv, device=q.device, dtype=torch.float32)
+    bv = block_v(dv)
+    _recurrent_kernel[(n * nv, dv // bv)](q, k, v, g, b, state, o, s_out, t, NV=nv, DK=dk, DV=dv, BV=bv,
+                                          num_warps=4)
+    return o, s_out
