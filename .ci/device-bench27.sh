@@ -8,7 +8,7 @@ N=${N:-256}; LAYERS=${LAYERS:-}; HF=${HF---hf}; T=${T:-200}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
 PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
-{ date -u +%FT%TZ; git log -1 --format='commit %H %s' 2>/dev/null | cut -c1-100
+{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown (pass BLOOMERY_COMMIT: the device copy git HEAD lags its tree)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } | tee $OUT/device-bench27.txt

@@ -12,6 +12,7 @@ from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.families import qwen38 as kq38
+from bloomery_gates.kernels.ops import gated_deltanet as kgd
 from bloomery_gates.kernels.ops import moe as kmoe
 from bloomery_gates.kernels.ops.gated_deltanet import l2norm
 
@@ -58,7 +59,7 @@ def test_fail_first_value_heads_in_tiled_order(monkeypatch):
         return (l2norm(q).repeat(*([1] * (q.dim() - 2)), rep, 1) * q.shape[-1] ** -0.5,
                 l2norm(k).repeat(*([1] * (k.dim() - 2)), rep, 1))
 
-    monkeypatch.setattr(kq38, "prepare_qk", tiled)
+    monkeypatch.setattr(kgd, "prepare_qk", tiled)        # the torch prepare (CPU) looks it up per call
     code, lines = gate()
     assert code == 1 and failed(lines, "(r) target layer 0 out"), "\n".join(lines)
 
