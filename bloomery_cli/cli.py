@@ -225,10 +225,12 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
 def _register_late() -> None:
     """Commands whose modules pull in more (bench, results): imported when the app is built."""
     from .bench import bench_command
+    from .plan_cli import plan_command
     from .results_table import results_command
 
     app.command("bench")(bench_command)
     app.command("results")(results_command)
+    app.command("plan")(plan_command)
 
 
 _register_late()
