@@ -94,7 +94,13 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              confidence_cut: Annotated[float | None, typer.Option(
                  "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
                  "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
-                 "accept_mean change, and ids must stay identical.")] = None) -> None:
+                 "accept_mean change, and ids must stay identical.")] = None,
+             draft_policy: Annotated[str | None, typer.Option(
+                 "--draft-policy", help="auto (the plan's ctx-first rule may turn the draft off; the default "
+                 "without --draft), on (the default with --draft: never turned off), off (plain-only).")] = None,
+             gpu_mem: Annotated[str | None, typer.Option(
+                 "--gpu-mem", help="The plan's memory budget (80G, 24GiB, ...) [default: the device's free "
+                 "memory].")] = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
 
@@ -106,7 +112,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         extra["confidence_cut"] = confidence_cut
     if width not in ("fixed", "cost"):
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
-    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width)
+    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
+                       draft_policy=draft_policy, gpu_mem=gpu_mem)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:

@@ -4,7 +4,7 @@ From headers alone (``plan_model``), in the run dtype's element size e, for a co
 and S slots. The terms follow what this harness's device engine allocates (kernels/families, kernels/drafts):
 
     target weights   W_t = e * (weight elements, in-file MTP excluded) (+ e * V H: a tied head is cast as its own
-                     copy on a device that is not the host)
+                     copy, except on the host when the file already holds the run dtype)
     per position     p_t = 2 e sum_groups(layers kv_heads head_dim) + 2 * 4 rotary_dim + 8      (KV, RoPE cos/sin
                      f32, the int64 key positions); a sliding-window group keeps min(C, window) positions
     per slot         s_t = sum_recurrent layers * (4 state_f32 + e conv)                         (DeltaNet / Mamba-2
@@ -111,7 +111,8 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
     on_host = device == "cpu"
     full, swa = _kv_bytes(t, e)
     rope = 2 * 4 * t.rotary_dim + 8
-    w = e * t.weight_elems + (0 if on_host or not t.tied else e * t.embed_elems)
+    shared = on_host and t.embed_dtype == dtype      # .to() of a host tensor already in the run dtype: no copy
+    w = e * t.weight_elems + (0 if shared or not t.tied else e * t.embed_elems)
     per_slot = sum(r.layers * (4 * r.state_f32 + e * r.conv) for r in t.recurrent)
     terms = Terms(w, full + rope, per_slot, swa, runtime_arena=0 if on_host else CUDA_ARENA)
     if d is not None:

@@ -130,8 +130,8 @@ def measure_command(res: PlanResult, target, draft, shape, device: str, dtype: s
                     console) -> None:
     import typer
 
-    from .records import conditions, write_atomic
     from .preflight import check_output_file
+    from .records import conditions, write_atomic
 
     check_output_file(record, "--record")
     import torch

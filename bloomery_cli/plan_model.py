@@ -1,7 +1,7 @@
 """What ``bloomery plan`` knows of a checkpoint, from its headers alone.
 
 A target or a draft is read into a ``PlanModel``: the element counts of its weights (from the safetensors
-headers or the GGUF tensor infos, through ``inventory``: no tensor data is touched), and the numbers that size
+headers or the GGUF tensor infos, through ``plan_headers``: no tensor data is touched), and the numbers that size
 its state (from ``config.json`` or the GGUF metadata):
 
     attention layers      by KV shape (kv heads, head dim, sliding window or None)  -> bytes per position
@@ -74,6 +74,7 @@ class PlanModel:
     draft_elems: int = 0                       # in-file MTP / NextN tensors
     draft_layers: int = 0
     draft_kind: str | None = None              # the inventory's verdict kind for a draft file
+    embed_dtype: str = "f32"                   # the dtype the token embedding reaches the engine in
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -97,6 +98,12 @@ def _hf_config(path: Path) -> tuple[dict[str, Any], Path]:
 def _elems(inv_model, groups: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> int:
     return sum(prod(t.shape) for t in inv_model.tensors
                if (groups is None or t.group in groups) and t.group not in exclude)
+
+
+def _embed_dtype(inv_model) -> str:
+    """The stored dtype of the token embedding as the engine receives it (GGUF tensors arrive as f32)."""
+    st = next((t.dtype for t in inv_model.tensors if t.group == "token_embd"), "F32")
+    return {"BF16": "bf16", "F16": "f16"}.get(st, "f32")
 
 
 def _layer_types(c: Cfg, n: int) -> list[str]:
@@ -179,7 +186,7 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
                      _elems(inv_model, exclude=("mtp_nextn",)), inv_model.total_bytes, tied or not any(
                          t.group == "output" and len(t.shape) == 2 for t in inv_model.tensors),
                      embed, tuple(attn), rotary, tuple(recurrent), mtp, nextn if mtp else 0,
-                     meta={"model_type": mt, "config": str(where)})
+                     meta={"model_type": mt, "config": str(where)}, embed_dtype=_embed_dtype(inv_model))
 
 
 def _gguf_target(path: Path, inv_model) -> PlanModel:
@@ -235,17 +242,17 @@ def _gguf_target(path: Path, inv_model) -> PlanModel:
                      int(g.meta(f"{arch}.context_length", 1 << 20) or (1 << 20)),
                      _elems(inv_model, exclude=("mtp_nextn",)), inv_model.total_bytes, tied,
                      _elems(inv_model, ("token_embd",)), attn, rotary, tuple(recurrent),
-                     _elems(inv_model, ("mtp_nextn",)), nextn, meta={"arch": arch})
+                     _elems(inv_model, ("mtp_nextn",)), nextn, meta={"arch": arch}, embed_dtype="f32")
 
 
 def read_target(path: Path) -> PlanModel:
     """A target checkpoint (HF dir or ``*.gguf``) from its headers."""
-    from .inventory import inventory
+    from .plan_headers import header_model
 
     path = Path(path)
     if not path.exists():
         raise MissingFile(path, "no such file or directory; expected an HF checkpoint directory or a *.gguf")
-    inv = inventory([path]).models[0]
+    inv = header_model(path)
     return _gguf_target(path, inv) if inv.fmt == "gguf" else _hf_target(path, inv)
 
 
@@ -290,7 +297,7 @@ def _draft_cfg(raw: dict[str, Any], where: Path) -> Cfg:
 def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -> PlanDraft:
     """A draft checkpoint from its headers: a block draft / EAGLE-3 HF dir, or the target file itself (its
     in-file MTP layer)."""
-    from .inventory import inventory
+    from .plan_headers import header_model
 
     path = Path(path)
     if not path.exists():
@@ -301,7 +308,7 @@ def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -
         ad = target.attn[0] if target.attn else AttnGroup(0, 1, target.hidden // target.heads)
         return PlanDraft(path.name, "mtp", target.draft_elems, target.draft_layers or 1, ad.kv_heads, ad.head_dim,
                          target.rotary_dim, 4, target.vocab)
-    inv = inventory([path]).models[0]
+    inv = header_model(path)
     if inv.fmt == "gguf":
         raise InputError(path, "a GGUF drafter: the plan reads HF draft directories (config.json + safetensors)")
     raw, where = _hf_config(path)
