@@ -13,7 +13,8 @@ and S slots. The terms follow what this harness's device engine allocates (kerne
                      p_d = 2 e layers kv_heads head_dim + 2 * 4 rotary_dim + 8                  (its own KV store)
                      arena_d = e * (R - 1) V  + 8 R                                             (its logits / ids)
                      extra rows: the target's caches hold R more positions (R = the verify's rows), a recurrent
-                     verify keeps R per-row states [R x state_f32] f32 per linear layer
+                     verify keeps R per-row states [R x state_f32] f32 and its conv buffer [k - 1 + R, C] per
+                     linear layer until the commit
     workspace        ws(r, C) = r C (heads (8 + e) + 1) + 2 e (L + 1) r H + e r V + 3 e r I      (one pass of r rows
                      over C keys: f32 scores and softmax, the mask, the taps, the logits, the MLP); r = the larger
                      of the prefill chunk and R
@@ -120,7 +121,9 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
         terms.draft_per_position = 2 * e * d.layers * d.kv_heads * d.head_dim + 2 * 4 * d.rotary_dim + 8
         terms.draft_arena = e * (d.verify_rows - 1) * d.vocab + 8 * d.verify_rows
         terms.verify_rows = d.verify_rows
-        terms.verify_state = sum(r.layers * d.verify_rows * 4 * r.state_f32 for r in t.recurrent)
+        rv = d.verify_rows
+        terms.verify_state = sum(r.layers * (rv * 4 * r.state_f32 + e * (r.conv + rv * r.channels))
+                                 for r in t.recurrent)
     return terms
 
 

@@ -4,8 +4,9 @@ The target and the draft are built on the device with ``max_len = N`` (their cac
 a prompt of P = min(512, N / 2) ids is prefilled and 32 ids are drafted (``speculative.generate``). On CUDA the
 measurement is ``torch.cuda.max_memory_allocated`` from before the engine is built (the host-side spec tensors
 live on the CPU and are not counted), compared with the plan's total at N with P prefill rows; on the host,
-where no allocator keeps a peak, the resident bytes (distinct storages held by the engine and the draft) are
-compared with the plan's resident terms (everything but the workspace). The record says which.
+where no allocator keeps a peak, the resident bytes after the run (distinct storages held by the engine and the
+draft) are compared with the plan's resident terms (everything but the workspace and the verify's per-row states,
+which a commit frees). The record says which.
 """
 
 from __future__ import annotations
@@ -51,13 +52,22 @@ def _resident(*objs: Any) -> int:
 
 def _build(target: Path | None, draft: Path | None, shape: str | None, device, dtype, max_len: int):
     """(engine, draft, verify rows, vocab) built on ``device``; the gate registry supplies the draft's loader."""
+    if shape == "qwen38-27b":
+        from bloomery_gates.kernels.drafts.mtp import MTPDraft
+        from bloomery_gates.kernels.families.qwen38 import Qwen38Target
+
+        from .plan_random import random_specs
+        tspec, mspec = random_specs(device, dtype)
+        eng = Qwen38Target(tspec, device, dtype, max_len, rows=4)
+        return eng, MTPDraft(mspec, eng, max_len, 3), 4, tspec.vocab_size
     if shape is not None:
         from bloomery_gates.kernels.drafts.dflash import DFlashDraft
         from bloomery_gates.kernels.families.qwen3 import Qwen3Target
 
         from .bench_shapes import SHAPES, random_pair
         if shape not in SHAPES:
-            raise InputError("--shape", f"{shape!r}: --measure runs the qwen3 bench shapes ({', '.join(SHAPES)})")
+            raise InputError("--shape", f"{shape!r}: --measure runs qwen38-27b and the qwen3 bench shapes "
+                                        f"({', '.join(SHAPES)})")
         tspec, dspec = random_pair(SHAPES[shape], device, dtype)
         eng = Qwen3Target(tspec, device, dtype, max_len, rows=dspec.block_size)
         return eng, DFlashDraft(dspec, eng, max_len), dspec.block_size, tspec.vocab_size
@@ -96,6 +106,7 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
         base = torch.cuda.memory_allocated(device)
     t0 = time.perf_counter()
     eng, drf, rows, vocab = _build(target, draft, shape, device, dtype, ctx)
+    built = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     if device.type == "cuda" and shape is not None:
         base = 0                                   # random shape weights are made on the device: they count
     g = torch.Generator().manual_seed(0)
@@ -117,12 +128,15 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
     from .plan import terms_of
     terms = terms_of(t, d, dtype_name, device.type)
     planned = bytes_at(t, terms, ctx, 1, d is not None, ELEM[dtype_name], prefill_rows=prompt_len)
-    compare = planned["total"] - (planned["workspace"] if device.type == "cpu" else 0)
+    transient = planned["workspace"] + planned.get("verify_state", 0)     # freed by the end of a pass / a commit
+    compare = planned["total"] - (transient if device.type == "cpu" else 0)
     rel = (compare - measured) / measured if measured else float("inf")
     return {"plan_measure": res.target, "draft": res.draft, "shape": shape, "device": str(device), "dtype": dtype_name,
             "ctx": ctx, "prompt_len": prompt_len, "drafted_ids": n, "verify_rows": rows,
             "accept_mean": round(run.tally.accept_mean, 4), "planned": planned, "planned_compared": compare,
-            "measured": measured, "measured_what": what, "rel_err": round(rel, 5), "tolerance": TOLERANCE,
+            "measured": measured, "measured_what": what,
+            "allocated_after_build": None if built is None else built - base, "rel_err": round(rel, 5),
+            "tolerance": TOLERANCE,
             "within": abs(rel) <= TOLERANCE, "wall_s": round(time.perf_counter() - t0, 3)}
 
 

@@ -49,6 +49,7 @@ class Recurrent:
     layers: int
     state_f32: int
     conv: int
+    channels: int = 0          # the conv's channels C (conv = (k - 1) C): a verify keeps [k - 1 + R, C] per layer
 
 
 @dataclass
@@ -132,7 +133,7 @@ def _nemotron_pattern(c: Cfg) -> list[str]:
 def _mamba(c: Cfg, layers: int, conv_key: str = "conv_kernel") -> Recurrent:
     nh, hd = c.int("mamba_num_heads"), c.int("mamba_head_dim")
     st, g, k = c.int("ssm_state_size"), c.int("n_groups"), c.int(conv_key)
-    return Recurrent("mamba2", layers, nh * hd * st, (k - 1) * (nh * hd + 2 * g * st))
+    return Recurrent("mamba2", layers, nh * hd * st, (k - 1) * (nh * hd + 2 * g * st), nh * hd + 2 * g * st)
 
 
 def _hf_target(path: Path, inv_model) -> PlanModel:
@@ -178,7 +179,8 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
             nk, nv = c.int("linear_num_key_heads"), c.int("linear_num_value_heads")
             dk, dv, k = c.int("linear_key_head_dim"), c.int("linear_value_head_dim"), c.int("linear_conv_kernel_dim")
             if lin:
-                recurrent.append(Recurrent("deltanet", lin, nv * dk * dv, (k - 1) * (2 * nk * dk + nv * dv)))
+                recurrent.append(Recurrent("deltanet", lin, nv * dk * dv, (k - 1) * (2 * nk * dk + nv * dv),
+                                           2 * nk * dk + nv * dv))
     mtp = _elems(inv_model, ("mtp_nextn",))
     nextn = inv_model.nextn_layers or 0
     embed = _elems(inv_model, ("token_embd",))
@@ -222,7 +224,8 @@ def _gguf_target(path: Path, inv_model) -> PlanModel:
         n_attn = trunk - lin
         st, grp, nv = int(key("ssm.state_size")), int(key("ssm.group_count")), int(key("ssm.time_step_rank"))
         inner, k = int(key("ssm.inner_size")), int(key("ssm.conv_kernel"))
-        recurrent.append(Recurrent("deltanet", lin, nv * st * (inner // nv), (k - 1) * (2 * grp * st + inner)))
+        recurrent.append(Recurrent("deltanet", lin, nv * st * (inner // nv), (k - 1) * (2 * grp * st + inner),
+                                   2 * grp * st + inner))
         kv = kv_per[-1] if kv_per else 0
     elif family == "nemotron":
         mamba = [i for i in range(trunk) if kv_per[i] == 0 and ff_per[i] == 0]
@@ -231,7 +234,8 @@ def _gguf_target(path: Path, inv_model) -> PlanModel:
         st, grp, k = int(key("ssm.state_size")), int(key("ssm.group_count")), int(key("ssm.conv_kernel"))
         inner = int(key("ssm.inner_size"))
         if mamba:
-            recurrent.append(Recurrent("mamba2", len(mamba), inner * st, (k - 1) * (inner + 2 * grp * st)))
+            recurrent.append(Recurrent("mamba2", len(mamba), inner * st, (k - 1) * (inner + 2 * grp * st),
+                                       inner + 2 * grp * st))
         rotary = 0
     else:
         n_attn, kv = trunk, kv_per[0]

@@ -3,10 +3,8 @@
 qwen3-8b   the ``bloomery bench`` shape (bench_shapes.SHAPES): Qwen3-8B, untied head, + z-lab's DFlash
            drafter for it (5 layers, B = 16)
 qwen3-4b   likewise
-qwen38-27b the Qwen3.8-27B dense hybrid: H 5120, 64 layers (every 4th full attention: 16 gated-attention
-           layers, 24 heads, 4 KV heads of 256, partial rotary 0.25; 48 Gated DeltaNet layers, 16 key heads and
-           48 value heads of 128, conv 4), FFN 17408, vocab 248320, untied; + a DFlash2 drafter of the bench_dflash2
-           shape (5 layers, B = 8, 32 heads, 8 KV heads of 128)
+qwen38-27b the Qwen3.8-27B dense hybrid with its shipped MTP layer (plan_random: the tensor table at the real
+           widths, the same one ``--measure`` fills with random weights on the device)
 """
 
 from __future__ import annotations
@@ -34,18 +32,16 @@ def _bench(name: str) -> tuple[PlanModel, PlanDraft]:
 
 
 def _qwen38_27b() -> tuple[PlanModel, PlanDraft]:
-    h, inter, vocab = 5120, 17408, 248320
-    heads, kv, hd = 24, 4, 256
-    nk, nv, dk, dv, k = 16, 48, 128, 128, 4
-    conv = 2 * nk * dk + nv * dv
-    attn = h * heads * hd * 2 + h * heads * hd + 2 * h * kv * hd + 2 * hd + 2 * h   # q + gate, o, k, v, norms
-    lin = h * conv + h * nv * dv + 2 * h * nv + conv * k + nv * dv * h + 2 * nv + dv + 2 * h   # qkv, z, a/b, conv, out
-    mlp = 3 * h * inter
-    w = 16 * (attn + mlp) + 48 * (lin + mlp) + 2 * vocab * h + h
-    t = PlanModel("shape:qwen38-27b", "qwen38", "shape", h, heads, vocab, inter, 262144, w, 2 * w, False, vocab * h,
-                  (AttnGroup(16, kv, hd),), int(hd * 0.25), (Recurrent("deltanet", 48, nv * dk * dv, (k - 1) * conv),))
-    dl = _qwen3_layer_elems(h, 32, 8, 128, inter)
-    d = PlanDraft("shape:qwen38-27b-dflash2", "dflash2", 5 * dl + 5 * h * h + 2 * h, 5, 8, 128, 128, 8, vocab)
+    from . import plan_random as q
+
+    w, mtp = q.elems()
+    conv = 2 * q.NK * q.DK + q.NV * q.DV
+    rot = int(q.HD * q.ROT)
+    lin = sum(t == "linear_attention" for t in q.layer_types())
+    t = PlanModel("shape:qwen38-27b", "qwen38", "shape", q.H, q.HEADS, q.VOCAB, q.INTER, 262144, w, 2 * w, False,
+                  q.VOCAB * q.H, (AttnGroup(q.LAYERS - lin, q.KV, q.HD),), rot,
+                  (Recurrent("deltanet", lin, q.NV * q.DK * q.DV, (q.CONV_K - 1) * conv, conv),), mtp, 1)
+    d = PlanDraft("shape:qwen38-27b-mtp", "mtp", mtp, 1, q.KV, q.HD, rot, 4, q.VOCAB)
     return t, d
 
 

@@ -176,3 +176,17 @@ def test_read_draft_kinds():
                      "qwen3-tiny-dspark-b7": "dspark", "qwen3-tiny-eagle3": "eagle3"}
     assert read_draft(FIX / "qwen3-tiny-eagle3", t).verify_rows == 4
     assert read_draft(FIX / "qwen3-tiny-dspark-b7", t).verify_rows == 8
+
+
+def test_measure_of_the_qwen38_shape_builder_at_tiny_widths(monkeypatch):
+    """The qwen38-27b table and its random builder (plan_random) agree with the engine they feed, at tiny widths."""
+    from bloomery_cli import plan_random as q
+    from bloomery_cli.plan_measure import measure
+    from bloomery_cli.plan_shapes import plan_shape
+
+    for k, v in dict(H=64, LAYERS=4, INTER=96, VOCAB=512, HEADS=4, KV=2, HD=32, NK=2, NV=4, DK=16, DV=16).items():
+        monkeypatch.setattr(q, k, v)
+    t, d = plan_shape("qwen38-27b")
+    res = make_plan(t, d, dtype="f32", device="cpu", budget=10**9, budget_source="test", ctx=300)
+    r = measure(res, None, None, "qwen38-27b", "cpu", "f32", 300)
+    assert r["within"], r
