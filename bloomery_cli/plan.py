@@ -13,14 +13,21 @@ and S slots. The terms follow what this harness's device engine allocates (kerne
                      p_d = 2 e layers kv_heads head_dim + 2 * 4 rotary_dim + 8                  (its own KV store)
                      arena_d = e * (R - 1) V  + 8 R                                             (its logits / ids)
                      extra rows: the target's caches hold R more positions (R = the verify's rows), a recurrent
-                     verify keeps R per-row states [R x state_f32] f32 and its conv buffer [k - 1 + R, C] per
-                     linear layer until the commit
-    workspace        ws(r, C) = r C (heads (8 + e) + 1) + 2 e (L + 1) r H + e r V + 3 e r I      (one pass of r rows
-                     over C keys: f32 scores and softmax, the mask, the taps, the logits, the MLP); r = the larger
-                     of the prefill chunk and R
+                     verify keeps R per-row states [R x state_f32] f32 per linear layer until the commit (V_R)
+    workspace        ws(r, C) = the largest phase of one pass of r rows over C keys (r = the larger of the prefill
+                     chunk and R), T = e (L + 1) r H the taps every layer's output keeps for the pass:
+                       attention  r C (s heads + 2) + T + 6 e r W    (the f32 scores and their softmax alive at once,
+                                                                      s = 8, + e for the probabilities' cast when the
+                                                                      run dtype is not f32; the mask and its negation,
+                                                                      q/k/v, gate and rows, W = max(H, heads d))
+                       MLP        T + 3 e r I + 2 e r H
+                       head       2 T + e r V + e r H                (the taps stacked, the logits)
+                       recurrent  T + r (3 e C + 8 dv nv)            (the conv buffer, the scan's rows)
+                     plus, in every phase, what a recurrent pass keeps per linear layer until its commit: the conv
+                     buffer [k - 1 + r, C] and a state; the transient term is max(ws(prefill rows), ws(R) + S V_R)
     runtime arena    32 MiB on CUDA (cuBLAS workspace, torch's default on sm90), 0 on the host
 
-    bytes(C) = W_t + [D] + S (C p_t + s_t) + [S (C p_d + R p_t)] + ws(r, C) + arena
+    bytes(C) = W_t + [W_d + arena_d] + S (C p_t + s_t) + [S (C p_d + R p_t)] + transient + runtime arena
 
 The largest context per slot solves bytes(C) <= budget (``--gpu-mem``), capped at the target's max position;
 "with" and "without" the draft. The ctx-first rule (an unset draft, ``--draft-policy auto``): the draft is
@@ -121,17 +128,23 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
         terms.draft_per_position = 2 * e * d.layers * d.kv_heads * d.head_dim + 2 * 4 * d.rotary_dim + 8
         terms.draft_arena = e * (d.verify_rows - 1) * d.vocab + 8 * d.verify_rows
         terms.verify_rows = d.verify_rows
-        rv = d.verify_rows
-        terms.verify_state = sum(r.layers * (rv * 4 * r.state_f32 + e * (r.conv + rv * r.channels))
-                                 for r in t.recurrent)
+        terms.verify_state = sum(r.layers * d.verify_rows * 4 * r.state_f32 for r in t.recurrent)
     return terms
 
 
 def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:
-    """ws(r, C): one pass of ``rows`` rows over ``ctx`` keys (module doc)."""
+    """ws(r, C): the peak of one pass of ``rows`` rows over ``ctx`` keys (module doc), the largest of its phases."""
     layers = t.attention_layers + sum(r.layers for r in t.recurrent)
-    return (rows * ctx * (t.heads * (8 + e) + 1) + 2 * e * (layers + 1) * rows * t.hidden + e * rows * t.vocab
-            + 3 * e * rows * t.intermediate)
+    taps = (layers + 1) * rows * t.hidden * e                 # every layer's output rows, kept for the pass
+    score = 8 + (e if e < 4 else 0)     # f32 scores + their softmax, + its cast to the run dtype when that is not f32
+    width = max(t.hidden, t.heads * (t.attn[0].head_dim if t.attn else t.hidden // t.heads))   # q / gate / o rows
+    attn = rows * ctx * (score * t.heads + 2) + taps + 6 * rows * width * e
+    mlp = taps + 3 * rows * t.intermediate * e + 2 * rows * t.hidden * e
+    head = 2 * taps + rows * t.vocab * e + rows * t.hidden * e
+    rec = max((taps + rows * (3 * e * r.channels + 8 * r.state_f32 // max(1, r.channels)) for r in t.recurrent),
+              default=0)
+    pending = sum(r.layers * (e * (r.conv + rows * r.channels) + 4 * r.state_f32) for r in t.recurrent)
+    return max(attn, mlp, head, rec) + pending
 
 
 def bytes_at(t: PlanModel, terms: Terms, ctx: int, slots: int, with_draft: bool, e: int,
@@ -143,11 +156,12 @@ def bytes_at(t: PlanModel, terms: Terms, ctx: int, slots: int, with_draft: bool,
     out = {"target_weights": terms.target_weights,
            "target_kv": slots * (cap * terms.per_position + swa),
            "target_state": slots * terms.per_slot,
-           "workspace": workspace(t, max(min(prefill_rows, ctx), r), cap, e),
+           "workspace": max(workspace(t, min(prefill_rows, ctx), cap, e),
+                            workspace(t, r, cap, e) + (slots * terms.verify_state if with_draft else 0)),
            "runtime_arena": terms.runtime_arena}
     if with_draft:
         out.update(draft_weights=terms.draft_weights, draft_kv=slots * (ctx + 2 * r) * terms.draft_per_position,
-                   draft_arena=terms.draft_arena, verify_state=slots * terms.verify_state)
+                   draft_arena=terms.draft_arena)
     out["total"] = sum(out.values())
     return out
 

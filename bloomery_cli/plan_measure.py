@@ -4,9 +4,10 @@ The target and the draft are built on the device with ``max_len = N`` (their cac
 a prompt of P = min(512, N / 2) ids is prefilled and 32 ids are drafted (``speculative.generate``). On CUDA the
 measurement is ``torch.cuda.max_memory_allocated`` from before the engine is built (the host-side spec tensors
 live on the CPU and are not counted), compared with the plan's total at N with P prefill rows; on the host,
-where no allocator keeps a peak, the resident bytes after the run (distinct storages held by the engine and the
-draft) are compared with the plan's resident terms (everything but the workspace and the verify's per-row states,
-which a commit frees). The record says which.
+where no allocator keeps a peak, the resident bytes after the build (distinct storages held by the engine and the
+draft) plus the peak of the bytes the run's ops hold at once (``plan_peak``) are compared with the plan's total
+(its runtime arena is 0 on the host). The record also carries the resident bytes beside the plan's resident terms
+(everything but the transient term: the workspace and the verify's per-row states, which a commit frees).
 """
 
 from __future__ import annotations
@@ -112,14 +113,17 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, vocab, (prompt_len,), generator=g).tolist()
     n = max(2, min(DRAFT_IDS, ctx - prompt_len - 2 * rows - 2))
-    run = generate(eng, drf, prompt, n)
+    resident_built = _resident(eng, drf)
     if device.type == "cuda":
+        run = generate(eng, drf, prompt, n)
         torch.cuda.synchronize(device)
         measured = torch.cuda.max_memory_allocated(device) - base
         what = "torch.cuda.max_memory_allocated"
     else:
-        measured = _resident(eng, drf)
-        what = "resident bytes (distinct storages held by the engine and the draft)"
+        from .plan_peak import peak_of
+        run, during = peak_of(lambda: generate(eng, drf, prompt, n))
+        measured = resident_built + during
+        what = "resident bytes after the build + the peak of the run's op allocations (plan_peak)"
     if shape is not None:
         t, d = plan_shape(shape)
     else:
@@ -128,14 +132,15 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
     from .plan import terms_of
     terms = terms_of(t, d, dtype_name, device.type)
     planned = bytes_at(t, terms, ctx, 1, d is not None, ELEM[dtype_name], prefill_rows=prompt_len)
-    transient = planned["workspace"] + planned.get("verify_state", 0)     # freed by the end of a pass / a commit
-    compare = planned["total"] - (transient if device.type == "cpu" else 0)
+    compare = planned["total"]
+    resident_planned = planned["total"] - planned["workspace"]
     rel = (compare - measured) / measured if measured else float("inf")
     return {"plan_measure": res.target, "draft": res.draft, "shape": shape, "device": str(device), "dtype": dtype_name,
             "ctx": ctx, "prompt_len": prompt_len, "drafted_ids": n, "verify_rows": rows,
             "accept_mean": round(run.tally.accept_mean, 4), "planned": planned, "planned_compared": compare,
             "measured": measured, "measured_what": what,
             "allocated_after_build": None if built is None else built - base, "rel_err": round(rel, 5),
+            "resident_after_build": resident_built, "resident_planned": resident_planned,
             "tolerance": TOLERANCE,
             "within": abs(rel) <= TOLERANCE, "wall_s": round(time.perf_counter() - t0, 3)}
 
