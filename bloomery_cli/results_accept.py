@@ -101,3 +101,24 @@ def update_readme(path: Path, records) -> bool:
         Path(tmp).unlink(missing_ok=True)
         raise
     return True
+
+
+def plan_table(records) -> list[str]:
+    """``bloomery plan --measure`` records: planned bytes against the measured peak at a context."""
+    rows = []
+    for path, r in records:
+        if "plan_measure" not in r:
+            continue
+        c = r.get("conditions", {})
+        rows.append([r["plan_measure"], r.get("draft") or "-", c.get("device_name", r.get("device", "?")),
+                     r.get("dtype", "?"), r.get("ctx"), r.get("prompt_len"), f"{r.get('planned_compared', 0):,}",
+                     f"{r.get('measured', 0):,}", f"{r.get('rel_err', 0):+.4f}", "PASS" if r.get("within") else "FAIL",
+                     r.get("measured_what", "?"), f"[{path.name}]({path.as_posix()})"])
+    if not rows:
+        return []
+    head = ["target", "draft", "device", "dtype", "ctx", "prompt", "planned bytes", "measured bytes", "rel err",
+            "within 5%", "measured as", "record"]
+    cell = lambda c: str(c).replace("|", "/")  # noqa: E731
+    return ["", "## Context / memory plan vs measured (`bloomery plan --measure`)", "",
+            "| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |",
+            *("| " + " | ".join(cell(c) for c in r) + " |" for r in rows)]

@@ -155,6 +155,8 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
     else:
         out += ["No bench records yet."]
     out += ["", f"External: {BENCH_ANCHOR}."]
+    from .results_accept import plan_table
+    out += plan_table(records)
     kr = kernel_rows(records)
     if kr:
         out += ["", "## DFlash2 kernels", ""]

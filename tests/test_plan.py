@@ -190,3 +190,18 @@ def test_measure_of_the_qwen38_shape_builder_at_tiny_widths(monkeypatch):
     res = make_plan(t, d, dtype="f32", device="cpu", budget=10**9, budget_source="test", ctx=300)
     r = measure(res, None, None, "qwen38-27b", "cpu", "f32", 300)
     assert r["within"], r
+
+
+def test_plan_peak_counts_what_is_alive_at_once():
+    import torch
+
+    from bloomery_cli.plan_peak import peak_of
+
+    def run():
+        a = torch.zeros(1000, 1000)                # 4 MB
+        b = torch.ones(2000, 1000)                 # 8 MB: 12 MB alive
+        c = b[:10]                                 # a view: no new bytes
+        del b, c
+        d = torch.zeros(500, 1000) + 1             # 2 MB temporary + 2 MB: 8 MB alive at most
+        return a, d
+    assert peak_of(run)[1] == 12_000_000
