@@ -99,6 +99,12 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              mtp_hidden: Annotated[str | None, typer.Option(
                  "--mtp-hidden", help="mimo2-mtp: which target hidden the MTP head reads and recycles: post (HF / "
                  "vLLM, the checkpoint's own; default) or pre (llama.cpp).")] = None,
+             draft_policy: Annotated[str | None, typer.Option(
+                 "--draft-policy", help="auto (the plan's ctx-first rule may turn the draft off; the default "
+                 "without --draft), on (the default with --draft: never turned off), off (plain-only).")] = None,
+             gpu_mem: Annotated[str | None, typer.Option(
+                 "--gpu-mem", help="The plan's memory budget (80G, 24GiB, ...) [default: the device's free "
+                 "memory].")] = None,
              threads: Threads = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
@@ -120,7 +126,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         extra["mtp_hidden"] = mtp_hidden
     if width not in ("fixed", "cost"):
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
-    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width)
+    opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
+                       draft_policy=draft_policy, gpu_mem=gpu_mem)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
@@ -244,10 +251,12 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
 def _register_late() -> None:
     """Commands whose modules pull in more (bench, results): imported when the app is built."""
     from .bench import bench_command
+    from .plan_cli import plan_command
     from .results_table import results_command
 
     app.command("bench")(bench_command)
     app.command("results")(results_command)
+    app.command("plan")(plan_command)
 
 
 _register_late()

@@ -59,6 +59,11 @@ class Report:
         self.facts["load"] = {"draft": kind, **sizes}
         self.line("load " + kv(draft=kind, **sizes))
 
+    def load_off(self, reason: str, **sizes: Any) -> None:
+        """The draft turned off: ``load draft=off (<reason with the numbers>)`` then the target's sizes."""
+        self.facts["load"] = {"draft": "off", "reason": reason, **sizes}
+        self.line(f"load draft=off ({reason})" + (" " + kv(**sizes) if sizes else ""))
+
     def reference(self, what: str, checked: int, worst: float, band: float, tag: str = "(r)",
                   ref: str = "host f64", rms: float | None = None, rms_band: float | None = None) -> bool:
         """Tier 2 ((r), against our f64 reference) or tier 3 ((o), against an external oracle).

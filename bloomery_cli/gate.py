@@ -16,6 +16,7 @@ import torch
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
 from .errors import InputError
+from .gate_plan import decide_draft, policy_of
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .preflight import check_fits, check_n, check_output_file
@@ -64,6 +65,8 @@ class GateOptions:
     max_prompts: int | None = None
     draft_options: dict[str, Any] = field(default_factory=dict)   # e.g. {"confidence_cut": 0.5}
     width: str = "fixed"                                          # verify width policy: fixed | cost
+    draft_policy: str | None = None                               # auto | on | off (None: on with --draft, else auto)
+    gpu_mem: str | None = None                                    # the plan's budget (default: the device's free)
 
 
 @dataclass
@@ -140,6 +143,11 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     family = FAMILIES[gate.family]
     if opts.oracle and family.oracle is None:
         raise InputError("--oracle", f"no external oracle for family {gate.family}")
+    decision = decide_draft(target_path, draft_path, opts.dtype, str(device),
+                            policy_of(opts.draft_policy, opts.draft is not None), opts.gpu_mem)
+    if not decision.on:
+        return run_plain_only(gate, opts, family, target_spec, prompts, n, device, target_path, draft_path,
+                              decision, t0, emit)
 
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
@@ -149,7 +157,10 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
     draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
     report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
-                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options))
+                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options),
+                **decision.facts)
+    if decision.note:
+        report.note(decision.note)
     for line in gate.anchors:
         report.note(line)
     load_phase.__exit__(None, None, None)
@@ -202,6 +213,33 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
                 gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0],
                                                            prefill, ref, opts.dtype), plain_runs[0])
     report.cost(phases.facts(), peak_host_rss_bytes(), peak_device_bytes(device))
+    code = report.finish()
+    report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
+    if opts.json:
+        write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
+    return code, report
+
+
+def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompts, n: int, device, target_path: Path,
+                   draft_path: Path, decision, t0: float, emit) -> tuple[int, Report]:
+    """The draft is off (the plan's rule, or asked off): the target's (r) checks and the plain runs only; no
+    draft is built, and the report says so."""
+    from bloomery_gates.gates.targets import check_target
+
+    report = Report(gate.name, **({"emit": emit} if emit else {}))
+    report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
+    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors))
+    report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
+                "no (w), (b), state or acceptance lines")
+    max_len = max(len(p) for p in prompts) + n + 1
+    engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len)
+    ref = family.reference(target_spec, prompts[0])
+    prefill = engine.prefill(prompts[0], logits=True)
+    check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
+    plain_runs = [generate(engine, None, p, n).ids for p in prompts]
+    report.note(f"plain runs: {len(plain_runs)} prompts x {n} ids (no draft to compare them with)")
+    if opts.oracle:
+        check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:

@@ -134,6 +134,9 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
            "hand. Acceptance is printed, never pinned (CONTRACT.md). accept_mean = mean kept rows per drafted window "
            "(bonus included), pooled over prompts; macro = mean of per-prompt means (z-lab's tau). pos_accept[i] = "
            "P(the first i+1 proposals kept).", "", "## Acceptance per target x draft", ""]
+    from .results_accept import summary_table
+    out += ["The latest record per gate, target, device and dtype, the published figures beside it (external):", ""]
+    out += summary_table(records) + ["", "Every record:", ""]
     acc = acceptance_rows(records)
     out += _table(["gate", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "verify rows",
                    "N (ids x prompts)", "device", "dtype", "verdict", "commit", "date", "record"], acc) if acc else \
@@ -157,6 +160,8 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
     else:
         out += ["No bench records yet."]
     out += ["", f"External: {BENCH_ANCHOR}."]
+    from .results_accept import plan_table
+    out += plan_table(records)
     kr = kernel_rows(records)
     if kr:
         out += ["", "## DFlash2 kernels", ""]
@@ -188,6 +193,9 @@ def results_command(
         results_dir: Annotated[Path, typer.Option("--dir", help="The results folder (JSON records).")]
         = Path("results"),
         plots: Annotated[bool, typer.Option("--plots/--no-plots", help="PNG plots (when matplotlib imports).")] = True,
+        readme: Annotated[Path | None, typer.Option("--readme", help="Also rewrite the acceptance table between the "
+                                                    "markers of this README [default: README.md beside the results "
+                                                    "folder, when it has them].")] = None,
 ) -> None:
     """Regenerate results/README.md (tables, and PNG plots when matplotlib is installed) from the records."""
     if not Path(results_dir).is_dir():
@@ -195,3 +203,28 @@ def results_command(
         raise typer.Exit(2)
     path, pngs = write(results_dir, plots)
     typer.echo(f"wrote {path}" + (f" and {len(pngs)} plots" if pngs else ""))
+    readme_step(Path(results_dir), readme)
+
+
+def readme_step(results_dir: Path, readme: Path | None) -> None:
+    """The acceptance table into the README's marked block (results_accept); a README named by --readme must have
+    the markers (exit 2), the default one is left as it is without them (a note)."""
+    from .errors import InputError
+    from .results_accept import BEGIN, update_readme
+
+    target = readme if readme is not None else results_dir.resolve().parent / "README.md"
+    if readme is None and not target.is_file():
+        return
+    try:
+        done = update_readme(target, load_records(results_dir))
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if done:
+        typer.echo(f"wrote the acceptance table into {target}")
+    elif readme is not None:
+        typer.echo(f"error: {target}: no '{BEGIN}' ... end markers; expected them around the acceptance table",
+                   err=True)
+        raise typer.Exit(2)
+    else:
+        typer.echo(f"note: {target} has no acceptance markers ({BEGIN}); left as it is")

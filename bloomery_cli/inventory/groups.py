@@ -57,7 +57,7 @@ def _ffn_norm(m: ModelInventory, rest: str) -> bool:
                     "pre_mlp_layernorm")
 
 
-def _block_group(m: ModelInventory, rest: str, moe: bool, mixer_mlp: bool) -> str:
+def _block_group(m: ModelInventory, rest: str, moe: bool, mixer_mlp: bool, mixer_attn: bool = True) -> str:
     if _is_shexp(m, rest):
         return "ffn_shexp"
     if _is_routed(m, rest):
@@ -67,6 +67,8 @@ def _block_group(m: ModelInventory, rest: str, moe: bool, mixer_mlp: bool) -> st
     if _ffn_norm(m, rest):
         return "router" if moe else "ffn_dense"
     if m.fmt == "gguf":
+        if head == "attn_norm" and not mixer_attn:   # nemotron_h: an FFN-only block's one pre-norm (as HF's "norm")
+            return "router" if moe else "ffn_dense"
         if head.startswith("ffn_gate_inp") or head.startswith("exp_probs"):
             return "router"
         if head.startswith("ffn_") or head.startswith("channel_mix"):
@@ -80,8 +82,9 @@ def _block_group(m: ModelInventory, rest: str, moe: bool, mixer_mlp: bool) -> st
         return "router"
     if head in ("mlp", "feed_forward", "block_sparse_moe", "moe", "mlp_conv", "ffn"):
         return "ffn_dense"
-    if head == "mixer":
-        return "ffn_dense" if parts[1] in ("up_proj", "down_proj", "gate_proj") else "attn"
+    if head == "mixer":  # nemotron_h: LatentMoE's latent projections run for every token, beside the experts
+        return "ffn_dense" if parts[1] in ("up_proj", "down_proj", "gate_proj", "fc1_latent_proj",
+                                           "fc2_latent_proj") else "attn"
     if head == "norm":  # nemotron_h style: the block's one pre-norm belongs to what the block holds
         return "router" if moe else "ffn_dense" if mixer_mlp else "attn"
     if head in ("input_layernorm", "self_attn", "linear_attn", "attention", "attn", "attention_conv",
@@ -143,10 +146,12 @@ def _classify(m: ModelInventory) -> None:
             continue
         moe = any(_is_routed(m, rest) for _, rest in rows)
         mixer_mlp = any(rest.startswith(("mixer.up_proj", "mixer.down_proj")) for _, rest in rows)
+        mixer_attn = any(rest.startswith(("attn_q", "attn_k", "attn_v", "attn_output", "ssm_", "time_mix", "conv",
+                                          "shortconv", "indexer")) for _, rest in rows)
         if moe:
             m.moe_blocks.append(b)
         for t, rest in rows:
-            t.group = _block_group(m, rest, moe, mixer_mlp)
+            t.group = _block_group(m, rest, moe, mixer_mlp, mixer_attn)
     m.moe_blocks.sort()
 
 

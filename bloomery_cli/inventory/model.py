@@ -20,7 +20,7 @@ FAMILY_OF = {
     "glm5_next": "glm5next", "glm5next": "glm5next",
     "deepseek_v4": "deepseek41", "deepseek41": "deepseek41",
     "mimo_v2_flash": "mimo2", "mimo2": "mimo2",
-    "nemotron_h": "nemotron",
+    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron",
 }
 # model types / GGUF archs whose MTP layer ships as a separate file (FAMILIES.md: mimo2, qwen4exp)
 SIDECAR_TYPES = frozenset({"mimo_v2_flash", "mimo_v2", "mimo2", "qwen4_exp", "qwen4exp"})

@@ -20,6 +20,13 @@ from .model import (
 # ---------------------------------------------------------------------------------------------
 # active bytes, verdict
 
+# FAMILIES_MOE.md sections 4.6 and 7: the draft path of a Nemotron-H (Nemotron 3.5 Bolt) checkpoint
+NEMOTRON_MTP = ("draft path: its in-file MTP block (an attention sub-layer then a LatentMoE sub-layer, one block), "
+                "as llama.cpp's draft-mtp runs it through nemotron_h_moe graph_mtp; family nemotron is inventory "
+                "only here")
+NEMOTRON_NONE = ("family nemotron: no in-file draft, so a block draft (a DFlash / DSpark drafter trained for it) or "
+                 "n-gram lookup would be needed; inventory only here")
+
 
 def _infer_routed(m: ModelInventory) -> int | None:
     if m.fmt == "gguf":
@@ -142,6 +149,8 @@ def _verdict(m: ModelInventory) -> None:
         if m.mtp_why:
             m.why.append(m.mtp_why)
         m.why.append(_drafter_line(m, MTP_DRAFT_KINDS, "MTP"))
+        if _family(m) == "nemotron":
+            m.why.append(NEMOTRON_MTP)
         return
     if mtp_names:
         m.verdict = MTP_SIDECAR
@@ -175,4 +184,4 @@ def _verdict(m: ModelInventory) -> None:
             if m.nextn_layers else "") + f"; architectures {m.architectures or '(no config.json)'} "
             "is not a block draft")
     if _family(m) == "nemotron":
-        m.why.append("family nemotron: inventory only here")
+        m.why.append(NEMOTRON_NONE)

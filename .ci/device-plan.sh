@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The plan against the H200, through the `device` tool (never by CI): for every fixture pair and the qwen3-8b and
+# qwen38-27b shapes (random weights made on the card), `bloomery plan ... --measure` builds the engine at --ctx, prefills min(512, ctx/2) ids, drafts 32, and puts
+# torch.cuda.max_memory_allocated beside the planned bytes (exit 1 past 5%). Records under $OUT/plan/ (copy them to
+# results/h200/plan/ and commit). Usage (there): bash .ci/device-plan.sh   (carry .whl with the gguf wheel)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
+PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
+export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
+R=$OUT/plan && mkdir -p $R
+F=fixtures
+run() { local name=$1; shift
+  timeout ${PLAN_TIMEOUT:-300} python3 -P -m bloomery_cli.cli plan "$@" --device cuda --dtype bf16 --gpu-mem 130G \
+    --measure --record $R/plan-$name.json 2>&1 | tee -a $R/plan.log; echo "$name exit ${PIPESTATUS[0]}" | tee -a $R/plan.log; }
+for d in qwen3-tiny-dflash-b8 qwen3-tiny-dflash2-b8 qwen3-tiny-dspark-b7 qwen3-tiny-eagle3; do
+  run $d $F/qwen3-tiny --draft $F/$d --ctx 1000; done
+run qwen38-tiny-mtp $F/qwen38-tiny --draft $F/qwen38-tiny --ctx 1000
+for d in qwen38-tiny-dflash-b8 qwen38-tiny-dflash2-b8 qwen38-tiny-dspark-b7-speculators; do
+  run $d $F/qwen38-tiny --draft $F/$d --ctx 1000; done
+for c in 4096 32768; do run qwen3-8b-ctx$c --shape qwen3-8b --ctx $c; done
+for c in 4096 32768; do run qwen38-27b-ctx$c --shape qwen38-27b --ctx $c; done
+grep -E "exit|rel err" $R/plan.log
