@@ -103,6 +103,8 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
         seconds = time.perf_counter() - t0
         if sampled:
             kept, emitted = sampler.window(v.logits, proposals, q_rows)
+            if not emitted:
+                raise ValueError(f"a sampled window kept {kept} rows and emitted no id")
         else:
             kept = kept_rows(proposals, v.argmax)
             emitted = emitted_ids(v.argmax, kept)
