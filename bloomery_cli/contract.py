@@ -125,6 +125,27 @@ class Report:
                   f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
                   f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
 
+    def greedy_acceptance(self, pooled: Tally) -> None:
+        """At T > 0 the greedy runs' acceptance (of the (w) check) is a note; accept_mean= is the one at T."""
+        self.facts["acceptance_greedy"] = {"accept_mean": round(pooled.accept_mean, 6), "windows": pooled.windows,
+                                           "kept": pooled.histogram()}
+        self.line(f"greedy (the (w) runs): accept_mean {pooled.accept_mean:.3f} windows={pooled.windows}")
+
+    def sampling(self, res) -> bool:
+        """(s) the lossless claim at T > 0, about distributions (a ``sampling_stats.GofResult``)."""
+        return self.check(f"(s) sampling: {res.test} over {res.runs}+{res.runs} runs, {res.positions} positions, "
+                          f"{res.pit_samples} PITs, alpha={res.alpha:g}, power {res.power:g} at "
+                          f"w>={res.detectable_w:.3f} / shift>={res.detectable_shift:.4f}: "
+                          f"p_marginal={res.p_marginal:.3g} (worst position {res.worst_position + 1}) "
+                          f"p_pit_hist={res.p_pit_hist:.3g} p_pit_mean={res.p_pit_mean:.3g}, "
+                          f"p={res.p:.3g}", res.ok)
+
+    def sampling_conditions(self, facts: dict[str, Any]) -> None:
+        """The run's sampling conditions: the line before the sampled accept_mean."""
+        self.facts["sampling"] = facts
+        shown = {**facts, "q": facts["q"].replace(" ", "-")}
+        self.line("sampling " + kv(**shown))
+
     def note(self, text: str) -> None:
         """Informational lines (external anchors, oracle details); never a check."""
         self.line(text)

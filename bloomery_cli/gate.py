@@ -63,6 +63,7 @@ class GateOptions:
     max_prompts: int | None = None
     draft_options: dict[str, Any] = field(default_factory=dict)   # e.g. {"confidence_cut": 0.5}
     width: str = "fixed"                                          # verify width policy: fixed | cost
+    sampling: Any = None                                          # a sampling.Sampling (T > 0), None: greedy only
 
 
 @dataclass
@@ -120,6 +121,9 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
         flag = "--" + unknown[0].replace("_", "-")
         raise InputError(flag, f"gate {gate.name} does not act on it (it takes: "
                                f"{', '.join('--' + k.replace('_', '-') for k in gate.options) or 'no draft options'})")
+    if opts.sampling is not None and opts.sampling.draft_temperature is not None:
+        from .sampling import check_sampleable
+        check_sampleable(gate.name, gate.draft_kind)
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
@@ -177,7 +181,10 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
                 width_policy(opts.width, b), opts.dtype)
     if all_same:
         report.identical(n)
-    report.acceptance(pooled, per_prompt, b)
+    if opts.sampling is None:
+        report.acceptance(pooled, per_prompt, b)
+    else:
+        sampled_part(report, engine, draft, prompts, n, opts, b, pooled)
     report.facts["width_policy"] = opts.width
     if opts.oracle:
         check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
@@ -189,6 +196,19 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     if opts.json:
         write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
     return code, report
+
+
+def sampled_part(report: Report, engine, draft, prompts: list[list[int]], n: int, opts: GateOptions, b: int,
+                 greedy: Tally) -> None:
+    """T > 0: the greedy acceptance as a note, the sampling conditions, the (s) check on the first prompt, and
+    accept_mean at T over every prompt (``sampling_gate``)."""
+    from .sampling_gate import check_sampling, sampled_acceptance
+
+    report.greedy_acceptance(greedy)
+    report.sampling_conditions(opts.sampling.facts())
+    check_sampling(report, engine, draft, prompts[0], opts.sampling, width_policy(opts.width, b))
+    pooled, per_prompt = sampled_acceptance(engine, draft, prompts, n, opts.sampling, width_policy(opts.width, b))
+    report.acceptance(pooled, per_prompt, b)
 
 
 def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: list[int], prefill, dtype: str) -> None:

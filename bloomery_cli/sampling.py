@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InputError
+
 Choose = Callable[[np.ndarray], int]
 
 SAMPLEABLE_DRAFTS = ("dflash",)   # drafts whose block rows are independent given the anchor
@@ -55,16 +57,46 @@ class Sampling:
                 "draft_temperature": self.draft_temperature, "draft_top_k": self.draft_top_k, "q": self.q_kind}
 
 
+def sampling_options(temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
+                     draft_temperature: float | None, draft_top_k: int | None) -> Sampling | None:
+    """The CLI's sampling flags -> Sampling (None: a greedy run); a bad combination is a named InputError."""
+    if temperature is None or temperature == 0:
+        for flag, v in (("--top-p", top_p), ("--top-k", top_k), ("--seed", seed),
+                        ("--draft-temperature", draft_temperature), ("--draft-top-k", draft_top_k)):
+            if v is not None:
+                raise InputError(flag, "acts only on a sampled run: give --temperature T > 0")
+        return None
+    if not (temperature > 0 and np.isfinite(temperature)):
+        raise InputError("--temperature", f"{temperature}: expected T >= 0 (0: greedy)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InputError("--top-p", f"{top_p}: expected 0 < P <= 1")
+    for flag, v in (("--top-k", top_k), ("--draft-top-k", draft_top_k), ("--seed", seed)):
+        if v is not None and v < 0:
+            raise InputError(flag, f"{v}: expected an integer >= 0")
+    if draft_temperature is not None and not (draft_temperature > 0 and np.isfinite(draft_temperature)):
+        raise InputError("--draft-temperature", f"{draft_temperature}: expected T_d > 0")
+    if draft_top_k is not None and draft_temperature is None:
+        raise InputError("--draft-top-k", "needs --draft-temperature (the drafter's own sampling)")
+    return Sampling(float(temperature), 1.0 if top_p is None else float(top_p), top_k or 0, seed or 0,
+                    draft_temperature, draft_top_k or 0)
+
+
+def check_sampleable(gate: str, draft_kind: str) -> None:
+    """--draft-temperature needs a drafter whose block rows can be drawn outside its kernel."""
+    if draft_kind not in SAMPLEABLE_DRAFTS:
+        raise InputError("--draft-temperature", f"gate {gate}: the {draft_kind} drafter proposes deterministically "
+                         f"(its q is a point mass; each draft depends on the earlier ones); only "
+                         f"{', '.join(SAMPLEABLE_DRAFTS)} drafts can sample their proposals")
+
+
 def process(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
     """logits [..., V] -> probabilities [..., V] float64: softmax(logits / T) restricted to the top_k largest
     (0: all), then to the smallest set, largest first, whose mass reaches top_p (the token crossing it kept),
     renormalised. Ties are broken by the lower id (a stable sort), the same in every run."""
     z = np.asarray(logits, dtype=np.float64) / temperature
-    order = np.argsort(-z, axis=-1, kind="stable")
-    keep = np.ones(z.shape, dtype=bool)
+    order = np.argsort(-z, axis=-1, kind="stable") if top_k or top_p < 1.0 else None
     if top_k:
-        keep &= np.argsort(order, axis=-1, kind="stable") < top_k      # rank of each id < top_k
-    z = np.where(keep, z, -np.inf)
+        z = np.where(np.argsort(order, axis=-1, kind="stable") < top_k, z, -np.inf)   # rank of each id < top_k
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     if top_p < 1.0:
