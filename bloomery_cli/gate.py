@@ -133,7 +133,8 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     draft_spec = gate.load_draft(draft_path, target_spec)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
-    check_fits(prompts, n, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
+    longest = n if opts.sampling is None else max(n, sampled_length())      # the (s) runs may be longer than n
+    check_fits(prompts, longest, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
     family = FAMILIES[gate.family]
     if opts.oracle and family.oracle is None:
         raise InputError("--oracle", f"no external oracle for family {gate.family}")
@@ -141,7 +142,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
     b = gate.block(draft_spec)
-    max_len = max(len(p) for p in prompts) + n + b + 1
+    max_len = max(len(p) for p in prompts) + longest + b + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
     draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
     report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
@@ -196,6 +197,12 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     if opts.json:
         write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
     return code, report
+
+
+def sampled_length() -> int:
+    """The ids a (s) drafted run emits (``sampling_gate``)."""
+    from .sampling_gate import PIT_POSITIONS, POSITIONS
+    return max(POSITIONS, PIT_POSITIONS) + 1
 
 
 def sampled_part(report: Report, engine, draft, prompts: list[list[int]], n: int, opts: GateOptions, b: int,

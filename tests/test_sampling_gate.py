@@ -33,7 +33,10 @@ def run(gate: str, prompts, *flags: str):
 
 
 def s_line(lines: list[str]) -> str:
-    return next(line for line in lines if line.startswith("(s) sampling:"))
+    """The (s) line, which must be a test result (a broken run is a FAIL of another kind)."""
+    line = next(line for line in lines if line.startswith("(s) sampling:"))
+    assert ", p=" in line and "broke" not in line, line
+    return line
 
 
 def test_t1_passes_and_prints_the_sampled_acceptance(one_prompt, tmp_path):
