@@ -80,6 +80,12 @@ Dtype = Annotated[str, typer.Option("--dtype", help="Compute/storage dtype on th
 N = Annotated[int | None, typer.Option("-n", help="Greedy ids compared per prompt [default: the gate's, 256].")]
 Prompts = Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts ('text' or 'ids' per line).")]
 Json = Annotated[Path | None, typer.Option("--json", help="Write the run's record (JSON) here, atomically.")]
+Temperature = Annotated[float | None, typer.Option("--temperature", help="Sample at T > 0 (0: greedy): the gate adds "
+                                                  "the (s) check (plain vs drafted sampling, per position) and prints "
+                                                  "accept_mean at T; the greedy (w) check still runs.")]
+TopP = Annotated[float | None, typer.Option("--top-p", help="With --temperature: nucleus mass in (0, 1] [default 1].")]
+TopK = Annotated[int | None, typer.Option("--top-k", help="With --temperature: keep the K likeliest ids (0: all).")]
+Seed = Annotated[int | None, typer.Option("--seed", help="With --temperature: the runs' seed [default 0].")]
 Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code for the "
                                       "target and speculators' for DFlash/DFlash2/DSpark drafts (float64, CPU): "
                                       "tier 3.")]
@@ -105,9 +111,22 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              gpu_mem: Annotated[str | None, typer.Option(
                  "--gpu-mem", help="The plan's memory budget (80G, 24GiB, ...) [default: the device's free "
                  "memory].")] = None,
-             threads: Threads = None) -> None:
+             threads: Threads = None,
+             temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None,
+             draft_temperature: Annotated[float | None, typer.Option(
+                 "--draft-temperature", help="With --temperature, DFlash gates: the drafter samples its block "
+                 "from q = softmax(logits / T_d) instead of proposing its argmax (q a point mass).")] = None,
+             draft_top_k: Annotated[int | None, typer.Option(
+                 "--draft-top-k", help="With --draft-temperature: q restricted to the drafter's top K.")] = None
+             ) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
+    from .sampling import sampling_options
+
+    try:
+        sampling = sampling_options(temperature, top_p, top_k, seed, draft_temperature, draft_top_k)
+    except InputError as e:
+        fail_input(e)
 
     try:
         apply_threads(threads)
@@ -127,7 +146,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     if width not in ("fixed", "cost"):
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
-                       draft_policy=draft_policy, gpu_mem=gpu_mem)
+                       draft_policy=draft_policy, gpu_mem=gpu_mem,
+                       sampling=sampling)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
@@ -143,7 +163,9 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                                                           "every gate; default: on when transformers imports (the "
                                                           "draft and GGUF oracles add their lines where "
                                                           "speculators / llama_cpp import, else a note).")] = None,
-              threads: Threads = None) -> None:
+              threads: Threads = None,
+              temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None
+              ) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     import importlib.util
 
@@ -157,8 +179,14 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     if oracle is None:
         oracle = importlib.util.find_spec("transformers") is not None
     from .preflight import check_n, check_output_dir
+    from .sampling import sampling_options
 
-    names = {g.name: f"{g.name}-{device.replace(':', '')}-{dtype}.json" for g in registry().values()}
+    try:
+        sampling = sampling_options(temperature, top_p, top_k, seed, None, None)
+    except InputError as e:
+        fail_input(e)
+    tag = f"-t{sampling.temperature:g}" if sampling else ""
+    names = {g.name: f"{g.name}-{device.replace(':', '')}-{dtype}{tag}.json" for g in registry().values()}
     try:                                   # the flags every gate shares: checked once, before the first gate runs
         if n is not None:
             check_n(n)
@@ -169,7 +197,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     for g in registry().values():
         t0 = time.perf_counter()
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
-                           oracle=oracle)
+                           oracle=oracle, sampling=sampling)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:
@@ -182,7 +210,8 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         rows.append((g.name, "PASSED" if code == 0 else "FAILED", same, f"{acc.get('accept_mean', 0):.3f}",
                      f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
         worst = max(worst, code)
-    table = Table(title=f"gates on {device} {dtype}, {n_threads} CPU thread(s) (bloomery_cli.threads)")
+    table = Table(title=f"gates on {device} {dtype}" + (f" at T={sampling.temperature:g}" if sampling else "")
+                  + f", {n_threads} CPU thread(s) (bloomery_cli.threads)")
     for col in ("gate", "verdict", "ids identical", "accept_mean", "draft_share", "wall"):
         table.add_column(col)
     for r in rows:

@@ -136,6 +136,26 @@ class Report:
         dev = "n/a" if device_peak is None else f"{device_peak / 1e9:.2f}GB"
         self.line("cost " + kv(phases_s=",".join(f"{k}:{v:.1f}" for k, v in phases.items()),
                                peak_host_rss=f"{host_rss / 1e9:.2f}GB", peak_device=dev))
+    def greedy_acceptance(self, pooled: Tally) -> None:
+        """At T > 0 the greedy runs' acceptance (of the (w) check) is a note; accept_mean= is the one at T."""
+        self.facts["acceptance_greedy"] = {"accept_mean": round(pooled.accept_mean, 6), "windows": pooled.windows,
+                                           "kept": pooled.histogram()}
+        self.line(f"greedy (the (w) runs): accept_mean {pooled.accept_mean:.3f} windows={pooled.windows}")
+
+    def sampling(self, res) -> bool:
+        """(s) the lossless claim at T > 0, about distributions (a ``sampling_stats.GofResult``)."""
+        return self.check(f"(s) sampling: {res.test} over {res.runs}+{res.runs} runs, {res.positions} positions, "
+                          f"{res.pit_samples} PITs, alpha={res.alpha:g}, power {res.power:g} at "
+                          f"w>={res.detectable_w:.3f} / shift>={res.detectable_shift:.4f}: "
+                          f"p_marginal={res.p_marginal:.3g} (worst position {res.worst_position + 1}) "
+                          f"p_pit_hist={res.p_pit_hist:.3g} p_pit_mean={res.p_pit_mean:.3g}, "
+                          f"p={res.p:.3g}", res.ok)
+
+    def sampling_conditions(self, facts: dict[str, Any]) -> None:
+        """The run's sampling conditions: the line before the sampled accept_mean."""
+        self.facts["sampling"] = facts
+        shown = {**facts, "q": facts["q"].replace(" ", "-")}
+        self.line("sampling " + kv(**shown))
 
     def note(self, text: str) -> None:
         """Informational lines (external anchors, oracle details); never a check."""

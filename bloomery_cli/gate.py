@@ -67,6 +67,7 @@ class GateOptions:
     width: str = "fixed"                                          # verify width policy: fixed | cost
     draft_policy: str | None = None                               # auto | on | off (None: on with --draft, else auto)
     gpu_mem: str | None = None                                    # the plan's budget (default: the device's free)
+    sampling: Any = None                                          # a sampling.Sampling (T > 0), None: greedy only
 
 
 @dataclass
@@ -130,6 +131,9 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
         flag = "--" + unknown[0].replace("_", "-")
         raise InputError(flag, f"gate {gate.name} does not act on it (it takes: "
                                f"{', '.join('--' + k.replace('_', '-') for k in gate.options) or 'no draft options'})")
+    if opts.sampling is not None and opts.sampling.draft_temperature is not None:
+        from .sampling import check_sampleable
+        check_sampleable(gate.name, gate.draft_kind)
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
@@ -139,7 +143,8 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     draft_spec = gate.load_draft(draft_path, target_spec)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
-    check_fits(prompts, n, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
+    longest = n if opts.sampling is None else max(n, sampled_length())      # the (s) runs may be longer than n
+    check_fits(prompts, longest, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
     family = FAMILIES[gate.family]
     if opts.oracle and family.oracle is None:
         raise InputError("--oracle", f"no external oracle for family {gate.family}")
@@ -152,7 +157,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
     b = gate.block(draft_spec)
-    max_len = max(len(p) for p in prompts) + n + b + 1
+    max_len = max(len(p) for p in prompts) + longest + b + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
     draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
     draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
@@ -204,7 +209,11 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
                     width_policy(opts.width, b), opts.dtype)
     if all_same:
         report.identical(n)
-    report.acceptance(pooled, per_prompt, b)
+    if opts.sampling is None:
+        report.acceptance(pooled, per_prompt, b)
+    else:
+        with phases.phase("sampling", device):
+            sampled_part(report, engine, draft, prompts, n, opts, b, pooled)
     report.facts["width_policy"] = opts.width
     if opts.oracle:
         with phases.phase("oracle"):
@@ -240,11 +249,31 @@ def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompt
     report.note(f"plain runs: {len(plain_runs)} prompts x {n} ids (no draft to compare them with)")
     if opts.oracle:
         check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
+    report.cost({"all": time.perf_counter() - t0}, peak_host_rss_bytes(), peak_device_bytes(device))
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:
         write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
     return code, report
+
+
+def sampled_length() -> int:
+    """The ids a (s) drafted run emits (``sampling_gate``)."""
+    from .sampling_gate import PIT_POSITIONS, POSITIONS
+    return max(POSITIONS, PIT_POSITIONS) + 1
+
+
+def sampled_part(report: Report, engine, draft, prompts: list[list[int]], n: int, opts: GateOptions, b: int,
+                 greedy: Tally) -> None:
+    """T > 0: the greedy acceptance as a note, the sampling conditions, the (s) check on the first prompt, and
+    accept_mean at T over every prompt (``sampling_gate``)."""
+    from .sampling_gate import check_sampling, sampled_acceptance
+
+    report.greedy_acceptance(greedy)
+    report.sampling_conditions(opts.sampling.facts())
+    check_sampling(report, engine, draft, prompts[0], opts.sampling, width_policy(opts.width, b))
+    pooled, per_prompt = sampled_acceptance(engine, draft, prompts, n, opts.sampling, width_policy(opts.width, b))
+    report.acceptance(pooled, per_prompt, b)
 
 
 def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: list[int], prefill, dtype: str) -> None:

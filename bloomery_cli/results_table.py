@@ -27,6 +27,14 @@ ANCHORS: tuple[tuple[str, str, str], ...] = (
     ("mtp", "DeepSeek-V3 MTP", "second-token acceptance 85-90%, 1.8x tokens/s"),
     ("mtp", "MiMo-7B MTP", "acceptance about 90%"),
 )
+# The published figures measured with sampling at T = 1 (ANCHORS.md), per drafter kind: beside our T = 1 acceptance.
+SAMPLED_ANCHORS: dict[str, str] = {
+    "dflash": "DFlash2 blog, Qwen3.5-4B: 4.92; DSpark paper, Qwen3-8B GSM8K B=7: 5.33",
+    "dflash2": "DFlash2 blog, Qwen3.5-4B: 5.97; Qwen3.8-27B B=8: 4.80",
+    "dspark": "DFlash2 blog, Qwen3.5-4B: 5.49; Qwen3.8-27B B=8: 3.62; DSpark paper, Qwen3-8B GSM8K B=7: 6.17",
+    "mtp": "DFlash2 blog, Qwen3.5-4B: 4.54; Qwen3.8-27B: 4.28",
+    "eagle3": "DSpark paper, Qwen3-8B GSM8K: 5.30",
+}
 BENCH_ANCHOR = ("peer (H200, 2026-11-29, random bf16 weights, batch 1, 512-token prompt): HF transformers 5.17 "
                 "eager generate, Qwen3-8B shape: 12.3 tok/s (bound 259)")
 
@@ -55,6 +63,17 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
     return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows)]
 
 
+def sampling_label(r: dict[str, Any]) -> str:
+    """greedy, or the record's sampling conditions (T, top-p, top-k, the drafter's q)."""
+    s = r.get("sampling")
+    if not s:
+        return "greedy"
+    extra = (f" top-p {s['top_p']:g}" if s.get("top_p", 1) < 1 else "") + (f" top-k {s['top_k']}" if s.get("top_k")
+                                                                           else "")
+    q = f", q {s['q']}" if s.get("q") and s["q"] != "point mass" else ""
+    return f"T={s['temperature']:g}{extra}{q}"
+
+
 def acceptance_rows(records) -> list[list[Any]]:
     rows = []
     for path, r in records:
@@ -66,11 +85,38 @@ def acceptance_rows(records) -> list[list[Any]]:
         draft = f"{r.get('load', {}).get('draft', '?')} ({Path(str(r.get('draft', '?'))).name})"
         pos = ", ".join(f"{x:.2f}" for x in acc.get("pos_accept", [])[:8])
         n = f"{r.get('n', '?')} x {r.get('prompts', '?')}"
-        rows.append([r["gate"], target, draft, _f(acc.get("accept_mean")), _f(acc.get("accept_mean_macro")),
+        rows.append([r["gate"], sampling_label(r), target, draft, _f(acc.get("accept_mean")),
+                     _f(acc.get("accept_mean_macro")),
                      f"[{pos}]", _f(acc.get("draft_share")), acc.get("verify_rows", "-"), n,
                      c.get("device_name", r.get("device", "?")), r.get("dtype", "?"),
                      "PASSED" if r.get("passed") else "FAILED", c.get("commit", "?"), str(c.get("date", "?"))[:10],
                      f"[{path.name}]({path.as_posix()})"])
+    return rows
+
+
+def greedy_vs_sampled(records) -> list[list[Any]]:
+    """One row per (gate, device, dtype) that has a sampled record: greedy and sampled accept_mean side by side
+    (the latest record of each), the (s) p-value, and the published T = 1 figures for that drafter."""
+    runs: dict[tuple[str, str, str], dict[str, tuple[dict, str]]] = {}
+    for _, r in records:
+        if "gate" not in r or not r.get("acceptance"):
+            continue
+        key = (r["gate"], r.get("conditions", {}).get("device_name", r.get("device", "?")), r.get("dtype", "?"))
+        date = str(r.get("conditions", {}).get("date", ""))
+        label = sampling_label(r)
+        if label not in runs.setdefault(key, {}) or runs[key][label][1] <= date:
+            runs[key][label] = (r, date)
+    rows = []
+    for (gate, device, dtype), by in sorted(runs.items()):
+        greedy = by.get("greedy", ({}, ""))[0].get("acceptance", {}).get("accept_mean")
+        for label, (r, _) in sorted(by.items()):
+            if label == "greedy":
+                continue
+            kind = r.get("load", {}).get("draft", "?")
+            published = SAMPLED_ANCHORS.get(kind, "-")
+            test = r.get("sampling_test", {})
+            rows.append([gate, device, dtype, _f(greedy), label, _f(r["acceptance"].get("accept_mean")),
+                         _f(test.get("p"), 3) if test else "-", "PASSED" if r.get("passed") else "FAILED", published])
     return rows
 
 
@@ -138,9 +184,17 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
     out += ["The latest record per gate, target, device and dtype, the published figures beside it (external):", ""]
     out += summary_table(records) + ["", "Every record:", ""]
     acc = acceptance_rows(records)
-    out += _table(["gate", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "verify rows",
-                   "N (ids x prompts)", "device", "dtype", "verdict", "commit", "date", "record"], acc) if acc else \
-        ["No gate records yet."]
+    head = ["gate", "sampling", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "verify rows",
+            "N (ids x prompts)", "device", "dtype", "verdict", "commit", "date", "record"]
+    out += _table(head, acc) if acc else ["No gate records yet."]
+    gs = greedy_vs_sampled(records)
+    if gs:
+        out += ["", "## Greedy and sampled acceptance", "", "The same gate, device and dtype, greedy and at T > 0 "
+                "(speculative sampling: accept min(1, p/q), residual, bonus from p; the same accept_mean definition). "
+                "The published figures are sampled at T = 1: compare them with the T = 1 column, not the greedy one.",
+                ""]
+        out += _table(["gate", "device", "dtype", "greedy accept_mean", "sampling", "sampled accept_mean",
+                       "(s) p", "verdict", "published at T = 1 (external)"], gs)
     out += ["", "Published numbers (external: their models, data and conditions, not reproduced here):", ""]
     out += _table(["draft", "source and conditions (external)", "published"], [list(a) for a in ANCHORS])
     rows, sweeps = bench_rows(records)

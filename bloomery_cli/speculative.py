@@ -6,6 +6,9 @@
            emit a[:kept]  (the last one is the target's bonus id);  target.commit(kept);
            draft.accept(kept, taps of the kept rows)
 The plain run is the same loop with no draft: one row per pass.
+At T > 0 (a ``Sampler``) the same loop verifies with logits and emits by the sampling rule
+(``bloomery_cli.sampling``): accept d_j w.p. min(1, p/q), the first rejection resampled from the residual,
+the bonus drawn from p; kept counts the rows it keeps exactly as in the greedy rule.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from .timing import PhaseTimer
 class Target(Protocol):
     device: torch.device
 
-    def prefill(self, ids: list[int]): ...
-    def verify(self, ids: list[int]): ...
+    def prefill(self, ids: list[int], logits: bool = False): ...
+    def verify(self, ids: list[int], logits: bool = False): ...
     def commit(self, kept: int) -> None: ...
 
 
@@ -69,8 +72,9 @@ class FixedWidth:
 
 
 def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None,
-             stop: Callable[[Tally], bool] | None = None) -> Run:
-    """Greedy decode n ids. ``width`` caps the verified rows (anchor + proposals) per pass: None (all), an int,
+             stop: Callable[[Tally], bool] | None = None, sampler=None) -> Run:
+    """Decode n ids: greedy, or sampled with ``sampler`` (a ``bloomery_cli.sampling.Sampler``). ``width`` caps
+    the verified rows (anchor + proposals) per pass: None (all), an int,
     or a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
     window; k = 1 runs a plain pass without drafting. Only windows that drafted enter the tally. Walls for the
     policy are taken around draft + verify (the argmax readback that ends a verify waits for the device).
@@ -78,26 +82,37 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
     policy = width if hasattr(width, "choose") else FixedWidth(width)
     timer = PhaseTimer(target.device)
     tally = Tally()
-    first = target.prefill(prompt)
+    sampled = sampler is not None
+    first = target.prefill(prompt, logits=True) if sampled else target.prefill(prompt)
     if draft is not None:
         draft.prompt(first.taps)
-    out = [first.argmax[-1]]
+    out = [sampler.first(first.logits) if sampled else first.argmax[-1]]
     while len(out) < n:
         k = policy.choose() if draft is not None else 1
         proposals: list[int] = []
+        q_rows: list = []
         t0 = time.perf_counter()
         if k > 1:
             with timer.phase("draft"):
-                proposals = draft.propose(out[-1]).ids[: k - 1]
+                if sampled:
+                    proposals, q_rows = sampler.proposals(draft, out[-1], k - 1)
+                else:
+                    proposals = draft.propose(out[-1]).ids[: k - 1]
         with timer.phase("verify"):
-            v = target.verify([out[-1], *proposals])
+            v = target.verify([out[-1], *proposals], logits=True) if sampled else target.verify([out[-1], *proposals])
         seconds = time.perf_counter() - t0
-        kept = kept_rows(proposals, v.argmax)
+        if sampled:
+            kept, emitted = sampler.window(v.logits, proposals, q_rows)
+            if not emitted:
+                raise ValueError(f"a sampled window kept {kept} rows and emitted no id")
+        else:
+            kept = kept_rows(proposals, v.argmax)
+            emitted = emitted_ids(v.argmax, kept)
         with timer.phase("commit"):
             target.commit(kept)
             if draft is not None:
                 draft.accept(kept, v.taps)
-        out.extend(emitted_ids(v.argmax, kept))
+        out.extend(emitted)
         if draft is not None:
             policy.observe(len(proposals) + 1, kept, seconds)
         if proposals:

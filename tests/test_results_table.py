@@ -80,3 +80,19 @@ def test_results_command_exit_codes(tmp_path):
     shutil.copytree(RESULTS / "h200", tmp_path / "h200")
     ok = CliRunner().invoke(app, ["--dir", str(tmp_path), "--no-plots"])
     assert ok.exit_code == 0 and (tmp_path / "README.md").is_file()
+
+
+def test_greedy_and_sampled_acceptance_side_by_side(tmp_path):
+    rec = json.loads(sorted((RESULTS / "h200").glob("qwen3-dflash2*.json"))[0].read_text())
+    sampled = json.loads(json.dumps(rec))
+    sampled["acceptance"]["accept_mean"] = 1.234
+    sampled["sampling"] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "draft_temperature": None,
+                           "draft_top_k": 0, "q": "point mass"}
+    sampled["sampling_test"] = {"p": 0.5, "alpha": 0.001}
+    (tmp_path / "greedy.json").write_text(json.dumps(rec))
+    (tmp_path / "t1.json").write_text(json.dumps(sampled))
+    text = render(tmp_path)
+    side = text[text.index("## Greedy and sampled acceptance"):]
+    row = next(line for line in side.splitlines() if line.startswith("| qwen3-dflash2 |"))
+    assert f"| {rec['acceptance']['accept_mean']:.3f} | T=1 | 1.234 | 0.500 |" in row and "5.97" in row
+    assert "| qwen3-dflash2 | greedy |" in text and "| qwen3-dflash2 | T=1 |" in text
