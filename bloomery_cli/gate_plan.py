@@ -35,8 +35,9 @@ def policy_of(asked: str | None, draft_given: bool) -> str:
 
 def decide_draft(target: Path, draft: Path, dtype: str, device: str, policy: str,
                  gpu_mem: str | None) -> DraftDecision:
-    """Plan the pair from headers and apply the rule; a pair the planner cannot read keeps a named draft (a note
-    says why) and, under ``auto``, is a named exit-2 error (the rule cannot decide)."""
+    """Plan the pair from headers and apply the rule. A pair the planner does not model (a family it has no terms
+    for, e.g. mimo2) keeps its draft under ``auto`` and ``on`` alike, and the load line's note says why: the rule
+    cannot decide, so it does not turn anything off (an unreadable file is refused earlier, by the loaders)."""
     from .plan import budget_of, load_line, plan_paths
 
     dev = "cpu" if device == "cpu" else "cuda"
@@ -45,8 +46,6 @@ def decide_draft(target: Path, draft: Path, dtype: str, device: str, policy: str
         res = plan_paths(target, draft, dtype=dtype, device=dev, budget=budget, budget_source=source,
                          policy=policy)
     except InputError as e:
-        if policy == "auto":
-            raise
         return DraftDecision(policy != "off", "asked off (--draft-policy off)" if policy == "off" else "asked",
                              {}, note=f"plan: not planned ({e})")
     state, facts = load_line(res)

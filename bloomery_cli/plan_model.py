@@ -24,9 +24,11 @@ from typing import Any
 from .errors import BadConfig, InputError, MissingFile
 from .formats.config import Cfg
 
-GGUF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen35": "qwen38", "nemotron_h": "nemotron",
+GGUF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen35": "qwen38", "qwen35moe": "qwen38", "nemotron_h": "nemotron",
                "nemotron_h_moe": "nemotron"}
+# qwen35moe plans as qwen38: the same attention / DeltaNet state; its expert bytes come from the headers
 HF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen3_5": "qwen38", "qwen3_5_text": "qwen38",
+             "qwen3_5_moe": "qwen38", "qwen3_5_moe_text": "qwen38",
              "nemotron_h": "nemotron"}
 
 
@@ -164,7 +166,11 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
     else:
         n = c.int("num_hidden_layers")
         types = _layer_types(c, n)
-        inter = c.int("intermediate_size")
+        if c.get("moe_intermediate_size", None) is not None:      # MoE: the widest FFN a row runs (transient term)
+            inter = max(c.int("num_experts_per_tok") * c.int("moe_intermediate_size"),
+                        c.int("shared_expert_intermediate_size", 0, minimum=0))
+        else:
+            inter = c.int("intermediate_size")
         window = c.int("sliding_window", 0, minimum=0) or None
         full = sum(t == "full_attention" for t in types)
         swa = sum(t == "sliding_attention" for t in types)
