@@ -30,15 +30,17 @@ def _f(x: Any, digits: int = 3) -> str:
 
 
 def summary_rows(records: list[tuple[Path, dict[str, Any]]], prefix: str = "") -> list[list[str]]:
-    """The latest passing-or-not record per (gate, target file, device, dtype), sorted by gate."""
+    """The latest passing-or-not record per (gate, target file, device, dtype, temperature), sorted by gate: greedy
+    (T=0) and sampled acceptance are different quantities and get rows of their own."""
     latest: dict[tuple[str, ...], tuple[str, Path, dict[str, Any]]] = {}
     for path, r in records:
         acc = r.get("acceptance")
         if "gate" not in r or not acc:
             continue
         c = r.get("conditions", {})
+        temp = (r.get("sampling") or {}).get("temperature", 0)
         key = (r["gate"], Path(str(r.get("target", "?"))).name, str(c.get("device_name", r.get("device", "?"))),
-               str(r.get("dtype", "?")))
+               str(r.get("dtype", "?")), f"{float(temp):g}")
         when = str(c.get("date", ""))
         if key not in latest or when >= latest[key][0]:
             latest[key] = (when, path, r)
@@ -49,14 +51,14 @@ def summary_rows(records: list[tuple[Path, dict[str, Any]]], prefix: str = "") -
         pos = ", ".join(f"{x:.2f}" for x in acc.get("pos_accept", [])[:8])
         rows.append([key[0], key[1], f"{kind} ({Path(str(r.get('draft', '?'))).name})",
                      _f(acc.get("accept_mean")), _f(acc.get("accept_mean_macro")), f"[{pos}]",
-                     _f(acc.get("draft_share")), f"{r.get('n', '?')} x {r.get('prompts', '?')}", key[2], key[3],
+                     _f(acc.get("draft_share")), f"{r.get('n', '?')} x {r.get('prompts', '?')}", key[2], key[3], key[4],
                      "PASSED" if r.get("passed") else "FAILED", PUBLISHED.get(kind, "-") + " (external)",
                      str(r.get("conditions", {}).get("commit", "?")), f"[{path.name}]({prefix}{path.as_posix()})"])
     return rows
 
 
 HEAD = ["gate", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "N (ids x prompts)",
-        "device", "dtype", "verdict", "published tau (external: their models, data, T)", "commit", "record"]
+        "device", "dtype", "T", "verdict", "published tau (external: their models, data, T)", "commit", "record"]
 
 
 def summary_table(records, prefix: str = "") -> list[str]:

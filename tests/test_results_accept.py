@@ -30,7 +30,7 @@ def test_latest_record_per_key_with_published_beside():
                                                    ("qwen3-dflash", "3.500", "cpu"),
                                                    ("qwen3-eagle3", "1.600", "NVIDIA H200")]
     assert rows[0][4] == "2.600" and rows[0][5] == "[0.50, 0.25]" and rows[0][7] == "256 x 8"
-    assert "6.55 GSM8K" in rows[0][11] and rows[0][11].endswith("(external)") and "T=0" in rows[0][11]
+    assert "6.55 GSM8K" in rows[0][12] and rows[0][12].endswith("(external)") and "T=0" in rows[0][12]
 
 
 def test_results_rewrites_only_the_marked_block(tmp_path):
@@ -55,3 +55,13 @@ def test_a_named_readme_without_markers_is_exit_2(tmp_path):
     r = CliRunner().invoke(app, ["results", "--dir", str(res), "--no-plots", "--readme", str(tmp_path / "R.md")])
     assert r.exit_code == 2 and "markers" in r.output
     assert (tmp_path / "R.md").read_text() == "no markers\n"
+
+
+def test_sampled_record_gets_its_own_row_not_the_greedy_one():
+    """A later T=1 record of the same gate, device and dtype must not replace the greedy row (they are different
+    quantities): each gets a row, with its temperature."""
+    t1 = rec("qwen3-dflash", "dflash", "2026-12-02", 1.2)
+    t1["sampling"] = {"temperature": 1.0}
+    rows = summary_rows([(Path("h200/g.json"), rec("qwen3-dflash", "dflash", "2026-12-01", 2.5)),
+                         (Path("h200/t.json"), t1)])
+    assert sorted((r[3], r[10]) for r in rows) == [("1.200", "1"), ("2.500", "0")]

@@ -83,7 +83,7 @@ def test_results_command_exit_codes(tmp_path):
 
 
 def test_greedy_and_sampled_acceptance_side_by_side(tmp_path):
-    rec = json.loads(sorted((RESULTS / "h200").glob("qwen3-dflash2*.json"))[0].read_text())
+    rec = json.loads((RESULTS / "h200" / "qwen3-dflash2-cuda-bf16.json").read_text())     # a greedy record
     sampled = json.loads(json.dumps(rec))
     sampled["acceptance"]["accept_mean"] = 1.234
     sampled["sampling"] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "draft_temperature": None,
