@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .oracle import Float32AsFloat64, HFOut, _transformers
+from .oracle import Float32AsFloat64, HFOut, _transformers, build_hf_hybrid
 from .spec import ModelSpec
 
 
@@ -41,20 +41,9 @@ def qwen35moe_hf_config(spec: ModelSpec) -> Any:
 
 def build_hf_qwen35moe(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
     """A float64 ``Qwen3_5MoeForCausalLM`` carrying the spec's trunk weights (``mtp.*`` left out, as HF's loader)."""
-    tf = _transformers()
     if spec.family != "qwen35moe":
         raise InputError(spec.source, f"the HF qwen35moe oracle covers family qwen35moe, not {spec.family!r}")
-    with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
-        model = tf.Qwen3_5MoeForCausalLM(qwen35moe_hf_config(spec)).to(torch.float64).eval()
-    state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items() if not n.startswith("mtp.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
-    if unexpected or missing:
-        raise InputError(spec.source, f"HF Qwen3_5Moe state dict mismatch: missing {missing}, "
-                                      f"unexpected {sorted(unexpected)}")
-    if spec.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model
+    return build_hf_hybrid(spec, "Qwen3_5MoeForCausalLM", qwen35moe_hf_config(spec), "qwen35moe", promote_f32)
 
 
 def hf_qwen35moe(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:
