@@ -50,6 +50,7 @@ class GateDef:
     check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
     options: dict[str, Any] = field(default_factory=dict)
     draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
+    own_ids: int = 0                                       # ids its own checks generate (engines are sized for them)
 
 
 @dataclass
@@ -144,6 +145,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
     longest = n if opts.sampling is None else max(n, sampled_length())      # the (s) runs may be longer than n
+    longest = max(longest, gate.own_ids)                 # so may the gate's own checks (qwen3-eagle3's state run)
     check_fits(prompts, longest, gate.block(draft_spec), target_spec, draft_spec, DTYPES[opts.dtype], device)
     family = FAMILIES[gate.family]
     if opts.oracle and family.oracle is None:

@@ -143,6 +143,7 @@ GATE = GateDef(
           "rows, own KV store, reduced draft vocab (d2t)",
     load_draft=lambda path, target: load_eagle3(Path(path), target),
     make_draft=lambda spec, engine, max_len: Eagle3Draft(spec, engine, max_len),
+    own_ids=STATE_IDS,
     block=lambda d: d.speculative_tokens + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, z-lab DFlash report, Qwen3-8B T=0 on B200): EAGLE-3 tau 2.89 GSM8K, 3.04 code "
              "avg, 2.70 chat avg; DSpark paper (T=1, B=7): Qwen3-8B GSM8K EAGLE-3 5.30",),

@@ -379,3 +379,11 @@ def test_tiny_eagle3_build(tmp_path):
     assert d.d2t is not None and d.speculative_tokens == 3 and man.models[EAGLE3]["eval"]["width"] == 3
     cfg_json = json.loads((out / EAGLE3 / "config.json").read_text())
     assert cfg_json["speculators_model_type"] == "eagle3" and "auto_map" not in cfg_json
+
+
+@pytest.mark.skipif(not (FIXTURES / "qwen3-tiny-eagle3").is_dir(), reason="no EAGLE-3 fixture")
+def test_short_n_sizes_the_engines_for_the_state_run():
+    """-n below the state run's 48 ids: the engines are sized for the gate's own checks too (was a traceback,
+    'EAGLE-3 KV store of 90 positions is full')."""
+    code, rep = run_gate(GATES["qwen3-eagle3"], GateOptions(n=8, max_prompts=1), emit=lambda _line: None)
+    assert code == 0, "\n".join(rep.lines)
