@@ -385,5 +385,5 @@ def test_tiny_eagle3_build(tmp_path):
 def test_short_n_sizes_the_engines_for_the_state_run():
     """-n below the state run's 48 ids: the engines are sized for the gate's own checks too (was a traceback,
     'EAGLE-3 KV store of 90 positions is full')."""
-    code, rep = run_gate(GATES["qwen3-eagle3"], GateOptions(n=8, max_prompts=1), emit=lambda _line: None)
+    code, rep = run_gate(GATES["qwen3-eagle3"], GateOptions(n=8), emit=lambda _line: None)
     assert code == 0, "\n".join(rep.lines)
