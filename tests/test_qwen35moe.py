@@ -127,7 +127,10 @@ def test_mtp_draft_with_moe_layer_matches_reference():
     d.prompt(p.taps)
     got = d.propose(p.argmax[-1], detail=True)
     ref = ref_mtp.draft(mtp, spec, IDS[:20], rq.forward(spec, IDS[:20]).final, p.argmax[-1], 3, chain_ids=got.ids)
-    assert bands.worst_rel(got.logits.double().numpy(), ref.logits) < 1e-5
+    # the f32 chain band of the MTP layer and head over the 20-row context (derived, not a hand-picked 1e-5: the
+    # kernel's f32 sums change order with the thread count, and 1e-5 failed by 6% on 2 threads)
+    band = bands.logits_band("f32", spec.layer, 1, 20)
+    assert bands.worst_rel(got.logits.double().numpy(), ref.logits) < band.value
 
 
 def test_fail_first_shared_expert_gate_dropped(monkeypatch):
