@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import make_target
 from eagle3_factory import eagle3_config, make_eagle3, write_eagle3
+from gate_run import failed, run_named
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
@@ -288,13 +289,9 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, case):
 # ------------------------------------------------------------------------------------------ the gate on the fixture
 
 def gate(n: int = 64, prompts: int = 2):
-    lines: list[str] = []
-    code, _ = run_gate(GATES["qwen3-eagle3"], GateOptions(n=n, max_prompts=prompts), emit=lines.append)
-    return code, lines
+    return run_named("qwen3-eagle3", n, prompts)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 @needs_fixture

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gate_run import failed, run_named
 
 import bloomery_cli.speculative as speculative
-from bloomery_cli.gate import GateOptions, run_gate
-from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dflash as kdflash
 from bloomery_gates.kernels.families.qwen3 import Qwen3Target
@@ -20,13 +19,9 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="
 
 
 def gate(name: str = "qwen3-dflash", **kw):
-    lines: list[str] = []
-    code, report = run_gate(GATES[name], GateOptions(n=64, max_prompts=2, **kw), emit=lines.append)
-    return code, lines
+    return run_named(name, **kw)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 def test_control_passes():

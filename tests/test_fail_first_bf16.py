@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from gate_run import failed, run_named
 
-from bloomery_cli.gate import GateOptions, run_gate
-from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dflash as kdflash
 from bloomery_gates.kernels.drafts import dspark as kdspark
@@ -26,13 +25,9 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="
 
 
 def gate(name: str, dtype: str = "bf16"):
-    lines: list[str] = []
-    code, _ = run_gate(GATES[name], GateOptions(n=32, max_prompts=1, dtype=dtype), emit=lines.append)
-    return code, lines
+    return run_named(name, 32, 1, dtype=dtype)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 @pytest.mark.parametrize("name", ["qwen3-dflash", "qwen3-dspark", "qwen38-mtp"])

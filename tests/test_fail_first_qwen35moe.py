@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gate_run import failed, run_named
 
-from bloomery_cli.gate import GateOptions, run_gate
-from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.families import qwen38 as kq38
 from bloomery_gates.kernels.ops import gated_deltanet as kgd
@@ -20,13 +19,9 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen35moe-tiny").is_dir(), reas
 
 
 def gate(name: str = "qwen35moe-mtp", **kw):
-    lines: list[str] = []
-    code, _ = run_gate(GATES[name], GateOptions(n=64, max_prompts=2, **kw), emit=lines.append)
-    return code, lines
+    return run_named(name, **kw)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 def test_control_passes():

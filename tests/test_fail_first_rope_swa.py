@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gate_run import failed
 
 from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_gates.gates import GATES
@@ -32,8 +33,6 @@ def gate(name: str, dtype: str = "f32", oracle: bool = False):
     return code, lines
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 def no_attention_factor(monkeypatch, module) -> None:

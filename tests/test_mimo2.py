@@ -10,14 +10,13 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from gate_run import failed, run_named
 from mimo2_factory import SHAPE, write
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
 from bloomery_cli.errors import BadConfig, BadTensor, Refused
-from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_mimo2_mtp, load_target
-from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import mimo2_mtp as kmtp
 from bloomery_gates.kernels.families import mimo2 as kfam
@@ -184,13 +183,9 @@ needs_fixture = pytest.mark.skipif(not FIXTURE, reason="fixtures/mimo2-tiny not 
 
 
 def gate(**kw):
-    lines: list[str] = []
-    code, _ = run_gate(GATES["mimo2-mtp"], GateOptions(n=32, max_prompts=2, **kw), emit=lines.append)
-    return code, lines
+    return run_named("mimo2-mtp", 32, 2, **kw)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 @needs_fixture

@@ -10,14 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from gate_run import failed, run_named
 from mtp_factory import make_qwen38, qwen38_config, write_qwen38
 
 from bloomery_cli.errors import BadConfig, BadTensor, Mismatch, Refused
-from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_mtp, load_target
 from bloomery_cli.spec import MTPSpec
 from bloomery_cli.speculative import generate, kept_rows
-from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import mtp as kmtp
 from bloomery_gates.kernels.families.qwen38 import Qwen38Target
@@ -220,13 +219,9 @@ def test_reader_gguf_names_and_refusal(tmp_path):
 # ------------------------------------------------------------------------------------------ gates on the fixture
 
 def gate(name: str, n: int = 64, prompts: int = 2):
-    lines: list[str] = []
-    code, _ = run_gate(GATES[name], GateOptions(n=n, max_prompts=prompts), emit=lines.append)
-    return code, lines
+    return run_named(name, n, prompts)
 
 
-def failed(lines: list[str], head: str) -> bool:
-    return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
 
 
 @needs_fixture

@@ -8,11 +8,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from gate_run import run_named
 
 from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import logits_band, worst_rel
 from bloomery_cli.errors import InputError
-from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_target
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
@@ -33,9 +33,7 @@ def speculators():
 
 
 def gate(name: str, **kw) -> tuple[int, list[str]]:
-    lines: list[str] = []
-    code, _ = run_gate(GATES[name], GateOptions(n=16, max_prompts=1, oracle=True, **kw), emit=lines.append)
-    return code, lines
+    return run_named(name, 16, 1, oracle=True, **kw)
 
 
 def verdict(lines: list[str], head: str) -> str:
