@@ -235,7 +235,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         guarded(rec, "sweep_run", log, lambda: _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec,
                                                        log, save))
         step("transformers")
-        rec["hf"] = _hf(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log)
+        rec["hf"] = hf_compare(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log)
         save(rec)
         step("cost policy")
         guarded(rec, "cost_policy", log, lambda: _cost_policy(target, draft, ref, prompt, n, b, log))
@@ -363,9 +363,14 @@ def _measured(target, draft, prompt, n, plain, ref, plain_tok_s, width, b, log) 
     return out
 
 
-def _hf(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log) -> dict[str, Any]:
+def hf_compare(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log, build=None,
+               label: str = "transformers generate") -> dict[str, Any]:
+    """HF transformers' eager ``generate`` on the same weights (``bench_shapes.hf_decode``; ``build`` picks the
+    class), in the same run: its tok/s, ours over it, whether its ids equal ours. A missing or failing
+    transformers is recorded, not fatal (the rest of the record still counts)."""
     try:
-        hf = hf_decode(tspec, dev, prompt, tokens, target.prefill(prompt, logits=True).logits)
+        kw = {} if build is None else {"build": build}
+        hf = hf_decode(tspec, dev, prompt, tokens, target.prefill(prompt, logits=True).logits, **kw)
     except ImportError:
         log("transformers not installed: no HF comparison")
         return {"error": "transformers not installed"}
@@ -374,7 +379,7 @@ def _hf(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log) -> dict[str
         return {"error": f"{type(e).__name__}: {e}"}
     hf["ratio_ours"] = plain_tok_s / hf["tok_s"]
     hf["ids_equal_ours"] = hf.pop("ids") == plain.ids[: tokens + 1]
-    log(f"transformers generate attn=eager tok_s={hf['tok_s']:.2f} ours_over_hf={hf['ratio_ours']:.1f}x "
+    log(f"{label} attn=eager tok_s={hf['tok_s']:.2f} ours_over_hf={hf['ratio_ours']:.1f}x "
         f"ids_equal_ours={hf['ids_equal_ours']} prefill_logits_rel={hf['prefill_logits_rel']:.2e} "
         f"version={hf['transformers']}")
     return hf

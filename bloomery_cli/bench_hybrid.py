@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from .bench import DTYPES, TAUS, ReplayDraft, accept_for_tau, guarded, stages, sync, timed_generate
+from .bench import DTYPES, TAUS, ReplayDraft, accept_for_tau, guarded, hf_compare, stages, sync, timed_generate
 from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid_shapes import HYBRID_SHAPES, hf_qwen38_model, random_dflash2, random_qwen38
-from .bench_shapes import hf_decode, weight_bytes
+from .bench_shapes import weight_bytes
 from .records import conditions
 from .width import width_policy
 
@@ -167,7 +167,8 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         log(f"ids identical {n} in every drafted run: {ok} ({len(rec['sweep'])} runs)")
         if hf:
             step("transformers")
-            rec["hf"] = _hf(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log)
+            rec["hf"] = hf_compare(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log,
+                                   build=hf_qwen38_model, label="transformers Qwen3_5ForCausalLM generate")
         save(rec)
     rec["complete"] = True
     save(rec)
@@ -218,18 +219,3 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
         save(rec)
 
 
-def _hf(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log) -> dict[str, Any]:
-    try:
-        hf = hf_decode(tspec, dev, prompt, tokens, target.prefill(prompt, logits=True).logits, build=hf_qwen38_model)
-    except ImportError:
-        log("transformers not installed: no HF comparison")
-        return {"error": "transformers not installed"}
-    except Exception as e:  # noqa: BLE001  (the rest of the record still counts)
-        log(f"transformers failed: {type(e).__name__}: {str(e)[:300]}")
-        return {"error": f"{type(e).__name__}: {e}"}
-    hf["ratio_ours"] = plain_tok_s / hf["tok_s"]
-    hf["ids_equal_ours"] = hf.pop("ids") == plain.ids[: tokens + 1]
-    log(f"transformers Qwen3_5ForCausalLM generate attn=eager tok_s={hf['tok_s']:.2f} "
-        f"ours_over_hf={hf['ratio_ours']:.1f}x ids_equal_ours={hf['ids_equal_ours']} "
-        f"prefill_logits_rel={hf['prefill_logits_rel']:.2e} version={hf['transformers']}")
-    return hf
