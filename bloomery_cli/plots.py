@@ -1,4 +1,4 @@
-"""PNG plots for results/README.md, made only when matplotlib imports (an optional extra: ``.[plots]``).
+"""PNG plots for results/README.md (matplotlib is a dependency; without it `bloomery results` still writes the tables).
 
 - ``kept-histograms.png``: the kept-length histogram of each gate record (share of windows per kept length).
 - ``plot-<record>.png``: drafted tok/s against mean acceptance for each bench record with a sweep, beside
