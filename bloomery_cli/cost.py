@@ -10,8 +10,6 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -28,19 +26,18 @@ def peak_device_bytes(device: torch.device) -> int | None:
 
 @dataclass
 class Phases:
-    """Wall seconds per named phase, in the order first entered (a phase entered twice adds up)."""
+    """Wall seconds per named phase, in order: ``lap(name)`` ends phase ``name`` (it began at the previous lap,
+    or at construction); on a CUDA device the lap synchronises first, so queued work counts where it ran."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    _last: float = field(default_factory=time.perf_counter)
 
-    @contextmanager
-    def phase(self, name: str, device: torch.device | None = None) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+    def lap(self, name: str, device: torch.device | None = None) -> None:
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
 
     def facts(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in self.seconds.items()}

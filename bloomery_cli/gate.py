@@ -121,9 +121,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     from bloomery_gates.gates.targets import FAMILIES, check_target
 
     t0 = time.perf_counter()
-    phases = Phases()
-    load_phase = phases.phase("load")
-    load_phase.__enter__()
+    phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
     device = resolve_device(opts.device)
     if opts.dtype not in DTYPES:
         raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -170,23 +168,20 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
         report.note(decision.note)
     for line in gate.anchors:
         report.note(line)
-    load_phase.__exit__(None, None, None)
+    phases.lap("load", device)
 
     # (r) the kernels against the float64 host reference, on the first prompt
-    with phases.phase("reference"):
-        ref = family.reference(target_spec, prompts[0])
-    with phases.phase("checks", device):
-        prefill = engine.prefill(prompts[0], logits=True)
-        check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
-        gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref,
-                                            opts.dtype))
+    ref = family.reference(target_spec, prompts[0])
+    phases.lap("reference", device)
+    prefill = engine.prefill(prompts[0], logits=True)
+    check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
+    gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref, opts.dtype))
+    phases.lap("checks", device)
 
     # (w) lossless: drafted ids == plain ids, per prompt
     per_prompt: list[Tally] = []
     all_same = True
     plain_runs = []
-    runs_phase = phases.phase("runs", device)
-    runs_phase.__enter__()
     with progress_bar(f"{gate.name}: plain + drafted runs", len(prompts)) as advance:
         for i, p in enumerate(prompts):
             plain = generate(engine, None, p, n)
@@ -204,25 +199,25 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     pooled = Tally()
     for t in per_prompt:
         pooled = pooled.merge(t)
-    runs_phase.__exit__(None, None, None)
+    phases.lap("runs", device)
     report.branches(pooled)
-    with phases.phase("state", device):
-        check_state(report, family, gate, engine, draft, target_spec, draft_spec, prompts[0], n,
-                    width_policy(opts.width, b), opts.dtype)
+    check_state(report, family, gate, engine, draft, target_spec, draft_spec, prompts[0], n,
+                width_policy(opts.width, b), opts.dtype)
+    phases.lap("state", device)
     if all_same:
         report.identical(n)
     if opts.sampling is None:
         report.acceptance(pooled, per_prompt, b)
     else:
-        with phases.phase("sampling", device):
-            sampled_part(report, engine, draft, prompts, n, opts, b, pooled)
+        sampled_part(report, engine, draft, prompts, n, opts, b, pooled)
+        phases.lap("sampling", device)
     report.facts["width_policy"] = opts.width
     if opts.oracle:
-        with phases.phase("oracle"):
-            check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
-            if gate.check_draft_oracle is not None:
-                gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0],
-                                                           prefill, ref, opts.dtype), plain_runs[0])
+        check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
+        if gate.check_draft_oracle is not None:
+            gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0],
+                                                       prefill, ref, opts.dtype), plain_runs[0])
+        phases.lap("oracle", device)
     report.cost(phases.facts(), peak_host_rss_bytes(), peak_device_bytes(device))
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)

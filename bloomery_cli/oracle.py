@@ -182,19 +182,23 @@ def qwen38_hf_config(spec: ModelSpec) -> Any:
     return config
 
 
-def build_hf_hybrid(spec: ModelSpec, cls_name: str, config, family: str, promote_f32: bool = True) -> torch.nn.Module:
-    """A float64 transformers ``cls_name`` (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``) on CPU from ``config``,
-    carrying the spec's trunk weights strictly (eval mode; ``mtp.*`` tensors are not part of those classes and are
-    left out, as HF's own loader ignores them). With ``promote_f32`` it is built under ``Float32AsFloat64`` (so
-    its rotary table is float64 too)."""
+def build_hf_model(spec: ModelSpec, cls_name: str, config, family: str, state: dict | None = None,
+                   promote_f32: bool = True) -> torch.nn.Module:
+    """A float64 transformers ``cls_name`` (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``,
+    ``MiMoV2FlashForCausalLM``) on CPU from ``config``, eval mode, carrying ``state`` strictly: every module
+    tensor present, nothing unexpected (``lm_head`` tied when the spec ties it). ``state`` defaults to the spec's
+    trunk tensors under their own names (``mtp.*`` left out: not part of those classes, as HF's own loader
+    ignores them). With ``promote_f32`` it is built under ``Float32AsFloat64`` (so its rotary table is float64)."""
     import contextlib
     tf = _transformers()
     if spec.family != family:
         raise InputError(spec.source, f"the HF {family} oracle covers family {family}, not {spec.family!r}")
     with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
         model = getattr(tf, cls_name)(config).to(torch.float64).eval()
-    state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items() if not n.startswith("mtp.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if state is None:
+        state = {n: t for n, t in spec.tensors.items() if not n.startswith("mtp.")}
+    missing, unexpected = model.load_state_dict({n: t.detach().to(torch.float64) for n, t in state.items()},
+                                                strict=False)
     missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
     if unexpected or missing:
         raise InputError(spec.source, f"HF {cls_name} state dict mismatch: missing {missing}, "
@@ -205,8 +209,8 @@ def build_hf_hybrid(spec: ModelSpec, cls_name: str, config, family: str, promote
 
 
 def build_hf_qwen38(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
-    """A float64 ``Qwen3_5ForCausalLM`` carrying the spec's trunk weights (``build_hf_hybrid``)."""
-    return build_hf_hybrid(spec, "Qwen3_5ForCausalLM", qwen38_hf_config(spec), "qwen38", promote_f32)
+    """A float64 ``Qwen3_5ForCausalLM`` carrying the spec's trunk weights (``build_hf_model``)."""
+    return build_hf_model(spec, "Qwen3_5ForCausalLM", qwen38_hf_config(spec), "qwen38", promote_f32=promote_f32)
 
 
 def hf_qwen38(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:

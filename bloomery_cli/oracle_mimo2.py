@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .oracle import Float32AsFloat64, _transformers
+from .oracle import Float32AsFloat64, _transformers, build_hf_model
 from .spec import Mimo2Spec
 
 
@@ -74,20 +74,12 @@ def hf_state(tensors: Mapping[str, torch.Tensor], prefix: str, experts: int | No
 
 
 def build_hf_mimo2(spec: Mimo2Spec) -> torch.nn.Module:
-    tf = _transformers()
-    with Float32AsFloat64():
-        model = tf.MiMoV2FlashForCausalLM(hf_config(spec)).to(torch.float64).eval()
+    """A float64 ``MiMoV2FlashForCausalLM`` carrying the trunk (``model.mtp.*`` left out; sinks renamed and experts
+    fused to HF's module names by ``hf_state``), loaded strictly (``oracle.build_hf_model``)."""
     moe = spec.mimo.moe
     state = hf_state({n: t for n, t in spec.tensors.items() if not n.startswith("model.mtp.")}, "",
                      moe.num_experts if moe else None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
-    if unexpected or missing:
-        raise InputError(spec.source, f"HF MiMoV2Flash state dict mismatch: missing {missing}, "
-                                      f"unexpected {sorted(unexpected)}")
-    if spec.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model
+    return build_hf_model(spec, "MiMoV2FlashForCausalLM", hf_config(spec), "mimo2", state)
 
 
 def hf_mimo2_logits(spec: Mimo2Spec, ids: Sequence[int]) -> np.ndarray:

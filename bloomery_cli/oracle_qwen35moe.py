@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .oracle import Float32AsFloat64, HFOut, _transformers, build_hf_hybrid
+from .oracle import Float32AsFloat64, HFOut, _transformers, build_hf_model
 from .spec import ModelSpec
 
 
@@ -40,7 +40,8 @@ def qwen35moe_hf_config(spec: ModelSpec) -> Any:
 
 def build_hf_qwen35moe(spec: ModelSpec, promote_f32: bool = True) -> torch.nn.Module:
     """A float64 ``Qwen3_5MoeForCausalLM`` carrying the spec's trunk weights (``mtp.*`` left out, as HF's loader)."""
-    return build_hf_hybrid(spec, "Qwen3_5MoeForCausalLM", qwen35moe_hf_config(spec), "qwen35moe", promote_f32)
+    return build_hf_model(spec, "Qwen3_5MoeForCausalLM", qwen35moe_hf_config(spec), "qwen35moe",
+                          promote_f32=promote_f32)
 
 
 def hf_qwen35moe(spec: ModelSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:

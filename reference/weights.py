@@ -68,7 +68,8 @@ class F64Weights(Mapping[str, np.ndarray]):
         self._arrays: ByteLRU[np.ndarray] = ByteLRU(self.budget, lambda a: a.nbytes)
         self.converted_bytes = 0          # float64 bytes converted so far (a re-read after eviction counts again)
 
-    def _round(self, name: str, arr: np.ndarray, src: Any) -> np.ndarray:
+    @staticmethod
+    def _round(arr: np.ndarray, src: Any) -> np.ndarray:
         return arr if exact_in(_stored(src)) else st(arr)
 
     def _array(self, name: str) -> tuple[np.ndarray, Any]:
@@ -82,17 +83,17 @@ class F64Weights(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         arr, src = self._array(name)
-        return self._round(name, arr, src)
+        return self._round(arr, src)
 
     def rows(self, name: str, idx: Any) -> np.ndarray:
         """``W[idx]`` for a table W [N, ...] and integer ids idx [T]: [T, ...], only those rows converted."""
         idx = np.asarray(idx, dtype=np.int64)
         arr = self._arrays.get(name)
         if arr is not None:
-            return self._round(name, arr[idx], self._tensors[name])
+            return self._round(arr[idx], self._tensors[name])
         src = self._tensors[name]
         picked = src[idx.tolist()] if idx.ndim else src[int(idx)]
-        return self._round(name, _f64(picked), src)
+        return self._round(_f64(picked), src)
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
         """``linear(x, W)`` = st(x W^T) for W = self[name] [out, in], x [..., in] -> [..., out].
@@ -103,7 +104,7 @@ class F64Weights(Mapping[str, np.ndarray]):
         step = max(1, self.chunk_bytes // (8 * max(in_dim, 1)))
         if name in self._arrays or step >= out_dim or out_dim * in_dim * 8 <= self.budget:
             return linear(x, self[name])
-        parts = [linear(x, self._round(name, _f64(src[a:a + step]), src)) for a in range(0, out_dim, step)]
+        parts = [linear(x, self._round(_f64(src[a:a + step]), src)) for a in range(0, out_dim, step)]
         return np.concatenate(parts, axis=-1)
 
     def __iter__(self) -> Iterator[str]:

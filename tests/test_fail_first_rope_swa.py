@@ -67,7 +67,7 @@ def test_kernel_yarn_attention_factor_dropped(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_kernel_window_off_by_one(monkeypatch, dtype):
-    window_one_wider(monkeypatch, kdflash, "sliding_allowed")
+    window_one_wider(monkeypatch, kdflash, "sliding_mask")
     code, lines = gate(SWA, dtype)
     assert code == 1 and failed(lines, "(r) dflash"), "\n".join(lines)
 
@@ -90,7 +90,7 @@ def test_yarn_attention_factor_dropped_everywhere_caught_by_transformers(monkeyp
 
 def test_window_off_by_one_everywhere_caught_by_transformers(monkeypatch):
     pytest.importorskip("transformers")
-    window_one_wider(monkeypatch, kdflash, "sliding_allowed")
+    window_one_wider(monkeypatch, kdflash, "sliding_mask")
     window_one_wider(monkeypatch, rdflash, "sliding_mask")
     code, lines = gate(SWA, oracle=True)
     assert not any(line.startswith("(r)") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
@@ -109,7 +109,7 @@ def anchored_one_wider(monkeypatch, module, name) -> None:
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_kernel_speculators_window_off_by_one(monkeypatch, dtype):
-    anchored_one_wider(monkeypatch, kdflash, "anchored_allowed")
+    anchored_one_wider(monkeypatch, kdflash, "anchored_mask")
     code, lines = gate(SPEC, dtype)
     assert code == 1 and failed(lines, "(r) dflash"), "\n".join(lines)
 

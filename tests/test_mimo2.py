@@ -112,12 +112,12 @@ def test_reference_sees_each_attention_part(ckpt, plant, monkeypatch):
     """Each part changes the logits: a reference that dropped it could not agree with the engine."""
     t, _ = ckpt
     want = rfam.forward(t, PROMPT).logits
-    orig = kfam.attend_sinks
+    orig = kfam.sink_attention
     if plant == "sinks":
-        monkeypatch.setattr(kfam, "attend_sinks", lambda q, k, v, a, z: orig(q, k, v, a, None))
+        monkeypatch.setattr(kfam, "sink_attention", lambda q, k, v, a, z: orig(q, k, v, a, None))
     elif plant == "window":
-        w = kfam.window_allowed
-        monkeypatch.setattr(kfam, "window_allowed", lambda pq, pk, win: w(pq, pk, None if win is None else win + 1))
+        w = kfam.window_mask
+        monkeypatch.setattr(kfam, "window_mask", lambda pq, pk, win: w(pq, pk, None if win is None else win + 1))
     else:
         m = kfam.attention_mixer
         monkeypatch.setattr(kfam, "attention_mixer", lambda a, s, *rest: m(a, 1.0, *rest))
@@ -197,16 +197,16 @@ def test_gate_control_passes():
 
 @needs_fixture
 def test_gate_fails_sinks_dropped(monkeypatch):
-    orig = kfam.attend_sinks
-    monkeypatch.setattr(kfam, "attend_sinks", lambda q, k, v, a, z: orig(q, k, v, a, None))
+    orig = kfam.sink_attention
+    monkeypatch.setattr(kfam, "sink_attention", lambda q, k, v, a, z: orig(q, k, v, a, None))
     code, lines = gate()
     assert code == 1 and failed(lines, "(r) target layer 1 out"), "\n".join(lines)
 
 
 @needs_fixture
 def test_gate_fails_window_off_by_one(monkeypatch):
-    w = kfam.window_allowed
-    monkeypatch.setattr(kfam, "window_allowed", lambda pq, pk, win: w(pq, pk, None if win is None else win + 1))
+    w = kfam.window_mask
+    monkeypatch.setattr(kfam, "window_mask", lambda pq, pk, win: w(pq, pk, None if win is None else win + 1))
     code, lines = gate()
     assert code == 1 and failed(lines, "(r) target layer 1 out"), "\n".join(lines)
 

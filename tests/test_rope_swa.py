@@ -71,7 +71,7 @@ def test_sliding_mask_matches_transformers(s, b, w):
     want = transformers_mask(pos_q, pos_kv, w)
     assert np.array_equal(ratt.sliding_mask(pos_q, pos_kv, w), want)
     import torch
-    got = katt.sliding_allowed(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), w).numpy()
+    got = katt.sliding_mask(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), w).numpy()
     assert np.array_equal(got, want)
     assert want.sum(axis=1).tolist() == [min(w, p + 1) for p in pos_q]      # W keys, the query's own included
 
@@ -198,7 +198,7 @@ def test_anchored_mask_matches_speculators(s, b, w, non_causal):
     assert not full[:, s:s + b + 1].any()                               # base rows >= s are never seen
     pos_q, pos_kv = np.arange(s, s + b), np.arange(s + b)
     assert np.array_equal(ratt.anchored_mask(pos_q, pos_kv, s, w, causal=not non_causal), want)
-    got = katt.anchored_allowed(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, w, causal=not non_causal)
+    got = katt.anchored_mask(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, w, causal=not non_causal)
     assert np.array_equal(got.numpy() & (pos_kv[None, :] < s + b), want)
 
 
@@ -235,7 +235,7 @@ def test_bidirectional_speculators_window_runs_in_the_reference():
     pos_q, pos_kv = np.arange(s, s + b), np.arange(s + b)
     mask = ratt.anchored_mask(pos_q, pos_kv, s, 5, causal=False)
     assert mask.shape == (b, s + b) and mask.sum(axis=1).tolist() == [5 + b] * b
-    got = katt.anchored_allowed(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, 5, causal=False)
+    got = katt.anchored_mask(torch.as_tensor(pos_q), torch.as_tensor(pos_kv), s, 5, causal=False)
     assert got.shape == (b, s + b) and np.array_equal(got.numpy(), mask)
     rng = np.random.default_rng(0)
     out = attention(rng.standard_normal((b, 2, 8)), rng.standard_normal((s + b, 1, 8)),

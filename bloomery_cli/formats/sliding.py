@@ -10,7 +10,7 @@ the keys at positions j with
 
 i.e. W keys including itself (flash-attention's window (W-1, 0)). A "full_attention" layer keeps DFlash's rule
 (every context row, the whole block). The mask is ``reference/ops/attention.sliding_mask`` /
-``kernels/ops/attention.sliding_allowed``.
+``kernels/ops/attention.sliding_mask``.
 
 Refused with a named error (exit 2): a layer_types list whose length is not the draft depth or with another
 entry; sliding layers without a positive integer sliding_window; use_sliding_window true without layer_types;

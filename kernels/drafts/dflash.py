@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from bloomery_cli.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
-from ..ops.attention import anchored_allowed, attend, sliding_allowed
+from ..ops.attention import anchored_mask, attend, sliding_mask
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 
@@ -110,8 +110,8 @@ class DFlashDraft:
         pos_kv = torch.cat([self.key_pos, pos_q])
         rule = self.spec.window_rule
         if rule == "query":
-            return allowed & sliding_allowed(pos_q, pos_kv, window)
-        return allowed & anchored_allowed(pos_q, pos_kv, s, window, causal=rule == "anchor")
+            return allowed & sliding_mask(pos_q, pos_kv, window)
+        return allowed & anchored_mask(pos_q, pos_kv, s, window, causal=rule == "anchor")
 
     def layer_masks(self, s: int) -> list[torch.Tensor]:
         """One mask per draft layer, each distinct window's built once for this step."""

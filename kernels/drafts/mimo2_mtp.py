@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from bloomery_cli.spec import Mimo2MTPSpec, Mimo2Spec
 
-from ..families.mimo2 import Mimo2Target, attention_mixer, tables, window_allowed
-from ..ops.attention import attend_sinks
+from ..families.mimo2 import Mimo2Target, attention_mixer, tables, window_mask
+from ..ops.attention import sink_attention
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 
@@ -99,11 +99,11 @@ class Mimo2MTPDraft:
 
     def _attend(self, k: int, q0: int, r: int):
         pos = torch.arange(q0, q0 + r, device=self.device)
-        allowed = window_allowed(pos, self.key_pos, self.spec.attn.window) & (self.key_pos[None, :] >= k + 1)
+        allowed = window_mask(pos, self.key_pos, self.spec.attn.window) & (self.key_pos[None, :] >= k + 1)
 
         def cached(q, kk, vv, z):
             self.k[k][:, :, q0:q0 + r], self.v[k][:, :, q0:q0 + r] = kk, vv
-            return attend_sinks(q, self.k[k], self.v[k], allowed, z)
+            return sink_attention(q, self.k[k], self.v[k], allowed, z)
         return cached
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
@@ -148,10 +148,10 @@ def forward_train(mparams: Mapping[str, T], mspec: Mimo2MTPSpec, tspec: Mimo2Spe
     for k in range(mspec.num_layers):
         r = min(x.shape[1], tl - 1 - k)
         pos = torch.arange(k + 1, k + 1 + r, device=ids.device)
-        allowed = window_allowed(pos, pos, mspec.attn.window)
+        allowed = window_mask(pos, pos, mspec.attn.window)
 
         def own_rows(q, kk, vv, z, allowed=allowed):
-            return attend_sinks(q, kk, vv, allowed, z)
+            return sink_attention(q, kk, vv, allowed, z)
 
         y, g = mtp_layer(mspec, mparams, k, emb[:, k + 1:k + 1 + r], x[:, :r], cos[k + 1:k + 1 + r],
                          sin[k + 1:k + 1 + r], own_rows)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from bloomery_cli.spec import AttnShape, Mimo2Spec
 
-from ..ops.attention import attend_sinks
+from ..ops.attention import sink_attention, window_mask
 from ..ops.mlp import swiglu
 from ..ops.moe import Routing, routed_experts, router_logits, sigmoid_group_topk
 from ..ops.norm import rms_norm
@@ -26,12 +26,6 @@ from .qwen38 import Qwen38Pass, partial_rope
 
 T = torch.Tensor
 AttendKV = Callable[[T, T, T, T | None], T]     # (q, k, v, sinks) -> [N, R, nh dv]
-
-
-def window_allowed(pos_q: T, pos_k: T, window: int | None) -> T:
-    """allowed[t, j] = pos_k[j] <= pos_q[t] and (no window or pos_q[t] - pos_k[j] < window): [R, S] bool."""
-    dq = pos_q[:, None] - pos_k[None, :]
-    return dq >= 0 if window is None else (dq >= 0) & (dq < window)
 
 
 def attention_mixer(a_shape: AttnShape, value_scale: float, t: Mapping[str, T], p: str, a: T, cos: T, sin: T,
@@ -104,9 +98,9 @@ def forward_train(params: Mapping[str, T], spec: Mimo2Spec, ids: T) -> tuple[T, 
     hidden = [h]
     for l in range(spec.num_layers):
         a_shape = spec.mimo.attn(l)
-        allowed = window_allowed(pos, pos, a_shape.window)
+        allowed = window_mask(pos, pos, a_shape.window)
         h = layer(spec, params, l, h, *rope[spec.mimo.layer_types[l]],
-                  lambda q, k, v, z, allowed=allowed: attend_sinks(q, k, v, allowed, z))
+                  lambda q, k, v, z, allowed=allowed: sink_attention(q, k, v, allowed, z))
         hidden.append(h)
     head = params["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"]
     return F.linear(rms_norm(h, params["model.norm.weight"], spec.layer.rms_eps), head), hidden
@@ -187,12 +181,12 @@ class Mimo2Target:
         h = F.embedding(torch.tensor([ids], device=self.device), self.embed)
         taps = [h[0]]
         for l in range(self.spec.num_layers):
-            allowed = window_allowed(pos, self.key_pos, self.mimo.attn(l).window)
+            allowed = window_mask(pos, self.key_pos, self.mimo.attn(l).window)
 
             def cached(q, k, v, z, l=l, allowed=allowed):
                 self.k_cache[l][:, :, p0:p0 + r] = k
                 self.v_cache[l][:, :, p0:p0 + r] = v
-                return attend_sinks(q, self.k_cache[l], self.v_cache[l], allowed, z)
+                return sink_attention(q, self.k_cache[l], self.v_cache[l], allowed, z)
 
             cos, sin = self.rope[self.mimo.layer_types[l]]
             h = layer(self.spec, self.t, l, h, cos[p0:p0 + r], sin[p0:p0 + r], cached, self.routings)

@@ -31,7 +31,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     return out.permute(0, 3, 1, 2, 4).reshape(n, r, nh * d)
 
 
-def anchored_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, s: int, window: int, causal: bool) -> torch.Tensor:
+def anchored_mask(pos_q: torch.Tensor, pos_kv: torch.Tensor, s: int, window: int, causal: bool) -> torch.Tensor:
     """speculators' window: context keys s - window <= j < s for every block row, block keys j >= s all
     (``causal`` False) or only j <= pos_q[r]; pos_q [R], pos_kv [S] -> bool [R, S] (AND it with the base mask)."""
     q, k = pos_q[:, None], pos_kv[None, :]
@@ -39,14 +39,22 @@ def anchored_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, s: int, window: 
     return ((k >= s - window) & ((k < s) | block)).expand(len(pos_q), len(pos_kv))
 
 
-def sliding_allowed(pos_q: torch.Tensor, pos_kv: torch.Tensor, window: int) -> torch.Tensor:
+def sliding_mask(pos_q: torch.Tensor, pos_kv: torch.Tensor, window: int) -> torch.Tensor:
     """allowed[r, s] = pos_q[r] - window < pos_kv[s] <= pos_q[r]: a causal window of ``window`` keys over
     absolute positions (``formats.sliding``); pos_q [R], pos_kv [S] -> bool [R, S], built in one shot."""
     q, k = pos_q[:, None], pos_kv[None, :]
     return (k <= q) & (k > q - window)
 
 
-def attend_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+def window_mask(pos_q: torch.Tensor, pos_k: torch.Tensor, window: int | None) -> torch.Tensor:
+    """allowed[t, j] = pos_k[j] <= pos_q[t] and (no window or pos_q[t] - pos_k[j] < window): causal, and a sliding
+    window of ``window`` keys counting the query's own position (HF's ``sliding_window``); [R, S] bool."""
+    if window is not None:
+        return sliding_mask(pos_q, pos_k, window)
+    return pos_k[None, :] <= pos_q[:, None]
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
                  sinks: torch.Tensor | None) -> torch.Tensor:
     """``attend`` with per-head attention sinks and a value width dv of its own (MiMo-V2):
 
