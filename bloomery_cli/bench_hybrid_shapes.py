@@ -193,19 +193,9 @@ def hf_qwen38_model(spec: Qwen38Spec, device: torch.device) -> torch.nn.Module:
     tensors assigned: no second copy of the weights), eager attention."""
     import transformers as tf
 
+    from .bench_shapes import assigned_hf
     from .oracle import qwen38_hf_config
 
     config = qwen38_hf_config(spec)
-    with torch.device("meta"):
-        model = tf.Qwen3_5ForCausalLM(config)
-    model.load_state_dict({n: t for n, t in spec.tensors.items() if not n.startswith("mtp.")}, strict=True,
-                          assign=True)
-    rotary = type(model.model.rotary_emb)
-    with torch.device(device):
-        model.model.rotary_emb = rotary(config=config)
-    for name, buf in model.named_buffers():
-        if buf.is_meta:
-            raise RuntimeError(f"HF model buffer {name} left on the meta device")
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = None
-    return model.eval()
+    state = {n: t for n, t in spec.tensors.items() if not n.startswith("mtp.")}
+    return assigned_hf(tf.Qwen3_5ForCausalLM, config, state, spec.tie_word_embeddings, device)

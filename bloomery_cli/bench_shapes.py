@@ -125,11 +125,17 @@ def hf_model(spec: ModelSpec, device: torch.device, attn: str = "eager") -> torc
         max_position_embeddings=32768, tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False,
         use_sliding_window=False, hidden_act="silu")
     config._attn_implementation = attn
+    return assigned_hf(tf.Qwen3ForCausalLM, config, dict(spec.tensors), spec.tie_word_embeddings, device)
+
+
+def assigned_hf(cls, config, state: dict[str, torch.Tensor], tied: bool, device: torch.device) -> torch.nn.Module:
+    """transformers' ``cls(config)`` built on the meta device with ``state`` assigned strictly (the tensors
+    themselves: no second copy of the weights), its rotary table rebuilt on ``device``, greedy generation
+    without an end token. Raises if a buffer is left on the meta device."""
     with torch.device("meta"):
-        model = tf.Qwen3ForCausalLM(config)
-    state = dict(spec.tensors)
-    if spec.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        model = cls(config)
+    if tied:
+        state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
     model.load_state_dict(state, strict=True, assign=True)
     rotary = type(model.model.rotary_emb)
     with torch.device(device):
