@@ -19,9 +19,10 @@ from bloomery_cli.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import sink_attention, window_mask
 from ..ops.mlp import swiglu
-from ..ops.moe import Routing, routed_experts, router_logits, sigmoid_group_topk
+from ..ops.moe import Routing, routed_experts
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
+from .ffn import route
 from .qwen38 import Qwen38Pass, partial_rope
 
 T = torch.Tensor
@@ -51,15 +52,6 @@ def fused_experts(t: Mapping[str, T], p: str, experts: int) -> tuple[T, T]:
     return gate_up, torch.stack([t[x + "down_proj.weight"] for x in e])
 
 
-def route(spec: Mimo2Spec, t: Mapping[str, T], p: str, x: T) -> Routing:
-    """The sigmoid router on rows x [M, H]: float32 logits, bias for the choice only, group-limited top-k,
-    renormalised, times routed_scaling_factor (``ops.moe.sigmoid_group_topk``)."""
-    m = spec.mimo.moe
-    return sigmoid_group_topk(router_logits(x, t[p + "gate.weight"]), t[p + "gate.e_score_correction_bias"],
-                              m.top_k, m.n_group, m.topk_group, m.norm_topk,
-                              m.routed_scale)
-
-
 def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T, routings: dict | None = None) -> T:
     """Layer l's MLP on normed rows x [N, R, H]: dense SwiGLU, or the routed experts (no shared expert); a sparse
     layer's routing goes to ``routings[l]`` when given (the gate's tier-1 check reads it)."""
@@ -67,7 +59,7 @@ def ffn(spec: Mimo2Spec, t: Mapping[str, T], l: int, x: T, routings: dict | None
     if spec.mimo.mlp_types[l] == "dense":
         return swiglu(x, t[p + "gate_proj.weight"], t[p + "up_proj.weight"], t[p + "down_proj.weight"])
     flat = x.reshape(-1, x.shape[-1])
-    routing = route(spec, t, p, flat)
+    routing = route(spec.mimo.moe, t, p, flat)          # the shared router (ffn.route: sigmoid, bias, groups)
     if routings is not None:
         routings[l] = routing
     gate_up, down = fused_experts(t, p, spec.mimo.moe.num_experts)

@@ -26,10 +26,11 @@ import numpy as np
 from bloomery_cli.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import sink_attention, window_mask
-from ..ops.moe import routed_experts, router_logits, sigmoid_group_topk
+from ..ops.moe import routed_experts
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
+from .ffn import route
 from .qwen3 import RefOut, Weights, embed, head, mlp
 from .qwen38 import partial_rope
 
@@ -65,9 +66,7 @@ def ffn(spec: Mimo2Spec, w: Weights, l: int, x: np.ndarray) -> np.ndarray:
     p, m = f"model.layers.{l}.mlp.", spec.mimo.moe
     if spec.mimo.mlp_types[l] == "dense":
         return mlp(w, p, x)
-    routing = sigmoid_group_topk(router_logits(x, w[p + "gate.weight"]), w[p + "gate.e_score_correction_bias"],
-                                 m.top_k, m.n_group, m.topk_group, m.norm_topk,
-                                 m.routed_scale)
+    routing = route(m, w, p, x)                             # the shared router (ffn.route)
     e = [f"{p}experts.{i}." for i in range(m.num_experts)]
     gate_up = np.stack([np.concatenate([w[x_ + "gate_proj.weight"], w[x_ + "up_proj.weight"]]) for x_ in e])
     return routed_experts(x, routing, gate_up, np.stack([w[x_ + "down_proj.weight"] for x_ in e]))
