@@ -6,7 +6,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bloomery_cli.bands import M_RMS, M_WORST, Op, accumulation_term, emulated_band, rel_rms, worst_rel
+from bloomery_cli.bands import (
+    M_RMS,
+    M_WORST,
+    SMALL_N,
+    Op,
+    accumulation_term,
+    emulated_band,
+    ratio_quantiles,
+    rel_rms,
+    small_tap,
+    worst_rel,
+)
 from bloomery_gates.reference.families import qwen3 as ref_qwen3
 from bloomery_gates.reference.rounding import emulate, st, stored_as
 
@@ -52,3 +63,19 @@ def test_emulated_band_is_the_stated_multiple():
     shifted = exact * (1 + 2 * 2.0 ** -8)                                  # a systematic 0.8% scale: rms sees it
     assert worst_rel(shifted, exact) < band.value and not band.contains(worst_rel(shifted, exact),
                                                                           rel_rms(shifted, exact))
+
+
+def test_small_taps_get_the_sampling_quantile_and_large_ones_keep_the_multiples():
+    """q(n) of the two ratio statistics falls under M_WORST / M_RMS by n = SMALL_N (so taps of SMALL_N or more
+    entries keep the stated multiples), and at n = 7 equals sqrt(F_{0.999}(7, 7)) = sqrt(14.99) for rel_rms."""
+    qw, qr = ratio_quantiles(SMALL_N)
+    assert qw < M_WORST and qr < M_RMS
+    assert small_tap(SMALL_N) == small_tap(4096) == (M_WORST, M_RMS)
+    w7, r7 = small_tap(7)
+    assert r7 == pytest.approx(14.99 ** 0.5, rel=0.03) and w7 > M_WORST
+    rng = np.random.default_rng(3)
+    exact = rng.standard_normal(7)
+    emu = exact * (1 + 2.0 ** -9 * rng.standard_normal(7))
+    band = emulated_band("bf16", exact, emu, "conf", [Op("proj", 64)])
+    acc = accumulation_term("bf16", [Op("proj", 64)])
+    assert band.rms == pytest.approx(r7 * (rel_rms(emu, exact) + acc)) and "small_tap" in band.derivation

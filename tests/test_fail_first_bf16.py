@@ -109,6 +109,22 @@ def prefill_decay_halved(monkeypatch):
                         real(q, k, v, g / 2, b, state, chunk))
 
 
+def confidence_bias_dropped(monkeypatch):
+    """DSpark's confidence head without its bias: conf_k = proj . [hn_k ; W1[prev_k]] (a small shift)."""
+    def logits(self, hn, prev):
+        e = F.embedding(prev, self.w1) if self.w1 is not None else hn[:, :0]
+        return F.linear(torch.cat([hn, e], -1), self.proj[0])[:, 0]
+
+    monkeypatch.setattr(kdspark.DSparkDraft, "confidence_logits", logits)
+
+
+def confidence_gain_2pct(monkeypatch):
+    """DSpark's confidence logits 2% too large (a gain a wrong scale would give): the [B] tap of 7 entries
+    still sees it under the small-tap multiples (bands.small_tap)."""
+    real = kdspark.DSparkDraft.confidence_logits
+    monkeypatch.setattr(kdspark.DSparkDraft, "confidence_logits", lambda self, hn, prev: real(self, hn, prev) * 1.02)
+
+
 DEFECTS = [
     # (defect, gate, the (r) line head that must fail)
     (wrong_eps, "qwen3-dflash", "(r) target layer"),
@@ -120,6 +136,9 @@ DEFECTS = [
     (delta_rule_order, "qwen38-mtp", "(r) state after"),
     # the prefill's chunked form: seen by the per-layer lines over the prompt
     (prefill_decay_halved, "qwen38-mtp", "(r) target layer"),
+    # the [B] confidence logits: 7 entries, checked with the small-tap multiples
+    (confidence_bias_dropped, "qwen38-dspark", "(r) dspark confidence logits"),
+    (confidence_gain_2pct, "qwen38-dspark", "(r) dspark confidence logits"),
 ]
 
 
