@@ -389,7 +389,7 @@ def bench_command(
         name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash, or for a hybrid "
                                             "shape qwen38-dflash2 / qwen38-mtp.")],
         shape: Annotated[str | None, typer.Option("--shape", help=f"Random weights of a model shape made on the "
-                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES])} [default: the gate's checkpoints].")] = None,
+                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES])} (default: the gate's checkpoints).")] = None,
         device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")] = "auto",
         dtype: Annotated[str, typer.Option("--dtype", help="bf16, f16 or f32.")] = "bf16",
         prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt length (--shape).")] = 512,
@@ -398,9 +398,9 @@ def bench_command(
         width: Annotated[str, typer.Option("--width", help="Width policy of the drafted runs: fixed or cost.")]
         = "fixed",
         layers: Annotated[int | None, typer.Option("--layers", help="Hybrid shapes: run only the first N layers "
-                                                   "(real width, fewer layers) [default: all].")] = None,
+                                                   "(real width, fewer layers) (default: all).")] = None,
         block: Annotated[int | None, typer.Option("--block", help="qwen38-dflash2: the drafter's block B "
-                                                  "[default: 8].")] = None,
+                                                  "(default: 8).")] = None,
         mtp_width: Annotated[int, typer.Option("--mtp-width", help="qwen38-mtp: chained drafts per window.")] = 3,
         hf: Annotated[bool, typer.Option("--hf", help="Hybrid shapes: also HF transformers' Qwen3_5ForCausalLM "
                                          "eager generate on the same weights.")] = False,

@@ -73,19 +73,19 @@ def gate_list(wide: Annotated[bool, typer.Option("--wide", help="Also the defaul
 
 
 Target = Annotated[Path | None, typer.Option("--target", help="Target checkpoint: HF dir or *.gguf "
-                                             "[default: the gate's fixture].")]
-DraftOpt = Annotated[Path | None, typer.Option("--draft", help="Drafter checkpoint (HF dir) [default: fixture].")]
+                                             "(default: the gate's fixture).")]
+DraftOpt = Annotated[Path | None, typer.Option("--draft", help="Drafter checkpoint (HF dir) (default: fixture).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:<i>.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="Compute/storage dtype on the device: f32, bf16, f16.")]
-N = Annotated[int | None, typer.Option("-n", help="Greedy ids compared per prompt [default: the gate's, 256].")]
+N = Annotated[int | None, typer.Option("-n", help="Greedy ids compared per prompt (default: the gate's, 256).")]
 Prompts = Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts ('text' or 'ids' per line).")]
 Json = Annotated[Path | None, typer.Option("--json", help="Write the run's record (JSON) here, atomically.")]
 Temperature = Annotated[float | None, typer.Option("--temperature", help="Sample at T > 0 (0: greedy): the gate adds "
                                                   "the (s) check (plain vs drafted sampling, per position) and prints "
                                                   "accept_mean at T; the greedy (w) check still runs.")]
-TopP = Annotated[float | None, typer.Option("--top-p", help="With --temperature: nucleus mass in (0, 1] [default 1].")]
+TopP = Annotated[float | None, typer.Option("--top-p", help="With --temperature: nucleus mass in (0, 1] (default 1).")]
 TopK = Annotated[int | None, typer.Option("--top-k", help="With --temperature: keep the K likeliest ids (0: all).")]
-Seed = Annotated[int | None, typer.Option("--seed", help="With --temperature: the runs' seed [default 0].")]
+Seed = Annotated[int | None, typer.Option("--seed", help="With --temperature: the runs' seed (default 0).")]
 Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code for the "
                                       "target and speculators' for DFlash/DFlash2/DSpark drafts (float64, CPU): "
                                       "tier 3.")]
@@ -109,8 +109,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
                  "--draft-policy", help="auto (the plan's ctx-first rule may turn the draft off; the default "
                  "without --draft), on (the default with --draft: never turned off), off (plain-only).")] = None,
              gpu_mem: Annotated[str | None, typer.Option(
-                 "--gpu-mem", help="The plan's memory budget (80G, 24GiB, ...) [default: the device's free "
-                 "memory].")] = None,
+                 "--gpu-mem", help="The plan's memory budget (80G, 24GiB, ...) (default: the device's free "
+                 "memory).")] = None,
              threads: Threads = None,
              temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None,
              draft_temperature: Annotated[float | None, typer.Option(

@@ -21,7 +21,7 @@ def plan_command(
         shape: Annotated[str | None, typer.Option("--shape", help="A bench shape instead of files: qwen3-8b, "
                                                    "qwen3-4b, qwen38-27b (with its draft).")] = None,
         gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="Memory budget in bytes (80G, 24GiB, ...) "
-                                                     "[default: the device's free memory].")] = None,
+                                                     "(default: the device's free memory).")] = None,
         ctx: Annotated[int | None, typer.Option("--ctx", help="Also print every term at this context per slot.")]
         = None,
         slots: Annotated[int, typer.Option("--slots", help="Slots (sequences) sharing the budget.")] = 1,

@@ -248,8 +248,8 @@ def results_command(
         = Path("results"),
         plots: Annotated[bool, typer.Option("--plots/--no-plots", help="PNG plots (when matplotlib imports).")] = True,
         readme: Annotated[Path | None, typer.Option("--readme", help="Also rewrite the acceptance table between the "
-                                                    "markers of this README [default: README.md beside the results "
-                                                    "folder, when it has them].")] = None,
+                                                    "markers of this README (default: README.md beside the results "
+                                                    "folder, when it has them).")] = None,
 ) -> None:
     """Regenerate results/README.md (tables, and PNG plots when matplotlib is installed) from the records."""
     if not Path(results_dir).is_dir():

@@ -20,8 +20,8 @@ import typer
 from .errors import InputError
 
 DEFAULT = 1
-Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads for torch [default: OMP_NUM_THREADS "
-                                             "when set, else 1: see docs/SPEED.md].")]
+Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: OMP_NUM_THREADS "
+                                             "when set, else 1: see docs/SPEED.md).")]
 
 
 def thread_count(flag: int | None = None, env: dict[str, str] | None = None) -> int:
