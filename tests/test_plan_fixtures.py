@@ -76,6 +76,14 @@ def test_plan_runs_on_every_fixture(target, draft):
         assert p["at_ctx"]["with"]["total"] > p["at_ctx"]["without"]["total"]
 
 
+@pytest.mark.parametrize("shape", ["qwen3-8b", "qwen3-4b", "qwen38-27b", "tiny"])
+def test_plan_runs_on_every_bench_shape(shape):
+    r = runner.invoke(app, ["plan", "--shape", shape, "--gpu-mem", "141G", "--ctx", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["draft_on"] and p["at_ctx"]["with"]["total"] > p["at_ctx"]["without"]["total"] > 0
+
+
 def test_mimo2_terms_from_its_config():
     """K and V widths differ (d 32, dv 16), SWA layers carry 2 kv heads to the full layers' 1, two RoPE tables."""
     t = read_target(MIMO)
