@@ -180,6 +180,7 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
     recurrent: list[Recurrent] = []
     attn: list[AttnGroup] = []
     rotary = head_dim
+    experts = None
     if family == "nemotron":
         types = _nemotron_pattern(c)
         n_attn, n_mamba = types.count("attention"), types.count("mamba")
@@ -194,6 +195,7 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
         if c.get("moe_intermediate_size", None) is not None:      # MoE: the widest FFN a row runs (transient term)
             inter = max(c.int("num_experts_per_tok") * c.int("moe_intermediate_size"),
                         c.int("shared_expert_intermediate_size", 0, minimum=0))
+            experts = Experts(c.int("num_experts_per_tok"), c.int("moe_intermediate_size"))  # gathered per pair
         else:
             inter = c.int("intermediate_size")
         window = c.int("sliding_window", 0, minimum=0) or None
@@ -219,7 +221,8 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
                      _elems(inv_model, exclude=("mtp_nextn",)), inv_model.total_bytes, tied or not any(
                          t.group == "output" and len(t.shape) == 2 for t in inv_model.tensors),
                      embed, tuple(attn), rotary, tuple(recurrent), mtp, nextn if mtp else 0,
-                     meta={"model_type": mt, "config": str(where)}, embed_dtype=_embed_dtype(inv_model))
+                     meta={"model_type": mt, "config": str(where)}, embed_dtype=_embed_dtype(inv_model),
+                     experts=experts)
 
 
 def _gguf_target(path: Path, inv_model) -> PlanModel:

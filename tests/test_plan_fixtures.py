@@ -137,8 +137,8 @@ def test_mimo2_planted_defects_miss_the_engine(monkeypatch, defect):
     assert _planned_resident("bf16", 300) != _engine_resident("bf16", 300)
 
 
-def _measure(ctx: int, *extra: str):
-    return runner.invoke(app, ["plan", str(MIMO), "--draft", str(MIMO), "--device", "cpu", "--dtype", "bf16",
+def _measure(ctx: int, *extra: str, target: Path = MIMO, draft: Path = MIMO):
+    return runner.invoke(app, ["plan", str(target), "--draft", str(draft), "--device", "cpu", "--dtype", "bf16",
                                "--ctx", str(ctx), "--gpu-mem", "1G", "--measure", *extra])
 
 
@@ -155,6 +155,16 @@ def test_mimo2_measure_on_the_host_passes_and_a_dropped_term_fails(monkeypatch, 
     else:
         monkeypatch.setattr(plan_mod, "gathered", lambda *a: 0)   # the gathered expert weights forgotten
     r = _measure(ctx)
+    assert r.exit_code == 1 and "FAIL" in r.output, r.output
+
+
+def test_qwen35moe_measure_counts_the_gathered_experts(monkeypatch):
+    """qwen35moe's routed experts run through the same gather: its prefill peak is there (planted away: exit 1)."""
+    q = FIX / "qwen35moe-tiny"
+    r = _measure(1000, target=q, draft=q)
+    assert r.exit_code == 0 and "PASS" in r.output, r.output
+    monkeypatch.setattr(plan_mod, "gathered", lambda *a: 0)
+    r = _measure(1000, target=q, draft=q)
     assert r.exit_code == 1 and "FAIL" in r.output, r.output
 
 
