@@ -17,6 +17,11 @@ for d in qwen3-tiny-dflash-b8 qwen3-tiny-dflash2-b8 qwen3-tiny-dspark-b7 qwen3-t
 run qwen38-tiny-mtp $F/qwen38-tiny --draft $F/qwen38-tiny --ctx 1000
 for d in qwen38-tiny-dflash-b8 qwen38-tiny-dflash2-b8 qwen38-tiny-dspark-b7-speculators; do
   run $d $F/qwen38-tiny --draft $F/$d --ctx 1000; done
+run mimo2-tiny-mtp $F/mimo2-tiny --draft $F/mimo2-tiny --ctx 1000
+run qwen35moe-tiny-mtp $F/qwen35moe-tiny --draft $F/qwen35moe-tiny --ctx 1000
+run qwen35moe-tiny-dflash-b8 $F/qwen35moe-tiny --draft $F/qwen35moe-tiny-dflash-b8 --ctx 1000
+for d in qwen3-tiny-dflash-b8-swa qwen3-tiny-dflash-b8-swa-speculators; do run $d $F/qwen3-tiny --draft $F/$d --ctx 1000; done
+run qwen3yarn-tiny-dflash-b8 $F/qwen3yarn-tiny --draft $F/qwen3yarn-tiny-dflash-b8 --ctx 500
 for c in 4096 32768; do run qwen3-8b-ctx$c --shape qwen3-8b --ctx $c; done
 for c in 4096 32768; do run qwen38-27b-ctx$c --shape qwen38-27b --ctx $c; done
 grep -E "exit|rel err" $R/plan.log

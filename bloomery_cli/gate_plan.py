@@ -36,7 +36,7 @@ def policy_of(asked: str | None, draft_given: bool) -> str:
 def decide_draft(target: Path, draft: Path, dtype: str, device: str, policy: str,
                  gpu_mem: str | None) -> DraftDecision:
     """Plan the pair from headers and apply the rule. A pair the planner does not model (a family it has no terms
-    for, e.g. mimo2) keeps its draft under ``auto`` and ``on`` alike, and the load line's note says why: the rule
+    for) keeps its draft under ``auto`` and ``on`` alike, and the load line's note says why: the rule
     cannot decide, so it does not turn anything off (an unreadable file is refused earlier, by the loaders)."""
     from .plan import budget_of, load_line, plan_paths
 

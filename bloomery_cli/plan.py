@@ -81,6 +81,7 @@ class Terms:
     verify_rows: int = 1
     verify_state: int = 0        # R per-row recurrent states
     runtime_arena: int = 0
+    draft_extra_positions: int | None = None   # positions the draft's store holds past C (None: 2 R)
 
 
 @dataclass
@@ -103,14 +104,15 @@ class PlanResult:
     draft_on: bool
     reason: str
     at_ctx: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _kv_bytes(t: PlanModel, e: int) -> tuple[int, list[tuple[int, int]]]:
-    full = sum(2 * e * g.layers * g.kv_heads * g.head_dim for g in t.attn if g.window is None)
-    swa = [(2 * e * g.layers * g.kv_heads * g.head_dim, g.window) for g in t.attn if g.window is not None]
+    full = sum(e * g.layers * g.kv_heads * g.kv_width for g in t.attn if g.window is None)
+    swa = [(e * g.layers * g.kv_heads * g.kv_width, g.window) for g in t.attn if g.window is not None]
     return full, swa
 
 
@@ -118,28 +120,43 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
     e = ELEM[dtype]
     on_host = device == "cpu"
     full, swa = _kv_bytes(t, e)
-    rope = 2 * 4 * t.rotary_dim + 8
+    rope = t.rope_tables * 2 * 4 * t.rotary_dim + 8
     shared = on_host and t.embed_dtype == dtype      # .to() of a host tensor already in the run dtype: no copy
-    w = e * t.weight_elems + (0 if shared or not t.tied else e * t.embed_elems)
+    w = e * t.weight_elems + (0 if shared or not t.tied else e * t.embed_elems) + (4 - e) * t.f32_elems
     per_slot = sum(r.layers * (4 * r.state_f32 + e * r.conv) for r in t.recurrent)
     terms = Terms(w, full + rope, per_slot, swa, runtime_arena=0 if on_host else CUDA_ARENA)
     if d is not None:
         terms.draft_weights = e * d.weight_elems
-        terms.draft_per_position = 2 * e * d.layers * d.kv_heads * d.head_dim + 2 * 4 * d.rotary_dim + 8
+        dv = d.head_dim if d.v_head_dim is None else d.v_head_dim
+        terms.draft_per_position = (e * d.layers * d.kv_heads * (d.head_dim + dv) + e * d.store_elems
+                                    + 2 * 4 * d.rotary_dim + 8)
+        terms.draft_extra_positions = d.extra_positions
         terms.draft_arena = e * (d.verify_rows - 1) * d.vocab + 8 * d.verify_rows
         terms.verify_rows = d.verify_rows
         terms.verify_state = sum(r.layers * d.verify_rows * 4 * r.state_f32 for r in t.recurrent)
     return terms
 
 
+def gathered(t: PlanModel, rows: int, e: int) -> int:
+    """Routed experts (``kernels.ops.moe.routed_experts``): one chunk of P (row, choice) pairs holds its gathered
+    gate_up [P, 2 ff, H] (then down [P, H, ff]) and the pairs' rows; P = min(rows k, GATHER_BUDGET // pair bytes)."""
+    if t.experts is None:
+        return 0
+    from bloomery_gates.kernels.ops.moe import GATHER_BUDGET
+
+    ff, k = t.experts.expert_ff, t.experts.top_k
+    pairs = min(rows * k, max(1, GATHER_BUDGET // (3 * ff * t.hidden * e)))
+    return pairs * (2 * ff * t.hidden * e + (3 * ff + 2 * t.hidden) * e) + rows * k * t.hidden * (e + 4)
+
+
 def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:
     """ws(r, C): the peak of one pass of ``rows`` rows over ``ctx`` keys (module doc), the largest of its phases."""
     layers = t.attention_layers + sum(r.layers for r in t.recurrent)
     taps = (layers + 1) * rows * t.hidden * e                 # every layer's output rows, kept for the pass
-    score = 8 + (e if e < 4 else 0)     # f32 scores + their softmax, + its cast to the run dtype when that is not f32
+    score = t.score_bytes or 8 + (e if e < 4 else 0)   # f32 scores + softmax, + the cast when e < 4 (or the family's)
     width = max(t.hidden, t.heads * (t.attn[0].head_dim if t.attn else t.hidden // t.heads))   # q / gate / o rows
     attn = rows * ctx * (score * t.heads + 2) + taps + 6 * rows * width * e
-    mlp = taps + 3 * rows * t.intermediate * e + 2 * rows * t.hidden * e
+    mlp = taps + 3 * rows * t.intermediate * e + 2 * rows * t.hidden * e + gathered(t, rows, e)
     head = 2 * taps + rows * t.vocab * e + rows * t.hidden * e
     rec = max((taps + rows * (3 * e * r.channels + 8 * r.state_f32 // max(1, r.channels)) for r in t.recurrent),
               default=0)
@@ -160,7 +177,8 @@ def bytes_at(t: PlanModel, terms: Terms, ctx: int, slots: int, with_draft: bool,
                             workspace(t, r, cap, e) + (slots * terms.verify_state if with_draft else 0)),
            "runtime_arena": terms.runtime_arena}
     if with_draft:
-        out.update(draft_weights=terms.draft_weights, draft_kv=slots * (ctx + 2 * r) * terms.draft_per_position,
+        extra = 2 * r if terms.draft_extra_positions is None else terms.draft_extra_positions
+        out.update(draft_weights=terms.draft_weights, draft_kv=slots * (ctx + extra) * terms.draft_per_position,
                    draft_arena=terms.draft_arena)
     out["total"] = sum(out.values())
     return out
@@ -223,7 +241,8 @@ def make_plan(t: PlanModel, d: PlanDraft | None, *, dtype: str = "bf16", device:
         draft_bytes = dbytes["draft_weights"] + dbytes["draft_arena"]
         on, reason = decide(with_ctx or 0, without, base, policy, paged, draft_bytes)
     res = PlanResult(t.label, t.family, d.label if d else None, d.kind if d else None, dtype, device, slots, budget,
-                     budget_source, t.max_position, terms, with_ctx, without, base, policy, on, reason)
+                     budget_source, t.max_position, terms, with_ctx, without, base, policy, on, reason,
+                     notes=list(t.notes))
     if ctx is not None:
         res.at_ctx = {"ctx": ctx, "without": bytes_at(t, terms, ctx, slots, False, e, prefill_rows)}
         if d is not None:
@@ -265,6 +284,8 @@ def render(res: PlanResult, console) -> None:
             console.print(f"at ctx {res.at_ctx['ctx']} {k} the draft: " + ", ".join(f"{a}={b:,}" for a, b in v.items()),
                           highlight=False, soft_wrap=True)
     console.print(f"draft={'on' if res.draft_on else 'off'} ({res.reason})", highlight=False, soft_wrap=True)
+    for n in res.notes:
+        console.print(f"note: {n}", highlight=False, soft_wrap=True)
 
 
 def to_json(res: PlanResult) -> str:

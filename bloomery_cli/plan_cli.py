@@ -19,7 +19,7 @@ def plan_command(
         draft: Annotated[Path | None, typer.Option("--draft", help="Drafter checkpoint (HF dir; the target file "
                                                     "itself for its in-file MTP).")] = None,
         shape: Annotated[str | None, typer.Option("--shape", help="A bench shape instead of files: qwen3-8b, "
-                                                   "qwen3-4b, qwen38-27b (with its draft).")] = None,
+                                                   "qwen3-4b, qwen38-27b, tiny (with its draft).")] = None,
         gpu_mem: Annotated[str | None, typer.Option("--gpu-mem", help="Memory budget in bytes (80G, 24GiB, ...) "
                                                      "(default: the device's free memory).")] = None,
         ctx: Annotated[int | None, typer.Option("--ctx", help="Also print every term at this context per slot.")]

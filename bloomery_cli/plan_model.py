@@ -30,6 +30,7 @@ GGUF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen35": "qwen38", "qwen35mo
 HF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen3_5": "qwen38", "qwen3_5_text": "qwen38",
              "qwen3_5_moe": "qwen38", "qwen3_5_moe_text": "qwen38",
              "nemotron_h": "nemotron"}
+MIMO2_TYPES = ("mimo_v2_flash",)     # planned by plan_mimo2 (its own attention and MTP terms)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ class AttnGroup:
     kv_heads: int
     head_dim: int
     window: int | None = None
+    v_head_dim: int | None = None   # V's head width when it differs from K's (mimo2); None: head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """K plus V elements per kv head and position."""
+        return self.head_dim + (self.head_dim if self.v_head_dim is None else self.v_head_dim)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,15 @@ class Recurrent:
     state_f32: int
     conv: int
     channels: int = 0          # the conv's channels C (conv = (k - 1) C): a verify keeps [k - 1 + R, C] per layer
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Routed experts as ``routed_experts`` runs them: each (row, choice) pair gathers its expert's gate_up
+    [2 ff, H] and down [H, ff] (``top_k`` pairs per row, chunked to ``GATHER_BUDGET`` bytes)."""
+
+    top_k: int
+    expert_ff: int
 
 
 @dataclass
@@ -79,6 +95,11 @@ class PlanModel:
     draft_kind: str | None = None              # the inventory's verdict kind for a draft file
     embed_dtype: str = "f32"                   # the dtype the token embedding reaches the engine in
     meta: dict[str, Any] = field(default_factory=dict)
+    rope_tables: int = 1                       # cos/sin table pairs of rotary_dim (mimo2: one per layer kind)
+    f32_elems: int = 0                         # weight elements the engine keeps in f32 whatever the run dtype
+    score_bytes: int | None = None             # bytes per attention score alive at once (None: the module doc's)
+    experts: Experts | None = None             # routed experts run by gathering (kernels.ops.moe.routed_experts)
+    notes: tuple[str, ...] = ()                # what the plan's reader should know (printed with the plan)
 
     @property
     def attention_layers(self) -> int:
@@ -144,9 +165,13 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
     if isinstance(raw.get("text_config"), dict):
         c = c.sub("text_config")
     mt = str(c.get("model_type", "", "the model type"))
+    if mt in MIMO2_TYPES:
+        from .plan_mimo2 import mimo2_target
+        return mimo2_target(path, inv_model, c, where)
     family = HF_FAMILY.get(mt)
     if family is None:
-        raise BadConfig(f"{where}: key model_type", f"{mt!r}; expected one of {', '.join(sorted(HF_FAMILY))}")
+        raise BadConfig(f"{where}: key model_type", f"{mt!r}; expected one of "
+                        f"{', '.join(sorted([*HF_FAMILY, *MIMO2_TYPES]))}")
     hidden, heads, vocab = c.int("hidden_size"), c.int("num_attention_heads"), c.int("vocab_size")
     head_dim = c.int("head_dim", hidden // heads)
     kv = c.int("num_key_value_heads", heads)
@@ -155,6 +180,7 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
     recurrent: list[Recurrent] = []
     attn: list[AttnGroup] = []
     rotary = head_dim
+    experts = None
     if family == "nemotron":
         types = _nemotron_pattern(c)
         n_attn, n_mamba = types.count("attention"), types.count("mamba")
@@ -169,6 +195,7 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
         if c.get("moe_intermediate_size", None) is not None:      # MoE: the widest FFN a row runs (transient term)
             inter = max(c.int("num_experts_per_tok") * c.int("moe_intermediate_size"),
                         c.int("shared_expert_intermediate_size", 0, minimum=0))
+            experts = Experts(c.int("num_experts_per_tok"), c.int("moe_intermediate_size"))  # gathered per pair
         else:
             inter = c.int("intermediate_size")
         window = c.int("sliding_window", 0, minimum=0) or None
@@ -194,7 +221,8 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
                      _elems(inv_model, exclude=("mtp_nextn",)), inv_model.total_bytes, tied or not any(
                          t.group == "output" and len(t.shape) == 2 for t in inv_model.tensors),
                      embed, tuple(attn), rotary, tuple(recurrent), mtp, nextn if mtp else 0,
-                     meta={"model_type": mt, "config": str(where)}, embed_dtype=_embed_dtype(inv_model))
+                     meta={"model_type": mt, "config": str(where)}, embed_dtype=_embed_dtype(inv_model),
+                     experts=experts)
 
 
 def _gguf_target(path: Path, inv_model) -> PlanModel:
@@ -297,6 +325,9 @@ class PlanDraft:
     verify_rows: int
     vocab: int
     own_embed: bool = False   # a DSpark copy of embed / head (held besides the target's)
+    v_head_dim: int | None = None          # V's head width when it differs from K's (mimo2); None: head_dim
+    store_elems: int = 0                   # run-dtype elements per position besides K/V (mimo2: E, X, G_k rows)
+    extra_positions: int | None = None     # positions its store holds past the context (None: 2 verify_rows)
 
 
 def _draft_cfg(raw: dict[str, Any], where: Path) -> Cfg:
@@ -312,7 +343,11 @@ def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -
     path = Path(path)
     if not path.exists():
         raise MissingFile(path, "no such file or directory; expected a drafter checkpoint")
-    if target_path is not None and path.resolve() == Path(target_path).resolve():
+    same = target_path is not None and path.resolve() == Path(target_path).resolve()
+    if target.family == "mimo2":
+        from .plan_mimo2 import mimo2_draft
+        return mimo2_draft(path, target, same)
+    if same:
         if not target.draft_elems:
             raise InputError(path, "is the target itself but holds no MTP / NextN tensors; expected a draft")
         ad = target.attn[0] if target.attn else AttnGroup(0, 1, target.hidden // target.heads)

@@ -3,6 +3,7 @@
 qwen3-8b   the ``bloomery bench`` shape (bench_shapes.SHAPES): Qwen3-8B, untied head, + z-lab's DFlash
            drafter for it (5 layers, B = 16)
 qwen3-4b   likewise
+tiny       likewise (the bench's test shape)
 qwen38-27b the Qwen3.8-27B dense hybrid with its shipped MTP layer (plan_random: the tensor table at the real
            widths, the same one ``--measure`` fills with random weights on the device)
 """
@@ -45,12 +46,12 @@ def _qwen38_27b() -> tuple[PlanModel, PlanDraft]:
     return t, d
 
 
-SHAPE_NAMES = ("qwen3-8b", "qwen3-4b", "qwen38-27b")
+SHAPE_NAMES = ("qwen3-8b", "qwen3-4b", "qwen38-27b", "tiny")
 
 
 def plan_shape(name: str) -> tuple[PlanModel, PlanDraft]:
     if name == "qwen38-27b":
         return _qwen38_27b()
-    if name in ("qwen3-8b", "qwen3-4b"):
+    if name in ("qwen3-8b", "qwen3-4b", "tiny"):
         return _bench(name)
     raise InputError("--shape", f"{name!r}: expected one of {', '.join(SHAPE_NAMES)}")

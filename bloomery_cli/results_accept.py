@@ -32,10 +32,12 @@ def _f(x: Any, digits: int = 3) -> str:
 def summary_rows(records: list[tuple[Path, dict[str, Any]]], prefix: str = "") -> list[list[str]]:
     """The latest passing-or-not record per (gate, target file, device, dtype, temperature), sorted by gate: greedy
     (T=0) and sampled acceptance are different quantities and get rows of their own."""
+    from .results_side import is_random_layout
+
     latest: dict[tuple[str, ...], tuple[str, Path, dict[str, Any]]] = {}
     for path, r in records:
         acc = r.get("acceptance")
-        if "gate" not in r or not acc:
+        if "gate" not in r or not acc or is_random_layout(path, r):      # random weights: no model quality
             continue
         c = r.get("conditions", {})
         temp = (r.get("sampling") or {}).get("temperature", 0)

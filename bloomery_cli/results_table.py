@@ -75,11 +75,11 @@ def sampling_label(r: dict[str, Any]) -> str:
 
 
 def acceptance_rows(records) -> list[list[Any]]:
+    from .results_side import quality_records
+
     rows = []
-    for path, r in records:
+    for path, r in quality_records(records):
         acc = r.get("acceptance")
-        if "gate" not in r or not acc:
-            continue
         c = r.get("conditions", {})
         target = Path(str(r.get("target", "?"))).name
         draft = f"{r.get('load', {}).get('draft', '?')} ({Path(str(r.get('draft', '?'))).name})"
@@ -97,10 +97,10 @@ def acceptance_rows(records) -> list[list[Any]]:
 def greedy_vs_sampled(records) -> list[list[Any]]:
     """One row per (gate, device, dtype) that has a sampled record: greedy and sampled accept_mean side by side
     (the latest record of each), the (s) p-value, and the published T = 1 figures for that drafter."""
+    from .results_side import quality_records
+
     runs: dict[tuple[str, str, str], dict[str, tuple[dict, str]]] = {}
-    for _, r in records:
-        if "gate" not in r or not r.get("acceptance"):
-            continue
+    for _, r in quality_records(records):
         key = (r["gate"], r.get("conditions", {}).get("device_name", r.get("device", "?")), r.get("dtype", "?"))
         date = str(r.get("conditions", {}).get("date", ""))
         label = sampling_label(r)
@@ -187,6 +187,14 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
     head = ["gate", "sampling", "target", "draft", "accept_mean", "macro", "pos_accept", "draft_share", "verify rows",
             "N (ids x prompts)", "device", "dtype", "verdict", "commit", "date", "record"]
     out += _table(head, acc) if acc else ["No gate records yet."]
+    from .results_side import RANDOM_HEAD, RANDOM_WHY, SIDE_HEAD, random_rows, side_by_side_rows
+    side = side_by_side_rows(records, SAMPLED_ANCHORS)
+    if side:
+        out += ["", "## Greedy and T = 1 side by side", "", "One row per gate x device x dtype: the latest greedy "
+                "record's accept_mean beside the latest T = 1 record's (speculative sampling, the same definition) "
+                "with its (s) line's verdict and p, and the published figures measured at T = 1 (external: their "
+                "models and data). `-`: no such record yet.", ""]
+        out += _table(SIDE_HEAD, side)
     gs = greedy_vs_sampled(records)
     if gs:
         out += ["", "## Greedy and sampled acceptance", "", "The same gate, device and dtype, greedy and at T > 0 "
@@ -197,6 +205,10 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
                        "(s) p", "verdict", "published at T = 1 (external)"], gs)
     out += ["", "Published numbers (external: their models, data and conditions, not reproduced here):", ""]
     out += _table(["draft", "source and conditions (external)", "published"], [list(a) for a in ANCHORS])
+    rnd = random_rows(records)
+    if rnd:
+        out += ["", "## Random-weight real-layout runs (memory and time, not acceptance)", "", RANDOM_WHY, ""]
+        out += _table(RANDOM_HEAD, rnd)
     rows, sweeps = bench_rows(records)
     out += ["", "## Decode speed (`bloomery bench`)", ""]
     if rows:
