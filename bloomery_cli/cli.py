@@ -211,9 +211,10 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                      f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
         worst = max(worst, code)
     table = Table(title=f"gates on {device} {dtype}" + (f" at T={sampling.temperature:g}" if sampling else "")
-                  + f", {n_threads} CPU thread(s) (bloomery_cli.threads)")
-    for col in ("gate", "verdict", "ids identical", "accept_mean", "draft_share", "wall"):
-        table.add_column(col)
+                  + f", {n_threads} CPU thread(s) (bloomery_cli.threads)",
+                  caption="ids: ids identical per prompt, accept: accept_mean, share: draft_share")
+    for col in ("gate", "verdict", "ids", "accept", "share", "wall"):
+        table.add_column(col, no_wrap=True, justify="left" if col in ("gate", "verdict") else "right")
     for r in rows:
         style = "green" if r[1] == "PASSED" else "red"
         table.add_row(*r, style=style)
