@@ -38,7 +38,8 @@ class Device:
     """A place the reference can run: a name ('cpu', 'cuda:0'), its namespace module and its array type.
 
     ``get`` brings one of its arrays to NumPy; ``scope`` is entered while it is active (CuPy's
-    ``cupy.cuda.Device(i)``, so allocations land on that card); ``sync`` waits for queued work (timing)."""
+    ``cupy.cuda.Device(i)``, so allocations land on that card); ``sync`` waits for queued work (timing);
+    ``peak_bytes`` the memory it holds for the reference (CuPy's pool, cached blocks included; None: the host)."""
 
     name: str
     xp: Any
@@ -46,7 +47,7 @@ class Device:
     get: Callable[[Any], np.ndarray]
     scope: Callable[[], AbstractContextManager] = nullcontext
     sync: Callable[[], None] = lambda: None
-    free_bytes: Callable[[], int | None] = lambda: None
+    peak_bytes: Callable[[], int | None] = lambda: None
 
     @property
     def is_host(self) -> bool:
@@ -139,15 +140,15 @@ def cuda(spec: str) -> Device:
         raise ValueError(f"cuda:{index} asked for, but CuPy sees {count} device(s)")
     card = cupy.cuda.Device(index)
 
-    def free() -> int:
+    def held() -> int:
         with card:
-            return int(cupy.cuda.runtime.memGetInfo()[0])
+            return int(cupy.get_default_memory_pool().total_bytes())
 
     def sync() -> None:
         with card:
             cupy.cuda.get_current_stream().synchronize()
 
-    return Device(f"cuda:{index}", cupy, cupy.ndarray, cupy.asnumpy, lambda: card, sync, free)
+    return Device(f"cuda:{index}", cupy, cupy.ndarray, cupy.asnumpy, lambda: card, sync, held)
 
 
 # --- the harness's door -------------------------------------------------------------------------------------------
