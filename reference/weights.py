@@ -45,9 +45,11 @@ class HasTensors(Protocol):
     tensors: Mapping[str, Any]
 
 
-def budget_bytes() -> int:
-    """The float64 store's budget: ``BLOOMERY_REF_CACHE_BYTES`` (bytes, >= 0) or 2 GiB."""
-    raw = os.environ.get("BLOOMERY_REF_CACHE_BYTES", "")
+def budget_bytes(device: bool = False) -> int:
+    """The float64 store's budget: ``BLOOMERY_REF_CACHE_BYTES`` (bytes, >= 0) or 2 GiB; a card's store reads
+    ``BLOOMERY_REF_DEVICE_CACHE_BYTES`` first (a card with room can keep a whole model converted)."""
+    raw = os.environ.get("BLOOMERY_REF_DEVICE_CACHE_BYTES", "") if device else ""
+    raw = raw or os.environ.get("BLOOMERY_REF_CACHE_BYTES", "")
     return int(raw) if raw.isdigit() else DEFAULT_BUDGET
 
 
@@ -77,6 +79,7 @@ class F64Weights(Mapping[str, np.ndarray]):
 
     def __init__(self, tensors: Mapping[str, Any], budget: int | None = None, chunk_bytes: int = CHUNK_BYTES):
         self._tensors = tensors
+        self._given = budget
         self.budget = budget_bytes() if budget is None else budget
         self.chunk_bytes = chunk_bytes
         self._stores: dict[str, ByteLRU] = {}   # per device name ('cpu', 'cuda:0'), each bounded by ``budget``
@@ -85,10 +88,11 @@ class F64Weights(Mapping[str, np.ndarray]):
     @property
     def _arrays(self) -> ByteLRU:
         """The active device's store."""
-        name = active().name
-        store = self._stores.get(name)
+        dev = active()
+        store = self._stores.get(dev.name)
         if store is None:
-            store = self._stores[name] = ByteLRU(self.budget, lambda a: int(a.nbytes))
+            budget = self.budget if dev.is_host or self._given is not None else budget_bytes(device=True)
+            store = self._stores[dev.name] = ByteLRU(budget, lambda a: int(a.nbytes))
         return store
 
     @staticmethod
@@ -125,7 +129,7 @@ class F64Weights(Mapping[str, np.ndarray]):
         src = self._tensors[name]
         out_dim, in_dim = (int(d) for d in src.shape)
         step = max(1, self.chunk_bytes // (8 * max(in_dim, 1)))
-        if name in self._arrays or step >= out_dim or out_dim * in_dim * 8 <= self.budget:
+        if name in self._arrays or step >= out_dim or out_dim * in_dim * 8 <= self._arrays.budget:
             return linear(x, self[name])
         dev = active()
         parts = [linear(x, self._round(_on(dev, src[a:a + step]), src)) for a in range(0, out_dim, step)]

@@ -105,7 +105,7 @@ def here(x: Any) -> Any:
 
 def to_host(obj: Any) -> Any:
     """``obj`` with every device array in it brought to NumPy: arrays, dataclasses, tuples, lists, dicts."""
-    for d in _KNOWN:
+    for d in (_ACTIVE.get(), *_KNOWN):
         if isinstance(obj, d.array_type):
             return d.get(obj)
     if isinstance(obj, np.ndarray) or obj is None or isinstance(obj, (int, float, str, bool, np.generic)):

@@ -100,6 +100,15 @@ def test_numpy_path_is_bit_identical_to_the_pre_namespace_reference(old_pkg, old
     assert not {k: v for k, v in bad.items() if v}
 
 
+def test_bit_identity_sees_a_one_ulp_change(monkeypatch, old_pkg, old_calls, new_calls):
+    """The bit-identity check fails when the new path moves one norm input by one ulp (a planted defect)."""
+    from bloomery_gates.reference.ops import norm
+
+    real = norm.common
+    monkeypatch.setattr(norm, "common", lambda x, w: (np, np.nextafter(real(x, w)[1], np.inf), real(x, w)[2]))
+    assert _same(flat(old_calls["qwen3 forward"]()), flat(new_calls["qwen3 forward"]()))
+
+
 @pytest.mark.parametrize("dtype", EMULATED)
 def test_a_strict_device_runs_every_reference_bit_for_bit(new_calls, dtype):
     """On the fake device (NumPy arithmetic behind CuPy's refusal to mix) every call runs through run() and
