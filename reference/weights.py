@@ -65,10 +65,16 @@ def _f64(t: Any) -> np.ndarray:
 
 
 def _on(device: Device, t: Any) -> Any:
-    """The tensor's values as a float64 array on ``device``: the host's ``_f64``; on a card the float32 values
-    (exact for bf16/f16/f32; float64 storage goes as it is) uploaded, then cast there."""
+    """The tensor's values as a float64 array on ``device``: the host's ``_f64``; on a card its own ``upload``
+    (CuPy: the stored bytes moved by torch, widened there), or where that cannot run (a torch without CUDA) the
+    float32 values (exact for bf16/f16/f32; float64 storage goes as it is) uploaded from the host, then cast."""
     if device.is_host:
         return _f64(t)
+    if device.upload is not None:
+        try:
+            return device.upload(t)
+        except (RuntimeError, AssertionError, TypeError):       # torch not compiled with CUDA, and the like
+            pass
     src = t.detach().cpu()
     host = src.double().numpy() if _stored(t) not in ("bf16", "f16", "f32") else src.float().numpy()
     return device.xp.ascontiguousarray(device.xp.asarray(host).astype(device.xp.float64))

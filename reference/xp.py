@@ -39,7 +39,8 @@ class Device:
 
     ``get`` brings one of its arrays to NumPy; ``scope`` is entered while it is active (CuPy's
     ``cupy.cuda.Device(i)``, so allocations land on that card); ``sync`` waits for queued work (timing);
-    ``peak_bytes`` the memory it holds for the reference (CuPy's pool, cached blocks included; None: the host)."""
+    ``peak_bytes`` the memory it holds for the reference (CuPy's pool, cached blocks included; None: the host);
+    ``upload`` (optional) a checkpoint tensor -> its float64 array there, by the fastest exact path it has."""
 
     name: str
     xp: Any
@@ -48,6 +49,7 @@ class Device:
     scope: Callable[[], AbstractContextManager] = nullcontext
     sync: Callable[[], None] = lambda: None
     peak_bytes: Callable[[], int | None] = lambda: None
+    upload: Callable[[Any], Any] | None = None
 
     @property
     def is_host(self) -> bool:
@@ -148,7 +150,17 @@ def cuda(spec: str) -> Device:
         with card:
             cupy.cuda.get_current_stream().synchronize()
 
-    return Device(f"cuda:{index}", cupy, cupy.ndarray, cupy.asnumpy, lambda: card, sync, held)
+    def upload(t: Any) -> Any:
+        """A torch tensor's values as float64 on the card: its stored bytes copied there by torch's own ``.to``
+        (2 bytes a value for bf16, not the host's 8), widened to float32 there (exact), read by CuPy through
+        ``__cuda_array_interface__`` and cast to float64 in CuPy's pool. Only tensor methods: no torch import."""
+        g = t.detach().to(f"cuda:{index}").contiguous()
+        if str(g.dtype) in ("torch.bfloat16", "torch.float16"):
+            g = g.float()
+        with card:
+            return cupy.asarray(g).astype(cupy.float64)
+
+    return Device(f"cuda:{index}", cupy, cupy.ndarray, cupy.asnumpy, lambda: card, sync, held, upload)
 
 
 # --- the harness's door -------------------------------------------------------------------------------------------

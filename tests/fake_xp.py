@@ -166,6 +166,8 @@ class FakeNamespace:
         return call
 
 
-def fake_device(plant: dict[str, Callable[[Callable], Callable]] | None = None, name: str = "fake:0") -> Device:
-    """A ``reference.xp.Device`` on the fake namespace (its ``get`` copies back to NumPy)."""
-    return Device(name, FakeNamespace(plant), FakeArray, lambda a: np.array(a._a))
+def fake_device(plant: dict[str, Callable[[Callable], Callable]] | None = None, name: str = "fake:0",
+                upload: Callable[[Any], Any] | None = None) -> Device:
+    """A ``reference.xp.Device`` on the fake namespace (its ``get`` copies back to NumPy); ``upload``: the card's
+    own tensor path (CuPy's goes through torch's ``.to``), None: the host's float32 upload."""
+    return Device(name, FakeNamespace(plant), FakeArray, lambda a: np.array(a._a), upload=upload)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from fake_xp import StrictMix, fake_device
+from fake_xp import FakeArray, StrictMix, fake_device
 from ref_workload import calls, flat, old_reference
 
 from bloomery_gates.reference import xp as rxp
@@ -122,6 +122,26 @@ def test_a_strict_device_runs_every_reference_bit_for_bit(new_calls, dtype):
             bad[name] = _same(flat(got), flat(_run(call, dtype)))
     assert not {k: v for k, v in bad.items() if v}
     assert sel.seconds > 0
+
+
+def test_both_upload_paths_give_the_host_weights_bit_for_bit(new_calls):
+    """F64Weights on a card: its own upload (here a stand-in for the torch ``.to`` path: the stored values widened
+    to float32 first) and, where that raises (a torch without CUDA), the host float32 upload: the same forward."""
+    seen = []
+
+    def widened(t):
+        seen.append("widened")
+        return FakeArray(t.detach().float().numpy().astype(np.float64))
+
+    def broken(t):
+        seen.append("broken")
+        raise RuntimeError("Torch not compiled with CUDA enabled")
+
+    want = flat(new_calls["qwen38 forward"]())
+    for up in (widened, broken):            # a device name of its own: a fresh store, every weight uploaded
+        with rxp.select(rxp.Selection(fake_device(upload=up, name=f"fake:{up.__name__}"))):
+            assert not _same(flat(rxp.run(new_calls["qwen38 forward"])), want)
+    assert seen.count("widened") > 10 and seen.count("broken") > 10
 
 
 def test_the_fake_device_refuses_a_host_array_in_a_device_op():
