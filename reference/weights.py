@@ -1,10 +1,11 @@
 """Weights as float64 arrays on the reference's device, streamed: converted when read, kept only within a budget.
 
 The reference never imports torch: a spec's tensors are torch tensors, and the only torch calls made
-here are the boundary conversions ``t.double().numpy()`` (host) or ``t.float().numpy()`` then a float64 cast on
-the device (``reference.xp.active()``: CuPy), both exact for bf16/f16/f32 storage (every value of those formats
-is a float32 and a float64 value). Each device has its own store (the host's and a card's never mix); on a card
-the host holds a tensor's float32 copy only while it is uploaded.
+here are the boundary conversions: ``t.double().numpy()`` on the host; on a card (``reference.xp.active()``: CuPy)
+the device's ``upload`` (the stored bytes moved by the tensor's own ``.to``, widened to float32 there, cast to
+float64 by CuPy), or else ``t.float().numpy()`` uploaded and cast there. All exact for bf16/f16/f32 storage
+(every value of those formats is a float32 and a float64 value). Each device has its own store (the host's and a
+card's never mix).
 
 Memory rule (a real target must fit a workstation): float64 is 4x a bf16 checkpoint, so the reference
 never holds all weights at once. A tensor is converted the first time it is read and kept in a
