@@ -5,7 +5,7 @@
 #                   --reference-compare (its (r) line: worst rel between the two references <= 1e-12); the (r)
 #                   verdicts of the two runs side by side (verdicts.txt); the CuPy test (pytest -m gpu tests/test_xp.py)
 #   PART=qwen3-8b   the real-layout Qwen3-8B + DFlash-b16 gate (bloomery_cli.fixturegen.real_layout), host reference
-#                   then GPU reference (COMPARE=1: with --reference-compare too): wall per phase, reference_s, peaks
+#                   then GPU reference with --reference-compare (COMPARE=0: without): wall per phase, reference_s, peaks
 #   PART=qwen38-27b the Qwen3.8-27B shape at real width, LAYERS (16) of its 64 layers, gate qwen38-dflash2, likewise
 # Usage (there): BLOOMERY_COMMIT=<sha> PART=fixtures bash .ci/device-refgpu.sh   (carry .whl with the gguf wheel)
 set -uo pipefail
@@ -59,7 +59,8 @@ else
   echo "write_s $(( $(date +%s) - t0 ))" | tee -a $R/write.log
   if [ "$PART" = qwen3-8b ]; then G=qwen3-dflash D=$W/dflash-b16; else G=qwen38-dflash2 D=$W/dflash2-b8; fi
   for ref in host refgpu; do
-    flags=""; [ $ref = refgpu ] && flags="--reference-device cuda ${COMPARE:+--reference-compare}"
+    flags=""; [ $ref = refgpu ] && flags="--reference-device cuda"
+    [ $ref = refgpu ] && [ "${COMPARE:-1}" = 1 ] && flags="$flags --reference-compare"
     timeout ${GATE_TIMEOUT:-300} python3 -P -m bloomery_cli.cli gate run $G --target $W/target --draft $D \
       --prompts $W/prompts.jsonl -n $N --device cuda --dtype bf16 $flags --json $R/$G-$PART-$ref.json \
       > $R/$G-$PART-$ref.log 2>&1
