@@ -225,10 +225,9 @@ def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     fin = np.isfinite(b)
     if not np.array_equal(fin, np.isfinite(a)) or not np.array_equal(a[~fin], b[~fin], equal_nan=True):
         return float("inf")
-    a, b = np.where(fin, a, 0.0), np.where(fin, b, 0.0)
-    a2, b2 = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1), b.reshape(-1, b.shape[-1]) if b.ndim else \
-        b.reshape(1, 1)
-    err, scale = np.max(np.abs(a2 - b2), axis=-1), np.max(np.abs(b2), axis=-1)
+    rows = (-1, a.shape[-1]) if a.ndim else (1, 1)
+    a, b = np.where(fin, a, 0.0).reshape(rows), np.where(fin, b, 0.0).reshape(rows)
+    err, scale = np.max(np.abs(a - b), axis=-1), np.max(np.abs(b), axis=-1)
     return float(np.max(err / np.where(scale > 0, scale, 1.0)))
 
 
