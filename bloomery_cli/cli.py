@@ -86,6 +86,11 @@ Temperature = Annotated[float | None, typer.Option("--temperature", help="Sample
 TopP = Annotated[float | None, typer.Option("--top-p", help="With --temperature: nucleus mass in (0, 1] (default 1).")]
 TopK = Annotated[int | None, typer.Option("--top-k", help="With --temperature: keep the K likeliest ids (0: all).")]
 Seed = Annotated[int | None, typer.Option("--seed", help="With --temperature: the runs' seed (default 0).")]
+RefDevice = Annotated[str, typer.Option("--reference-device", help="Where the float64 reference runs: cpu (NumPy) "
+                                        "or cuda / cuda:<i> (CuPy, the gpu extra; layer by layer, the same code).")]
+RefCompare = Annotated[bool, typer.Option("--reference-compare", help="With --reference-device cuda: also run every "
+                                          "exact reference computation on the host; an (r) line checks their worst "
+                                          "rel <= 1e-12.")]
 Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code for the "
                                       "target and speculators' for DFlash/DFlash2/DSpark drafts (float64, CPU): "
                                       "tier 3.")]
@@ -117,7 +122,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
                  "--draft-temperature", help="With --temperature, DFlash gates: the drafter samples its block "
                  "from q = softmax(logits / T_d) instead of proposing its argmax (q a point mass).")] = None,
              draft_top_k: Annotated[int | None, typer.Option(
-                 "--draft-top-k", help="With --draft-temperature: q restricted to the drafter's top K.")] = None
+                 "--draft-top-k", help="With --draft-temperature: q restricted to the drafter's top K.")] = None,
+             reference_device: RefDevice = "cpu", reference_compare: RefCompare = False,
              ) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
@@ -147,7 +153,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
                        draft_policy=draft_policy, gpu_mem=gpu_mem,
-                       sampling=sampling)
+                       sampling=sampling, reference_device=reference_device, reference_compare=reference_compare)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
@@ -164,7 +170,8 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                                                           "draft and GGUF oracles add their lines where "
                                                           "speculators / llama_cpp import, else a note).")] = None,
               threads: Threads = None,
-              temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None
+              temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None,
+              reference_device: RefDevice = "cpu", reference_compare: RefCompare = False,
               ) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     import importlib.util
@@ -191,13 +198,16 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         if n is not None:
             check_n(n)
         check_output_dir(results, list(names.values()))
+        from .refdev import reference_selection
+        reference_selection(reference_device, reference_compare)
     except InputError as e:
         fail_input(e)
     rows, worst = [], 0
     for g in registry().values():
         t0 = time.perf_counter()
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
-                           oracle=oracle, sampling=sampling)
+                           oracle=oracle, sampling=sampling, reference_device=reference_device,
+                           reference_compare=reference_compare)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:

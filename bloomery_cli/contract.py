@@ -83,6 +83,15 @@ class Report:
         note = f", {excused} inside the top-2 margin band" if excused else ""
         return self.check(f"{tag} {what} vs {ref}: {checked} checked, {differ} differ{note}", differ == excused)
 
+    def reference_compare(self, device: str, tensors: int, values: int, worst: float, bound: float,
+                          int_differ: int, emulated: int, worst_at: str) -> bool:
+        """(r) the reference on a device against the same reference on the host (``--reference-compare``): every
+        array the exact runs returned, worst rel over them within ``bound``, integer outputs equal."""
+        at = f" at {worst_at}" if worst_at else ""
+        return self.check(f"(r) reference on {device} vs host f64: {tensors} tensors, {values} checked, worst rel "
+                          f"{worst:.3e} (bound {bound:.0e}){at}, {int_differ} integers differ, {emulated} emulated "
+                          "runs not compared", tensors > 0 and worst <= bound and int_differ == 0)
+
     def state(self, windows: int, what: str, shape: tuple[int, ...], checked: int, worst: float, band: float,
               rms: float | None = None, rms_band: float | None = None) -> bool:
         """(r) one piece of the engine's state after a drafted run of ``windows`` windows, against the f64
@@ -130,12 +139,20 @@ class Report:
                   f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
                   f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
 
-    def cost(self, phases: dict[str, float], host_rss: int, device_peak: int | None) -> None:
-        """What the run cost: wall seconds per phase, peak host RSS and peak device memory (never a check)."""
+    def cost(self, phases: dict[str, float], host_rss: int, device_peak: int | None,
+             reference: tuple[str, float, int | None] | None = None) -> None:
+        """What the run cost: wall seconds per phase, peak host RSS and peak device memory (never a check);
+        ``reference`` = (where it ran, its wall seconds over every call, its device's peak bytes or None)."""
         self.facts.update(phases_s=phases, peak_host_rss_bytes=host_rss, peak_device_bytes=device_peak)
         dev = "n/a" if device_peak is None else f"{device_peak / 1e9:.2f}GB"
+        extra = {}
+        if reference is not None:
+            where, seconds, peak = reference
+            extra = {"reference": where, "reference_s": f"{seconds:.1f}"}
+            if peak is not None:
+                extra["peak_reference_device"] = f"{peak / 1e9:.2f}GB"
         self.line("cost " + kv(phases_s=",".join(f"{k}:{v:.1f}" for k, v in phases.items()),
-                               peak_host_rss=f"{host_rss / 1e9:.2f}GB", peak_device=dev))
+                               peak_host_rss=f"{host_rss / 1e9:.2f}GB", peak_device=dev, **extra))
     def greedy_acceptance(self, pooled: Tally) -> None:
         """At T > 0 the greedy runs' acceptance (of the (w) check) is a note; accept_mean= is the one at T."""
         self.facts["acceptance_greedy"] = {"accept_mean": round(pooled.accept_mean, 6), "windows": pooled.windows,

@@ -69,6 +69,8 @@ class GateOptions:
     draft_policy: str | None = None                               # auto | on | off (None: on with --draft, else auto)
     gpu_mem: str | None = None                                    # the plan's budget (default: the device's free)
     sampling: Any = None                                          # a sampling.Sampling (T > 0), None: greedy only
+    reference_device: str = "cpu"                                 # where the f64 reference runs: cpu | cuda[:i]
+    reference_compare: bool = False                               # also run it on the host; (r) line: worst rel
 
 
 @dataclass
@@ -117,8 +119,30 @@ def progress_bar(what: str, total: int):
 
 
 def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
-    """Raises InputError before anything is printed past the header when the run cannot start."""
+    """Raises InputError before anything is printed past the header when the run cannot start (the reference
+    device first: ``refdev.reference_selection``)."""
+    from bloomery_gates.reference.xp import select
+
+    from .refdev import reference_selection
+
+    selection = reference_selection(opts.reference_device, opts.reference_compare)
+    with select(selection):
+        return _run_gate(gate, opts, emit, selection)
+
+
+def _cost(report: Report, phases: dict[str, float], device: torch.device, selection: Any) -> None:
+    """The reference's facts (and its compare line), then the cost line."""
+    from .refdev import finish, peak_reference_bytes
+
+    finish(report, selection)
+    report.cost(phases, peak_host_rss_bytes(), peak_device_bytes(device),
+                reference=(selection.device.name, selection.seconds, peak_reference_bytes(selection)))
+
+
+def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None,
+              selection: Any) -> tuple[int, Report]:
     from bloomery_gates.gates.targets import FAMILIES, check_target
+    from bloomery_gates.reference.xp import run as on_reference
 
     t0 = time.perf_counter()
     phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
@@ -152,7 +176,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
                             policy_of(opts.draft_policy, opts.draft is not None), opts.gpu_mem)
     if not decision.on:
         return run_plain_only(gate, opts, family, target_spec, prompts, n, device, target_path, draft_path,
-                              decision, t0, emit)
+                              decision, t0, emit, selection)
 
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
@@ -163,15 +187,15 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
     report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
                 target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options),
-                **decision.facts)
+                **decision.facts, reference=selection.device.name)
     if decision.note:
         report.note(decision.note)
     for line in gate.anchors:
         report.note(line)
     phases.lap("load", device)
 
-    # (r) the kernels against the float64 host reference, on the first prompt
-    ref = family.reference(target_spec, prompts[0])
+    # (r) the kernels against the float64 reference (on --reference-device), on the first prompt
+    ref = on_reference(lambda: family.reference(target_spec, prompts[0]))
     phases.lap("reference", device)
     prefill = engine.prefill(prompts[0], logits=True)
     check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
@@ -218,7 +242,7 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
             gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0],
                                                        prefill, ref, opts.dtype), plain_runs[0])
         phases.lap("oracle", device)
-    report.cost(phases.facts(), peak_host_rss_bytes(), peak_device_bytes(device))
+    _cost(report, phases.facts(), device, selection)
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:
@@ -227,26 +251,28 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
 
 
 def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompts, n: int, device, target_path: Path,
-                   draft_path: Path, decision, t0: float, emit) -> tuple[int, Report]:
+                   draft_path: Path, decision, t0: float, emit, selection: Any) -> tuple[int, Report]:
     """The draft is off (the plan's rule, or asked off): the target's (r) checks and the plain runs only; no
     draft is built, and the report says so."""
     from bloomery_gates.gates.targets import check_target
+    from bloomery_gates.reference.xp import run as on_reference
 
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
-    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors))
+    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors),
+                    reference=selection.device.name)
     report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
                 "no (w), (b), state or acceptance lines")
     max_len = max(len(p) for p in prompts) + n + 1
     engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len)
-    ref = family.reference(target_spec, prompts[0])
+    ref = on_reference(lambda: family.reference(target_spec, prompts[0]))
     prefill = engine.prefill(prompts[0], logits=True)
     check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
     plain_runs = [generate(engine, None, p, n).ids for p in prompts]
     report.note(f"plain runs: {len(plain_runs)} prompts x {n} ids (no draft to compare them with)")
     if opts.oracle:
         check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
-    report.cost({"all": time.perf_counter() - t0}, peak_host_rss_bytes(), peak_device_bytes(device))
+    _cost(report, {"all": time.perf_counter() - t0}, device, selection)
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:
@@ -278,12 +304,13 @@ def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: lis
     logits, the kernel's logits, and the plain run's greedy ids (teacher-forced) against it; for a GGUF
     target also llama.cpp's own graph on the file (``oracle_llamacpp``)."""
     from bloomery_gates.gates.targets import greedy_flips, to_np
+    from bloomery_gates.reference.xp import run as on_reference
 
     from .bands import flip_excused, logits_band, worst_rel
 
     seq = prompt + plain_ids[:64]
     hf = family.oracle(spec, seq)
-    ref = family.reference(spec, seq)
+    ref = on_reference(lambda: family.reference(spec, seq))
     band = logits_band("f64", spec.layer, spec.num_layers, len(seq))
     w = worst_rel(ref.logits, hf)
     report.reference("host f64 logits", hf.size, w, band.value, tag="(o)", ref="transformers f64")

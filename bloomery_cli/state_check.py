@@ -78,7 +78,7 @@ class StateRun:
     def fresh(self) -> StateRun:
         """The same run with ``ref`` from one fresh reference run over ``seq`` (under a rounding context: the
         emulated run the bands come from)."""
-        return replace(self, ref=self.forward(self.target_spec, self.seq))
+        return replace(self, ref=on_reference(lambda: self.forward(self.target_spec, self.seq)))
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,13 @@ def emulated(dtype: str, compute: Callable[[], Any]) -> Any:
     from bloomery_gates.reference.rounding import emulate
 
     return emulate(dtype, compute)
+
+
+def on_reference(compute: Callable[[], Any]) -> Any:
+    """``compute()`` on the gate's reference device, its arrays back as NumPy (``reference.xp.run``)."""
+    from bloomery_gates.reference.xp import run
+
+    return run(compute)
 
 
 def state_band(dtype: str, what: str, exact: np.ndarray, emulated_value: np.ndarray, depth_ops: Sequence[Op]) -> Band:
@@ -159,8 +166,8 @@ def next_verify(spec: Any) -> StateDecl:
 def compare(report: Report, run: StateRun, decl: StateDecl, got: dict[str, np.ndarray]) -> None:
     """One line per named array of ``got`` against the declaration's reference on ``run`` (exact, and on
     ``run.emu`` under the dtype's storage rounding for the band)."""
-    want, ops = decl.reference(run), decl.ops(run)
-    emu = emulated(run.dtype, lambda: decl.reference(run.emu))
+    want, ops = on_reference(lambda: decl.reference(run)), decl.ops(run)
+    emu = emulated(run.dtype, lambda: on_reference(lambda: decl.reference(run.emu)))
     for name, g in got.items():
         w = want.get(name)
         if w is None:

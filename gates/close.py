@@ -20,13 +20,15 @@ from bloomery_cli.bands import Band, Op, emulated_band, rel_rms, worst_rel
 from bloomery_cli.contract import Report
 
 from ..reference.rounding import emulate
+from ..reference.xp import run
 
 R = TypeVar("R")
 
 
 def exact_and_emulated(dtype: str, reference: Callable[[], R]) -> tuple[R, R]:
-    """(reference(), reference() under the dtype's storage rounding)."""
-    return reference(), emulate(dtype, reference)
+    """(reference(), reference() under the dtype's storage rounding), each on the gate's reference device
+    (``reference.xp.run``: its arrays come back as NumPy)."""
+    return run(reference), emulate(dtype, lambda: run(reference))
 
 
 def close(report: Report, what: str, got: np.ndarray, exact: np.ndarray, emulated: np.ndarray, dtype: str,

@@ -26,6 +26,7 @@ from ..reference.ops.attention import causal_mask
 from ..reference.ops.norm import rms_norm
 from ..reference.rounding import emulate
 from ..reference.weights import as_f64
+from ..reference.xp import run
 from .close import close, exact_and_emulated
 from .moe_checks import check_routing
 from .state_decls import QWEN3_STATE, QWEN38_STATE
@@ -124,7 +125,7 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     want, emu = exact_and_emulated(dtype, lambda: head_logits(family, spec, taps[-1]))
     close(report, f"target logits [{t}x{spec.vocab_size}] from the kernel's last hidden", got, want, emu, dtype,
           head_ops(spec))
-    emu_ref = emulate(dtype, lambda: family.reference(spec, prompt))
+    emu_ref = emulate(dtype, lambda: run(lambda: family.reference(spec, prompt)))
     band = close(report, f"target logits [{t}x{spec.vocab_size}]", got, ref.logits, emu_ref.logits, dtype,
                  ops * spec.num_layers + head_ops(spec))
     differ, excused = greedy_flips(got, ref.logits, band)

@@ -9,6 +9,9 @@ computes what an engine of that dtype computes, up to the order of its float32 s
 
     st(x) = float64( dtype( float32(x) ) )       round to nearest even, through float32 as torch does
 
+bf16 is rounded on the float32 bits (``bf16_round``), f16 by the namespace's own float16 cast, so the same code
+runs on NumPy and CuPy arrays (``reference.xp``); on NumPy it is bit for bit ml_dtypes' bfloat16 (tests/test_xp.py).
+
 The deviation of that emulated run from the exact run is a draw of the error the engine's storage
 rounding makes on these inputs, with these weights: ``bloomery_cli.bands.emulated_band`` turns it
 into a band. It is computed from the dtype and the math alone, never from the engine's output.
@@ -22,45 +25,69 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
-import ml_dtypes
-import numpy as np
+from .xp import common, ns
 
-_STORAGE = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+_STORAGE = ("bf16", "f16", "f32")
 _ALIASES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32"}
-_CURRENT: ContextVar[np.dtype | None] = ContextVar("bloomery_reference_storage", default=None)
+_CURRENT: ContextVar[str | None] = ContextVar("bloomery_reference_storage", default=None)
 
 R = TypeVar("R")
 
 
-def storage_dtype(dtype: object) -> np.dtype | None:
-    """The numpy storage type of a run dtype ('bf16', 'f16', 'f32', torch.bfloat16 ...); None for f64."""
+def storage_key(dtype: object) -> str | None:
+    """The storage rounding of a run dtype ('bf16', 'f16', 'f32', torch.bfloat16 ...) as 'bf16' / 'f16' / 'f32';
+    None for f64."""
     key = str(dtype).removeprefix("torch.").lower()
     key = _ALIASES.get(key, key)
     if key in ("f64", "float64", "double"):
         return None
     if key not in _STORAGE:
         raise ValueError(f"no storage rounding for dtype {dtype!r}; expected one of bf16, f16, f32, f64")
-    return np.dtype(_STORAGE[key])
+    return key
 
 
 @contextmanager
 def stored_as(dtype: object) -> Iterator[None]:
     """Within the block, reference ops round their stored outputs (and the weights) to ``dtype``."""
-    token = _CURRENT.set(storage_dtype(dtype))
+    token = _CURRENT.set(storage_key(dtype))
     try:
         yield
     finally:
         _CURRENT.reset(token)
 
 
-def st(x: np.ndarray) -> np.ndarray:
+def emulating() -> bool:
+    """Whether a storage rounding is active (an emulated run)."""
+    return _CURRENT.get() is not None
+
+
+def bf16_round(f: Any) -> Any:
+    """float32 values f -> the nearest bfloat16 values (ties to even), as float32. On the bits b (uint32):
+
+        r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000          a carry into the exponent rounds up to inf
+        NaN stays NaN (its bits would round to inf)
+
+    which is ml_dtypes' (and torch's) float32 -> bfloat16 conversion; integer ops that NumPy and CuPy both have."""
+    xp = ns(f)
+    b = f.view(xp.uint32)
+    r = (b + (xp.uint32(0x7FFF) + ((b >> xp.uint32(16)) & xp.uint32(1)))) & xp.uint32(0xFFFF0000)
+    return xp.where(xp.isnan(f), f, r.view(xp.float32))
+
+
+def st(x: Any) -> Any:
     """x rounded to the active storage dtype and back to float64 (identity outside ``stored_as``)."""
-    dt = _CURRENT.get()
-    if dt is None:
+    key = _CURRENT.get()
+    if key is None:
         return x
-    return np.asarray(x, dtype=np.float64).astype(np.float32).astype(dt).astype(np.float64)
+    xp = ns(x)
+    f = xp.asarray(x, dtype=xp.float64).astype(xp.float32)
+    if key == "bf16":
+        f = bf16_round(f)
+    elif key == "f16":
+        f = f.astype(xp.float16)
+    return f.astype(xp.float64)
 
 
 _EXACT = {"bf16": ("bf16", "f32"), "f16": ("f16", "f32"), "f32": ("f32",)}
@@ -69,15 +96,13 @@ _EXACT = {"bf16": ("bf16", "f32"), "f16": ("f16", "f32"), "f32": ("f32",)}
 def exact_in(stored: str) -> bool:
     """Whether every value of the stored dtype ('bf16', 'f16', 'f32') is exact in the active storage dtype
     (so ``st`` is the identity on it); always true outside ``stored_as``."""
-    dt = _CURRENT.get()
-    if dt is None:
-        return True
-    active = {np.dtype(v): k for k, v in _STORAGE.items()}[dt]
-    return active in _EXACT.get(stored, ())
+    key = _CURRENT.get()
+    return key is None or key in _EXACT.get(stored, ())
 
 
-def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def linear(x: Any, w: Any) -> Any:
     """A stored projection: st(x W^T), x [..., in], w [out, in] (the engine's F.linear)."""
+    _, x, w = common(x, w)
     return st(x @ w.T)
 
 
@@ -85,3 +110,4 @@ def emulate(dtype: object, compute: Callable[[], R]) -> R:
     """``compute()`` run inside ``stored_as(dtype)``: the reference as an engine of that dtype runs it."""
     with stored_as(dtype):
         return compute()
+

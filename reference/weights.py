@@ -1,12 +1,16 @@
-"""Weights as float64 NumPy arrays, streamed: converted when read, kept only within a byte budget.
+"""Weights as float64 arrays on the reference's device, streamed: converted when read, kept only within a budget.
 
-The reference never imports torch: a spec's tensors are torch tensors, and the only torch call made
-here is the boundary conversion ``t.double().numpy()`` (exact for bf16/f16/f32 storage: every value
-of those formats is a float64 value).
+The reference never imports torch: a spec's tensors are torch tensors, and the only torch calls made
+here are the boundary conversions: ``t.double().numpy()`` on the host; on a card (``reference.xp.active()``: CuPy)
+the device's ``upload`` (the stored bytes moved by the tensor's own ``.to``, widened to float32 there, cast to
+float64 by CuPy), or else ``t.float().numpy()`` uploaded and cast there. All exact for bf16/f16/f32 storage
+(every value of those formats is a float32 and a float64 value). Each device has its own store (the host's and a
+card's never mix).
 
 Memory rule (a real target must fit a workstation): float64 is 4x a bf16 checkpoint, so the reference
 never holds all weights at once. A tensor is converted the first time it is read and kept in a
-least-recently-used store bounded by ``budget`` bytes (``BLOOMERY_REF_CACHE_BYTES``, default 2 GiB);
+least-recently-used store bounded by ``budget`` bytes of that device's memory (``BLOOMERY_REF_CACHE_BYTES``,
+default 2 GiB);
 a tensor larger than the budget is never kept. A layer-by-layer walk therefore holds about one
 layer's float64 weights beside the budget: every bundled fixture (a few MiB) stays converted whole,
 while a Qwen3-8B target streams. Two reads that are never whole:
@@ -32,6 +36,7 @@ import numpy as np
 from bloomery_cli.lru import ByteLRU
 
 from .rounding import exact_in, linear, st
+from .xp import Device, active, to_host
 
 DEFAULT_BUDGET = 2 << 30
 CHUNK_BYTES = 256 << 20
@@ -41,9 +46,11 @@ class HasTensors(Protocol):
     tensors: Mapping[str, Any]
 
 
-def budget_bytes() -> int:
-    """The float64 store's budget: ``BLOOMERY_REF_CACHE_BYTES`` (bytes, >= 0) or 2 GiB."""
-    raw = os.environ.get("BLOOMERY_REF_CACHE_BYTES", "")
+def budget_bytes(device: bool = False) -> int:
+    """The float64 store's budget: ``BLOOMERY_REF_CACHE_BYTES`` (bytes, >= 0) or 2 GiB; a card's store reads
+    ``BLOOMERY_REF_DEVICE_CACHE_BYTES`` first (a card with room can keep a whole model converted)."""
+    raw = os.environ.get("BLOOMERY_REF_DEVICE_CACHE_BYTES", "") if device else ""
+    raw = raw or os.environ.get("BLOOMERY_REF_CACHE_BYTES", "")
     return int(raw) if raw.isdigit() else DEFAULT_BUDGET
 
 
@@ -58,27 +65,54 @@ def _f64(t: Any) -> np.ndarray:
     return arr
 
 
+def _on(device: Device, t: Any) -> Any:
+    """The tensor's values as a float64 array on ``device``: the host's ``_f64``; on a card its own ``upload``
+    (CuPy: the stored bytes moved by torch, widened there), or where that cannot run (a torch without CUDA) the
+    float32 values (exact for bf16/f16/f32; float64 storage goes as it is) uploaded from the host, then cast."""
+    if device.is_host:
+        return _f64(t)
+    if device.upload is not None:
+        try:
+            return device.upload(t)
+        except (RuntimeError, AssertionError, TypeError):       # torch not compiled with CUDA, and the like
+            pass
+    src = t.detach().cpu()
+    host = src.double().numpy() if _stored(t) not in ("bf16", "f16", "f32") else src.float().numpy()
+    return device.xp.ascontiguousarray(device.xp.asarray(host).astype(device.xp.float64))
+
+
 class F64Weights(Mapping[str, np.ndarray]):
     """A read-only mapping name -> float64 array over a spec's tensors (same names), streamed."""
 
     def __init__(self, tensors: Mapping[str, Any], budget: int | None = None, chunk_bytes: int = CHUNK_BYTES):
         self._tensors = tensors
+        self._given = budget
         self.budget = budget_bytes() if budget is None else budget
         self.chunk_bytes = chunk_bytes
-        self._arrays: ByteLRU[np.ndarray] = ByteLRU(self.budget, lambda a: a.nbytes)
+        self._stores: dict[str, ByteLRU] = {}   # per device name ('cpu', 'cuda:0'), each bounded by ``budget``
         self.converted_bytes = 0          # float64 bytes converted so far (a re-read after eviction counts again)
+
+    @property
+    def _arrays(self) -> ByteLRU:
+        """The active device's store."""
+        dev = active()
+        store = self._stores.get(dev.name)
+        if store is None:
+            budget = self.budget if dev.is_host or self._given is not None else budget_bytes(device=True)
+            store = self._stores[dev.name] = ByteLRU(budget, lambda a: int(a.nbytes))
+        return store
 
     @staticmethod
     def _round(arr: np.ndarray, src: Any) -> np.ndarray:
         return arr if exact_in(_stored(src)) else st(arr)
 
     def _array(self, name: str) -> tuple[np.ndarray, Any]:
-        src = self._tensors[name]
-        arr = self._arrays.get(name)
+        src, store = self._tensors[name], self._arrays
+        arr = store.get(name)
         if arr is None:
-            arr = _f64(src)
+            arr = _on(active(), src)
             self.converted_bytes += arr.nbytes
-            self._arrays.put(name, arr)
+            store.put(name, arr)
         return arr, src
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -87,13 +121,13 @@ class F64Weights(Mapping[str, np.ndarray]):
 
     def rows(self, name: str, idx: Any) -> np.ndarray:
         """``W[idx]`` for a table W [N, ...] and integer ids idx [T]: [T, ...], only those rows converted."""
-        idx = np.asarray(idx, dtype=np.int64)
+        idx = np.asarray(to_host(idx), dtype=np.int64)
         arr = self._arrays.get(name)
         if arr is not None:
-            return self._round(arr[idx], self._tensors[name])
+            return self._round(arr[active().xp.asarray(idx)], self._tensors[name])
         src = self._tensors[name]
         picked = src[idx.tolist()] if idx.ndim else src[int(idx)]
-        return self._round(_f64(picked), src)
+        return self._round(_on(active(), picked), src)
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
         """``linear(x, W)`` = st(x W^T) for W = self[name] [out, in], x [..., in] -> [..., out].
@@ -102,10 +136,11 @@ class F64Weights(Mapping[str, np.ndarray]):
         src = self._tensors[name]
         out_dim, in_dim = (int(d) for d in src.shape)
         step = max(1, self.chunk_bytes // (8 * max(in_dim, 1)))
-        if name in self._arrays or step >= out_dim or out_dim * in_dim * 8 <= self.budget:
+        if name in self._arrays or step >= out_dim or out_dim * in_dim * 8 <= self._arrays.budget:
             return linear(x, self[name])
-        parts = [linear(x, self._round(_f64(src[a:a + step]), src)) for a in range(0, out_dim, step)]
-        return np.concatenate(parts, axis=-1)
+        dev = active()
+        parts = [linear(x, self._round(_on(dev, src[a:a + step]), src)) for a in range(0, out_dim, step)]
+        return dev.xp.concatenate(parts, axis=-1)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -114,7 +149,7 @@ class F64Weights(Mapping[str, np.ndarray]):
         return len(self._tensors)
 
     def held_bytes(self) -> int:
-        """Float64 bytes the store holds now (at most ``budget``)."""
+        """Float64 bytes the active device's store holds now (at most ``budget``)."""
         return self._arrays.held
 
 

@@ -35,6 +35,7 @@ from ..ops.attention import anchored_mask, sliding_mask
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,12 @@ def context_features(draft: DFlashSpec, taps: RefOut, s: int) -> np.ndarray:
 
     Returns [s, H].
     """
-    hf = hf_hidden_states(taps)
+    hf = here(hf_hidden_states(taps))
     num_layers = hf.shape[0] - 1
     for l in draft.target_layer_ids:
         if not -1 <= l < num_layers:
             raise ValueError(f"target layer id {l} is outside -1..{num_layers - 1} (-1: the embedding output)")
-    c = np.concatenate([hf[l + 1, :s] for l in draft.target_layer_ids], axis=-1)
+    c = ns(hf).concatenate([hf[l + 1, :s] for l in draft.target_layer_ids], axis=-1)
     w = as_f64(draft)
     return rms_norm(linear(c, w["fc.weight"]), w["hidden_norm.weight"], draft.layer.rms_eps)
 
@@ -80,15 +81,16 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
     u = context_features(draft, taps, s)
     y = [anchor_id] + [draft.mask_token_id] * (b - 1)
     h = embed(target, y)
-    pos_q = np.arange(s, s + b)
-    pos_kv = np.arange(s + b)
-    no_mask = np.ones((b, s + b), dtype=bool)
+    xp = ns(h)
+    pos_q = xp.arange(s, s + b)
+    pos_kv = xp.arange(s + b)
+    no_mask = xp.ones((b, s + b), dtype=bool)
     windows = draft.windows or (None,) * draft.num_layers
     layer_out = []
     for i in range(draft.num_layers):
         p = f"layers.{i}."
         a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
-        x_kv = np.concatenate([u, a], axis=0)
+        x_kv = xp.concatenate([u, a], axis=0)
         mask = no_mask if windows[i] is None else window_mask(draft, pos_q, pos_kv, s, windows[i])
         h = st(h + self_attention(shape, w, p + "self_attn.", a, x_kv, pos_q, pos_kv, mask))
         m = rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)
@@ -96,7 +98,7 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
         layer_out.append(h)
     final = rms_norm(h, w["norm.weight"], shape.rms_eps)
     logits = head(target, final[1:])
-    return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=np.argmax(logits, axis=-1),
+    return DraftRefOut(logits=logits, layer_out=xp.stack(layer_out), ids=xp.argmax(logits, axis=-1),
                        u=u, final=final)
 
 
@@ -111,4 +113,5 @@ def context_kv(draft: DFlashSpec, taps: RefOut, s: int) -> dict[int, tuple[np.nd
     """Per draft layer i, the context store for positions 0..s-1 as the engine keeps it: (k, v) of the context
     features u [s, H] (k after k_norm and RoPE at 0..s-1), each [s, nkv, d]. DSpark and DFlash2 share it."""
     u, w = context_features(draft, taps, s), as_f64(draft)
-    return {i: project_kv(draft.layer, w, f"layers.{i}.self_attn.", u, np.arange(s)) for i in range(draft.num_layers)}
+    pos = ns(u).arange(s)
+    return {i: project_kv(draft.layer, w, f"layers.{i}.self_attn.", u, pos) for i in range(draft.num_layers)}

@@ -29,6 +29,7 @@ from ..ops.norm import rms_norm
 from ..ops.selector import scaled_logits, select
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import ns
 from .dflash import context_features
 
 SELECTOR = "candidate_selector."
@@ -55,13 +56,13 @@ class DraftRefOut:
 def conv_layer(draft: DFlash2Spec, w, prefix: str, h: np.ndarray, u: np.ndarray, pos_q: np.ndarray,
                pos_kv: np.ndarray) -> np.ndarray:
     """One DFlash2 layer over the block rows h [B, H] with context features u [s, H]."""
-    shape, t = draft.layer, draft.conv_kernel_size
-    mask = np.ones((len(h), len(u) + len(h)), dtype=bool)
+    shape, t, xp = draft.layer, draft.conv_kernel_size, ns(h)
+    mask = xp.ones((len(h), len(u) + len(h)), dtype=bool)
     ac, mc = prefix + "attention_conv.", prefix + "mlp_conv."
     a = rms_norm(h, w[prefix + "input_layernorm.weight"], shape.rms_eps)
     da = conv_delta(a, w[ac + "kernel_projection.weight"], t)
     a0 = dynamic_conv(a, da, w[ac + "base_kernel"], 0)
-    o = self_attention(shape, w, prefix + "self_attn.", a0, np.concatenate([u, a0], axis=0), pos_q, pos_kv, mask)
+    o = self_attention(shape, w, prefix + "self_attn.", a0, xp.concatenate([u, a0], axis=0), pos_q, pos_kv, mask)
     h = st(h + dynamic_conv(o, da, w[ac + "base_kernel"], 1))
     m = rms_norm(h, w[prefix + "post_attention_layernorm.weight"], shape.rms_eps)
     dm = conv_delta(m, w[mc + "kernel_projection.weight"], t)
@@ -82,7 +83,8 @@ def forward(draft: DFlash2Spec, target: ModelSpec, taps: RefOut, anchor_id: int,
     w, b = as_f64(draft), draft.block_size
     u = context_features(draft, taps, s)
     h = embed(target, [anchor_id] + [draft.mask_token_id] * (b - 1)) * draft.input_embedding_scale
-    pos_q, pos_kv = np.arange(s, s + b), np.arange(s + b)
+    xp = ns(h)
+    pos_q, pos_kv = xp.arange(s, s + b), xp.arange(s + b)
     layer_out = []
     for i in range(draft.num_layers):
         h = conv_layer(draft, w, f"layers.{i}.", h, u, pos_q, pos_kv)
@@ -92,5 +94,5 @@ def forward(draft: DFlash2Spec, target: ModelSpec, taps: RefOut, anchor_id: int,
     g = linear(final[1:], w[SELECTOR + "hidden_projection.weight"])
     sel = select(logits, g, anchor_id, w[SELECTOR + "predecessor_codebook"], w[SELECTOR + "successor_codebook"],
                  draft.selector_top_k)
-    return DraftRefOut(logits=logits, layer_out=np.stack(layer_out), ids=sel.ids, u=u, final=final, g=g,
+    return DraftRefOut(logits=logits, layer_out=xp.stack(layer_out), ids=sel.ids, u=u, final=final, g=g,
                        cand=sel.cand, unary=sel.unary, scores=sel.scores, idx=sel.idx)

@@ -34,6 +34,7 @@ from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
 from ..ops.norm import rms_norm
 from ..rounding import st
 from ..weights import as_f64
+from ..xp import active, ns, to_host
 from .dflash import context_features
 
 
@@ -75,29 +76,30 @@ def backbone(draft: DSparkSpec, target: ModelSpec, u: np.ndarray, anchor_id: int
     Returns layer_out [n_layers, B, H]."""
     shape, w, b, s = draft.layer, as_f64(draft), draft.block_size, len(u)
     h = draft_embed(draft, target, [anchor_id] + [draft.mask_token_id] * (b - 1))
-    pos_q, pos_kv, no_mask = np.arange(s, s + b), np.arange(s + b), np.ones((b, s + b), dtype=bool)
+    xp = ns(h)
+    pos_q, pos_kv, no_mask = xp.arange(s, s + b), xp.arange(s + b), xp.ones((b, s + b), dtype=bool)
     out = []
     for i in range(draft.num_layers):
         p = f"layers.{i}."
         a = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_eps)
-        h = st(h + self_attention(shape, w, p + "self_attn.", a, np.concatenate([u, a], axis=0), pos_q, pos_kv,
+        h = st(h + self_attention(shape, w, p + "self_attn.", a, xp.concatenate([u, a], axis=0), pos_q, pos_kv,
                                   no_mask))
         h = st(h + mlp(w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_eps)))
         out.append(h)
-    return np.stack(out)
+    return xp.stack(out)
 
 
 def markov_rows(draft: DSparkSpec, prev: Sequence[int]) -> np.ndarray:
     """e_k = W1[prev_k] for each row: [len(prev), r] (r = 0: an empty [n, 0])."""
     if draft.markov_rank == 0:
-        return np.zeros((len(prev), 0))
+        return active().xp.zeros((len(prev), 0))
     return as_f64(draft).rows("markov_head.markov_w1.weight", prev)
 
 
 def markov_term(draft: DSparkSpec, e: np.ndarray) -> np.ndarray:
     """W2 e_k for rows e [n, r] -> [n, V] (zeros when r = 0)."""
     if draft.markov_rank == 0:
-        return np.zeros((len(e), draft.vocab_size))
+        return ns(e).zeros((len(e), draft.vocab_size))
     return e @ as_f64(draft)["markov_head.markov_w2.weight"].T
 
 
@@ -106,7 +108,7 @@ def cut_length(confidence: np.ndarray, threshold: float) -> int:
     b = len(confidence)
     if threshold <= 0:
         return b
-    low = np.nonzero(np.asarray(confidence) < threshold)[0]
+    low = np.nonzero(np.asarray(to_host(confidence)) < threshold)[0]
     return b if len(low) == 0 else max(1, int(low[0]))
 
 
@@ -127,6 +129,7 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
         raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
     u = context_features(draft, taps, s)
+    xp = ns(u)
     layer_out = backbone(draft, target, u, anchor_id)
     final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
     base = draft_head(draft, target, final)
@@ -134,15 +137,15 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
         chain = [anchor_id]
         for k in range(b - 1):
             row = base[k] + markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0]
-            chain.append(int(np.argmax(row)))
+            chain.append(int(xp.argmax(row)))
         prev = chain
-    prev = np.asarray(prev, dtype=np.int64)
+    prev = np.asarray(to_host(prev), dtype=np.int64)
     e = markov_rows(draft, prev)
     logits = base + markov_term(draft, e)
-    conf_logits, confidence = None, np.ones(b)
+    conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
-        z = np.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]
+        z = xp.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]
         conf_logits = z + w["confidence_head.proj.bias"][0]
-        confidence = 1.0 / (1.0 + np.exp(-conf_logits))
-    return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=np.argmax(logits, axis=-1), prev=prev,
+        confidence = 1.0 / (1.0 + xp.exp(-conf_logits))
+    return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=xp.argmax(logits, axis=-1), prev=prev,
                         confidence=confidence, conf_logits=conf_logits, u=u, final=final)

@@ -38,6 +38,7 @@ from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 
 L0 = "layers.0."
 A = L0 + "self_attn."
@@ -63,7 +64,8 @@ def features(draft: Eagle3Spec, hidden: np.ndarray) -> np.ndarray:
     for l in draft.aux_layer_ids:
         if not 0 <= l < hidden.shape[0]:
             raise ValueError(f"aux layer id {l} is outside the taps 0..{hidden.shape[0] - 1}")
-    c = np.concatenate([hidden[l] for l in draft.aux_layer_ids], axis=-1)
+    hidden = here(hidden)
+    c = ns(hidden).concatenate([hidden[l] for l in draft.aux_layer_ids], axis=-1)
     return linear(c, as_f64(draft)["fc.weight"])
 
 
@@ -88,8 +90,8 @@ def layer(draft: Eagle3Spec, emb: np.ndarray, hid: np.ndarray, positions: np.nda
     """The draft layer over rows (emb_q = E(tok_q), hid_q = h_{q-1}) [R, H] each -> y [R, H]."""
     w, eps = as_f64(draft), draft.layer.rms_eps
     hn = rms_norm(hid, w[L0 + "hidden_norm.weight"], eps)
-    a = np.concatenate([rms_norm(emb, w[L0 + "input_layernorm.weight"], eps), hn], axis=-1)
-    residual = hn if draft.norm_before_residual else hid
+    a = ns(hn).concatenate([rms_norm(emb, w[L0 + "input_layernorm.weight"], eps), hn], axis=-1)
+    residual = hn if draft.norm_before_residual else ns(hn).asarray(hid)
     y = st(residual + attention_sublayer(draft, w, a, positions))
     return st(y + mlp(w, L0 + "mlp.", rms_norm(y, w[L0 + "post_attention_layernorm.weight"], eps)))
 
@@ -106,9 +108,10 @@ def rows(draft: Eagle3Spec, emb: np.ndarray, hid: np.ndarray, positions: np.ndar
     y = layer(draft, emb, hid, positions)
     n = rms_norm(y, w["norm.weight"], draft.layer.rms_eps)
     logits = w.project("lm_head.weight", n)
-    d = np.argmax(logits, axis=-1)
+    xp = ns(logits)
+    d = xp.argmax(logits, axis=-1)
     return Eagle3RefOut(layer_out=y, chain=n if draft.norm_output else y, logits=logits, draft_ids=d,
-                        ids=target_ids(draft)[d])
+                        ids=xp.asarray(target_ids(draft))[d])
 
 
 def draft(draft: Eagle3Spec, target: ModelSpec, ids: Sequence[int], hidden: np.ndarray, anchor: int, width: int,
@@ -123,11 +126,12 @@ def draft(draft: Eagle3Spec, target: ModelSpec, ids: Sequence[int], hidden: np.n
         raise ValueError(f"context of {t} ids needs 1..{hidden.shape[1]} tap rows")
     toks = [*ids[1:], anchor]
     hid = list(features(draft, hidden[:, :t]))
-    out = rows(draft, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1))
+    xp = ns(hid[0])
+    out = rows(draft, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
     for i in range(1, width):
         toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
         hid.append(out.chain[-1])
-        out = rows(draft, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1 + i))
+        out = rows(draft, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
     return out.rows(slice(t - 1, t - 1 + width))
 
 
@@ -138,6 +142,7 @@ def teacher_forced(draft_spec: Eagle3Spec, target: ModelSpec, ids: Sequence[int]
     (at position a+s-1, it reads ids[a+s-1] and predicts the token at a+s). hidden: the taps over ``ids``."""
     per_anchor = [draft(draft_spec, target, ids[:a], hidden, ids[a], steps, chain_ids=ids[a + 1:a + steps])
                   for a in range(1, len(ids) - steps + 1)]
-    return [Eagle3RefOut(*(np.stack([getattr(o, f)[s] for o in per_anchor])
+    xp = ns(per_anchor[0].logits)
+    return [Eagle3RefOut(*(xp.stack([getattr(o, f)[s] for o in per_anchor])
                            for f in ("layer_out", "chain", "logits", "draft_ids", "ids")))
             for s in range(steps)]

@@ -34,6 +34,7 @@ from ..families.qwen3 import embed_rows, head, mlp
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 
 P = "model.mtp.layers."
 HIDDEN = ("post", "pre")
@@ -53,7 +54,8 @@ def mtp_layer(mtp: Mimo2MTPSpec, k: int, emb: np.ndarray, hid: np.ndarray, posit
               ) -> tuple[np.ndarray, np.ndarray]:
     """Layer k on rows (emb [R, H], hid [R, H]) at ``positions`` (causal + window among them) -> (y, g)."""
     w, eps, p = as_f64(mtp), mtp.rms_eps, f"{P}{k}."
-    x = np.concatenate([rms_norm(emb, w[p + "enorm.weight"], eps), rms_norm(hid, w[p + "hnorm.weight"], eps)], -1)
+    e = rms_norm(emb, w[p + "enorm.weight"], eps)
+    x = ns(e).concatenate([e, rms_norm(hid, w[p + "hnorm.weight"], eps)], -1)
     u = linear(x, w[p + "eh_proj.weight"])
     a = rms_norm(u, w[p + "input_layernorm.weight"], eps)
     y = st(u + trunk.attention(mtp.attn, w, p + "self_attn.", a, positions, mtp.value_scale))
@@ -71,13 +73,14 @@ def chain(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden: np.n
     if hidden_mode not in HIDDEN:
         raise ValueError(f"MTP hidden {hidden_mode!r}: expected one of {HIDDEN}")
     n = len(seq)
-    x = hidden
+    x = here(hidden)
+    xp = ns(x)
     out = ChainOut([], [], [], [])
     for k in range(steps or mtp.num_layers):
         r = min(len(x), n - 1 - k)
         if r <= 0:
             break
-        pos = np.arange(k + 1, k + 1 + r)
+        pos = xp.arange(k + 1, k + 1 + r)
         y, g = mtp_layer(mtp, k, embed_rows(target, seq[k + 1:k + 1 + r]), x[:r], pos)
         out.positions.append(pos)
         out.y.append(y)
@@ -108,10 +111,11 @@ def draft(mtp: Mimo2MTPSpec, target: Mimo2Spec, ids: Sequence[int], hidden: np.n
         run = chain(mtp, target, seq, hidden, hidden_mode, steps=k + 1)
         ys.append(run.y[k][t - 1])                     # layer k's rows start at k+1: row T+k is index T-1
         logits.append(run.logits[k][t - 1])
-        d = int(np.argmax(logits[-1])) if chain_ids is None else int(chain_ids[k])
-        out_ids.append(int(np.argmax(logits[-1])))
+        xp = ns(logits[-1])
+        d = int(xp.argmax(logits[-1])) if chain_ids is None else int(chain_ids[k])
+        out_ids.append(int(xp.argmax(logits[-1])))
         seq.append(d)
-    return DraftOut(np.stack(ys), np.stack(logits), np.asarray(out_ids))
+    return DraftOut(xp.stack(ys), xp.stack(logits), np.asarray(out_ids))
 
 
 def store_rows(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden: np.ndarray, hidden_mode: str
@@ -121,12 +125,12 @@ def store_rows(mtp: Mimo2MTPSpec, target: Mimo2Spec, seq: Sequence[int], hidden:
     positions k+1..len(seq)-1, (k [R, nkv, d], v [R, nkv, dv])."""
     w, eps, out = as_f64(mtp), mtp.rms_eps, {}
     run = chain(mtp, target, seq, hidden[:len(seq) - 1], hidden_mode)
-    x = hidden[:len(seq) - 1]
+    x = here(hidden)[:len(seq) - 1]
     for k, pos in enumerate(run.positions):
         p, r = f"{P}{k}.", len(pos)
         emb = embed_rows(target, seq[k + 1:k + 1 + r])
-        u = linear(np.concatenate([rms_norm(emb, w[p + "enorm.weight"], eps),
-                                   rms_norm(x[:r], w[p + "hnorm.weight"], eps)], -1), w[p + "eh_proj.weight"])
+        e = rms_norm(emb, w[p + "enorm.weight"], eps)
+        u = linear(ns(e).concatenate([e, rms_norm(x[:r], w[p + "hnorm.weight"], eps)], -1), w[p + "eh_proj.weight"])
         a = rms_norm(u, w[p + "input_layernorm.weight"], eps)
         out[k] = trunk.project_kv(mtp.attn, w, p + "self_attn.", a, pos, mtp.value_scale)
         x = run.g[k] if hidden_mode == "post" else run.y[k]

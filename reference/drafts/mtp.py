@@ -33,6 +33,7 @@ from ..families.qwen38 import gated_attention, norm1p, project_kv
 from ..ops.attention import causal_mask
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 
 P = "mtp."
 L0 = "mtp.layers.0."
@@ -52,8 +53,8 @@ class MTPRefOut:
 def mtp_input(mtp: MTPSpec, emb: np.ndarray, hidden: np.ndarray) -> np.ndarray:
     """u = fc([n(emb, pre_fc_norm_embedding) ; n(hidden, pre_fc_norm_hidden)]): [R, H] each -> [R, H]."""
     w, eps = as_f64(mtp), mtp.layer.rms_eps
-    x = np.concatenate([norm1p(emb, w[P + "pre_fc_norm_embedding.weight"], eps),
-                        norm1p(hidden, w[P + "pre_fc_norm_hidden.weight"], eps)], axis=-1)
+    e = norm1p(emb, w[P + "pre_fc_norm_embedding.weight"], eps)
+    x = ns(e).concatenate([e, norm1p(hidden, w[P + "pre_fc_norm_hidden.weight"], eps)], axis=-1)
     return linear(x, w[P + "fc.weight"])
 
 
@@ -62,7 +63,7 @@ def layer(mtp: MTPSpec, target: Qwen38Spec, u: np.ndarray, positions: np.ndarray
     full-attention layer (the target's shape: heads, head_dim, rotary_dim) on the mtp.layers.0 weights."""
     w, eps = as_f64(mtp), mtp.layer.rms_eps
     a = norm1p(u, w[L0 + "input_layernorm.weight"], eps)
-    y = st(u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u))))
+    y = st(u + gated_attention(target, w, L0 + "self_attn.", a, positions, causal_mask(len(u), ns(a))))
     return st(y + ffn_for(target)(target, w, L0, norm1p(y, w[L0 + "post_attention_layernorm.weight"], eps)))
 
 
@@ -76,7 +77,7 @@ def rows(mtp: MTPSpec, target: Qwen38Spec, emb: np.ndarray, hidden: np.ndarray, 
     y = layer(mtp, target, mtp_input(mtp, emb, hidden), positions)
     g = norm1p(y, as_f64(mtp)[P + "norm.weight"], mtp.layer.rms_eps)
     logits = head(target, g)
-    return MTPRefOut(layer_out=y, g=g, logits=logits, ids=np.argmax(logits, axis=-1))
+    return MTPRefOut(layer_out=y, g=g, logits=logits, ids=ns(logits).argmax(logits, axis=-1))
 
 
 def teacher_forced(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarray) -> MTPRefOut:
@@ -84,7 +85,7 @@ def teacher_forced(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: 
 
     final: [T, H] the target's post-final-norm rows over ``ids``."""
     emb = embed_rows(target, ids[1:])
-    return rows(mtp, target, emb, final[:-1], np.arange(1, len(ids)))
+    return rows(mtp, target, emb, here(final)[:-1], ns(emb).arange(1, len(ids)))
 
 
 def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarray, anchor: int, width: int,
@@ -97,13 +98,14 @@ def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarra
     engine's drafts). Returns the ``width`` drafted rows only."""
     t = len(ids)
     toks = list(ids[1:]) + [anchor]
-    hid = list(final[:t])
-    out = rows(mtp, target, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1))
+    final = here(final)
+    xp, hid = ns(final), list(final[:t])
+    out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
     for i in range(1, width):
         nxt = int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1])
         toks.append(nxt)
         hid.append(out.g[-1])
-        out = rows(mtp, target, embed_rows(target, toks), np.stack(hid), np.arange(1, t + 1 + i))
+        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
 
@@ -117,4 +119,4 @@ def store_rows(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int],
     w, eps = as_f64(mtp), mtp.layer.rms_eps
     emb = embed_rows(target, ids[1:])
     a = norm1p(mtp_input(mtp, emb, final[:-1]), w[L0 + "input_layernorm.weight"], eps)
-    return project_kv(target, w, L0 + "self_attn.", a, np.arange(1, len(ids)))
+    return project_kv(target, w, L0 + "self_attn.", a, ns(a).arange(1, len(ids)))

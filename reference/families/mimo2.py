@@ -30,6 +30,7 @@ from ..ops.moe import routed_experts
 from ..ops.norm import rms_norm
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 from .ffn import route
 from .qwen3 import RefOut, Weights, embed, head, mlp
 from .qwen38 import partial_rope
@@ -68,13 +69,14 @@ def ffn(spec: Mimo2Spec, w: Weights, l: int, x: np.ndarray) -> np.ndarray:
         return mlp(w, p, x)
     routing = route(m, w, p, x)                             # the shared router (ffn.route)
     e = [f"{p}experts.{i}." for i in range(m.num_experts)]
-    gate_up = np.stack([np.concatenate([w[x_ + "gate_proj.weight"], w[x_ + "up_proj.weight"]]) for x_ in e])
-    return routed_experts(x, routing, gate_up, np.stack([w[x_ + "down_proj.weight"] for x_ in e]))
+    xp = ns(w[e[0] + "down_proj.weight"])
+    gate_up = xp.stack([xp.concatenate([w[x_ + "gate_proj.weight"], w[x_ + "up_proj.weight"]]) for x_ in e])
+    return routed_experts(x, routing, gate_up, xp.stack([w[x_ + "down_proj.weight"] for x_ in e]))
 
 
 def decoder_layer(spec: Mimo2Spec, w: Weights, l: int, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Layer l over the whole sequence h [T, H] at ``positions`` (causal, windowed on SWA layers) -> [T, H]."""
-    p, eps = f"model.layers.{l}.", spec.layer.rms_eps
+    p, eps, h = f"model.layers.{l}.", spec.layer.rms_eps, here(h)
     a = rms_norm(h, w[p + "input_layernorm.weight"], eps)
     h = st(h + attention(spec.mimo.attn(l), w, p + "self_attn.", a, positions, spec.mimo.value_scale))
     return st(h + ffn(spec, w, l, rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)))
@@ -82,7 +84,8 @@ def decoder_layer(spec: Mimo2Spec, w: Weights, l: int, h: np.ndarray, positions:
 
 def reference_layer(spec: Mimo2Spec, l: int, h: np.ndarray) -> np.ndarray:
     """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H]."""
-    return decoder_layer(spec, as_f64(spec), l, h, np.arange(len(h)))
+    h = here(h)
+    return decoder_layer(spec, as_f64(spec), l, h, ns(h).arange(len(h)))
 
 
 def forward(spec: Mimo2Spec, ids: Sequence[int]) -> RefOut:
@@ -91,13 +94,14 @@ def forward(spec: Mimo2Spec, ids: Sequence[int]) -> RefOut:
         raise ValueError(f"reference.families.mimo2 got a {spec.family!r} spec")
     w = as_f64(spec)
     h = embed(spec, ids)
-    positions = np.arange(len(h))
+    xp = ns(h)
+    positions = xp.arange(len(h))
     hidden = [h]
     for l in range(spec.num_layers):
         h = decoder_layer(spec, w, l, h, positions)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
-    return RefOut(logits=head(spec, final), hidden=np.stack(hidden), final=final)
+    return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)
 
 
 def kv_rows(spec: Mimo2Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -109,5 +113,5 @@ def kv_rows(spec: Mimo2Spec, taps: RefOut, length: int) -> dict[int, tuple[np.nd
     for l in range(spec.num_layers):
         p = f"model.layers.{l}."
         a = rms_norm(taps.hidden[l, :length], w[p + "input_layernorm.weight"], eps)
-        out[l] = project_kv(spec.mimo.attn(l), w, p + "self_attn.", a, np.arange(length), spec.mimo.value_scale)
+        out[l] = project_kv(spec.mimo.attn(l), w, p + "self_attn.", a, ns(a).arange(length), spec.mimo.value_scale)
     return out

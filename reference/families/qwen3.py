@@ -28,6 +28,7 @@ from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import common, here, ns, to_host
 
 Weights = Mapping[str, np.ndarray]
 
@@ -48,7 +49,8 @@ class RefOut:
 
 def hf_hidden_states(out: RefOut) -> np.ndarray:
     """The taps in HF's ``output_hidden_states`` convention: [L+1, T, H], index L post-final-norm."""
-    return np.concatenate([out.hidden[:-1], out.final[None]], axis=0)
+    xp, hidden, final = common(out.hidden, out.final)
+    return xp.concatenate([hidden[:-1], final[None]], axis=0)
 
 
 def self_attention(shape: LayerShape, w: Weights, prefix: str, x_q: np.ndarray, x_kv: np.ndarray,
@@ -92,6 +94,7 @@ def decoder_layer(shape: LayerShape, w: Weights, prefix: str, h: np.ndarray, pos
 
     ``prefix`` e.g. "model.layers.3."; positions [T]; mask bool [T, T].
     """
+    h = here(h)
     a = rms_norm(h, w[prefix + "input_layernorm.weight"], shape.rms_eps)
     h = st(h + self_attention(shape, w, prefix + "self_attn.", a, a, positions, positions, mask))
     m = rms_norm(h, w[prefix + "post_attention_layernorm.weight"], shape.rms_eps)
@@ -100,7 +103,7 @@ def decoder_layer(shape: LayerShape, w: Weights, prefix: str, h: np.ndarray, pos
 
 def embed(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
     """E(ids): rows of model.embed_tokens.weight, [T, H]."""
-    idx = np.asarray(ids, dtype=np.int64)
+    idx = np.asarray(to_host(ids), dtype=np.int64)
     if idx.ndim != 1 or len(idx) == 0 or (idx < 0).any() or (idx >= spec.vocab_size).any():
         raise ValueError(f"ids must be a non-empty 1-D sequence in [0, {spec.vocab_size})")
     return embed_rows(spec, idx)
@@ -108,7 +111,7 @@ def embed(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
 
 def embed_rows(spec: ModelSpec, ids: Sequence[int]) -> np.ndarray:
     """Rows of model.embed_tokens.weight for ids [T] (unchecked; T may be 0): [T, H], only those rows read."""
-    return as_f64(spec).rows("model.embed_tokens.weight", np.asarray(ids, dtype=np.int64).reshape(-1))
+    return as_f64(spec).rows("model.embed_tokens.weight", np.asarray(to_host(ids), dtype=np.int64).reshape(-1))
 
 
 def head_name(spec: ModelSpec) -> str:
@@ -127,16 +130,16 @@ def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
         raise ValueError(f"reference.families.qwen3 got a {spec.family!r} spec")
     w = as_f64(spec)
     h = embed(spec, ids)
-    t = len(h)
-    positions = np.arange(t)
-    mask = causal_mask(t)
+    xp, t = ns(h), len(h)
+    positions = xp.arange(t)
+    mask = causal_mask(t, xp)
     hidden = [h]
     for i in range(spec.num_layers):
         h = decoder_layer(spec.layer, w, f"model.layers.{i}.", h, positions, mask)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
     logits = head(spec, final)
-    return RefOut(logits=logits, hidden=np.stack(hidden), final=final)
+    return RefOut(logits=logits, hidden=xp.stack(hidden), final=final)
 
 
 def kv_rows(spec: ModelSpec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -147,5 +150,5 @@ def kv_rows(spec: ModelSpec, taps: RefOut, length: int) -> dict[int, tuple[np.nd
     for l in range(spec.num_layers):
         p = f"model.layers.{l}."
         a = rms_norm(taps.hidden[l, :length], w[p + "input_layernorm.weight"], s.rms_eps)
-        out[l] = project_kv(s, w, p + "self_attn.", a, np.arange(length))
+        out[l] = project_kv(s, w, p + "self_attn.", a, ns(a).arange(length))
     return out

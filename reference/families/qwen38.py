@@ -38,6 +38,7 @@ from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
 from ..rounding import linear, st
 from ..weights import as_f64
+from ..xp import here, ns
 from .ffn import ffn_for
 from .qwen3 import RefOut, Weights, embed, head, hf_hidden_states
 
@@ -56,7 +57,7 @@ def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 def partial_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float) -> np.ndarray:
     """x [T, heads, d]: rotate channels [0, rotary_dim) by position (rotate-half), pass the rest."""
     rot = apply_rope(x[..., :rotary_dim], positions, theta)
-    return np.concatenate([rot, x[..., rotary_dim:]], axis=-1)
+    return ns(rot).concatenate([rot, x[..., rotary_dim:]], axis=-1)
 
 
 def gated_attention(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray, positions: np.ndarray,
@@ -96,8 +97,9 @@ def deltanet_inputs(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) ->
     q = x[:, :hy.key_dim].reshape(t, nk, dk)
     k = x[:, hy.key_dim:2 * hy.key_dim].reshape(t, nk, dk)
     v = x[:, 2 * hy.key_dim:].reshape(t, nv, dv)
-    q = np.repeat(l2norm(q), nv // nk, axis=1) / np.sqrt(dk)
-    k = np.repeat(l2norm(k), nv // nk, axis=1)
+    xp = ns(x)
+    q = xp.repeat(l2norm(q), nv // nk, axis=1) / np.sqrt(dk)
+    k = xp.repeat(l2norm(k), nv // nk, axis=1)
     g, b = gates(linear(a, w[prefix + "in_proj_a.weight"]), linear(a, w[prefix + "in_proj_b.weight"]),
                  w[prefix + "A_log"], w[prefix + "dt_bias"])
     return proj, q, k, v, g, b
@@ -118,7 +120,7 @@ def gated_deltanet(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray) -> 
 def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions: np.ndarray,
                   mask: np.ndarray) -> np.ndarray:
     """Layer l over the whole sequence h [T, H] (positions [T], causal mask [T, T]) -> [T, H]."""
-    p, eps = f"model.layers.{l}.", spec.layer.rms_eps
+    p, eps, h = f"model.layers.{l}.", spec.layer.rms_eps, here(h)
     a = norm1p(h, w[p + "input_layernorm.weight"], eps)
     if spec.hybrid.is_linear(l):
         h = st(h + gated_deltanet(spec, w, p + "linear_attn.", a))
@@ -129,8 +131,9 @@ def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions
 
 def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
     """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H] (the gates' per-layer check)."""
-    t = len(h)
-    return decoder_layer(spec, as_f64(spec), l, h, np.arange(t), causal_mask(t))
+    h = here(h)
+    xp, t = ns(h), len(h)
+    return decoder_layer(spec, as_f64(spec), l, h, xp.arange(t), causal_mask(t, xp))
 
 
 def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
@@ -139,14 +142,14 @@ def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
         raise ValueError(f"reference.families.qwen38 got a {spec.family!r} spec")
     w = as_f64(spec)
     h = embed(spec, ids)
-    t = len(h)
-    positions, mask = np.arange(t), causal_mask(t)
+    xp, t = ns(h), len(h)
+    positions, mask = xp.arange(t), causal_mask(t, xp)
     hidden = [h]
     for l in range(spec.num_layers):
         h = decoder_layer(spec, w, l, h, positions, mask)
         hidden.append(h)
     final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
-    return RefOut(logits=head(spec, final), hidden=np.stack(hidden), final=final)
+    return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)
 
 
 def kv_rows(spec: Qwen38Spec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -158,7 +161,7 @@ def kv_rows(spec: Qwen38Spec, taps: RefOut, length: int) -> dict[int, tuple[np.n
         if not spec.hybrid.is_linear(l):
             p = f"model.layers.{l}."
             a = norm1p(taps.hidden[l, :length], w[p + "input_layernorm.weight"], eps)
-            out[l] = project_kv(spec, w, p + "self_attn.", a, np.arange(length))
+            out[l] = project_kv(spec, w, p + "self_attn.", a, ns(a).arange(length))
     return out
 
 

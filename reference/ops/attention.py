@@ -5,23 +5,25 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import st
+from ..xp import common, ns
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """exp(x - max) / sum exp(x - max) along ``axis``; entries equal to -inf get weight 0."""
-    m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - m)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    xp = ns(x)
+    m = xp.max(x, axis=axis, keepdims=True)
+    e = xp.exp(x - m)
+    return e / xp.sum(e, axis=axis, keepdims=True)
 
 
-def causal_mask(t: int) -> np.ndarray:
-    """mask[i, j] = (j <= i): row i may attend to rows 0..i. Returns bool [T, T]."""
-    return np.tril(np.ones((t, t), dtype=bool))
+def causal_mask(t: int, xp=np) -> np.ndarray:
+    """mask[i, j] = (j <= i): row i may attend to rows 0..i. Returns bool [T, T] (in namespace ``xp``)."""
+    return xp.tril(xp.ones((t, t), dtype=bool))
 
 
 def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
     """[S, nkv, d] -> [S, nkv * n_rep, d]: query head i reads kv head i // n_rep."""
-    return np.repeat(x, n_rep, axis=1)
+    return ns(x).repeat(x, n_rep, axis=1)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -34,18 +36,19 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> 
     q: [T, nh, d]; k, v: [S, nkv, d]; mask: bool [T, S] (True = may attend), every row needs at
     least one True. Returns [T, nh, d].
     """
+    xp, q, k, v, mask = common(q, k, v, mask)
     t, nh, d = q.shape
     s, nkv, _ = k.shape
     if nh % nkv:
         raise ValueError(f"num_heads {nh} is not a multiple of num_kv_heads {nkv}")
-    if mask.shape != (t, s) or not mask.any(axis=1).all():
+    if mask.shape != (t, s) or not bool(mask.any(axis=1).all()):
         raise ValueError(f"mask must be bool [{t}, {s}] with a True in every row")
     kk = repeat_kv(k, nh // nkv)
     vv = repeat_kv(v, nh // nkv)
-    scores = st(np.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
-    scores = np.where(mask[None, :, :], scores, -np.inf)
+    scores = st(xp.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
+    scores = xp.where(mask[None, :, :], scores, -np.inf)
     p = st(softmax(scores, axis=-1))
-    return st(np.einsum("hts,shd->thd", p, vv))
+    return st(xp.einsum("hts,shd->thd", p, vv))
 
 
 def anchored_mask(pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int, causal: bool) -> np.ndarray:
@@ -55,9 +58,10 @@ def anchored_mask(pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int, ca
                      or pos_kv[j] >= s and (not causal or pos_kv[j] <= pos_q[t])   (the block)
 
     Returns bool [T, S]."""
-    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    xp, pos_q, pos_kv = common(pos_q, pos_kv)
+    q, k = pos_q[:, None], pos_kv[None, :]
     block = (k >= s) & ((k <= q) if causal else True)
-    return np.broadcast_to(((k < s) & (k >= s - window)) | block, (q.shape[0], k.shape[1])).copy()
+    return xp.broadcast_to(((k < s) & (k >= s - window)) | block, (q.shape[0], k.shape[1])).copy()
 
 
 def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarray:
@@ -66,7 +70,8 @@ def sliding_mask(pos_q: np.ndarray, pos_kv: np.ndarray, window: int) -> np.ndarr
         mask[t, s] = pos_q[t] - window < pos_kv[s] <= pos_q[t]          (window keys, the query's own included)
 
     pos_q [T], pos_kv [S] integers; returns bool [T, S]."""
-    q, k = np.asarray(pos_q)[:, None], np.asarray(pos_kv)[None, :]
+    _, pos_q, pos_kv = common(pos_q, pos_kv)
+    q, k = pos_q[:, None], pos_kv[None, :]
     return (k <= q) & (k > q - window)
 
 
@@ -75,7 +80,8 @@ def window_mask(pos_q: np.ndarray, pos_k: np.ndarray, window: int | None) -> np.
     sliding window of ``window`` keys counting the query's own position (HF's ``sliding_window``). bool [T, S]."""
     if window is not None:
         return sliding_mask(pos_q, pos_k, window)
-    return np.asarray(pos_k)[None, :] <= np.asarray(pos_q)[:, None]
+    _, pos_q, pos_k = common(pos_q, pos_k)
+    return pos_k[None, :] <= pos_q[:, None]
 
 
 def sink_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -88,18 +94,19 @@ def sink_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
 
     q [T, nh, d], k [S, nkv, d], v [S, nkv, dv], mask bool [T, S], sinks [nh] or None (plain softmax).
     Returns [T, nh, dv]."""
+    xp, q, k, v, mask, sinks = common(q, k, v, mask, sinks)
     t, nh, d = q.shape
     s, nkv, _ = k.shape
     if nh % nkv:
         raise ValueError(f"num_heads {nh} is not a multiple of num_kv_heads {nkv}")
-    if mask.shape != (t, s) or not mask.any(axis=1).all():
+    if mask.shape != (t, s) or not bool(mask.any(axis=1).all()):
         raise ValueError(f"mask must be bool [{t}, {s}] with a True in every row")
     kk, vv = repeat_kv(k, nh // nkv), repeat_kv(v, nh // nkv)
-    scores = st(np.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
-    scores = np.where(mask[None, :, :], scores, -np.inf)
+    scores = st(xp.einsum("thd,shd->hts", q, kk)) / np.sqrt(d)
+    scores = xp.where(mask[None, :, :], scores, -np.inf)
     if sinks is not None:
-        scores = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (nh, t, 1))], axis=-1)
+        scores = xp.concatenate([scores, xp.broadcast_to(sinks[:, None, None], (nh, t, 1))], axis=-1)
     p = st(softmax(scores, axis=-1))
     if sinks is not None:
         p = p[..., :-1]
-    return st(np.einsum("hts,shd->thd", p, vv))
+    return st(xp.einsum("hts,shd->thd", p, vv))

@@ -14,22 +14,25 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import st
+from ..xp import common
 
 
 def causal_conv(x: np.ndarray, w: np.ndarray, tail: np.ndarray | None = None) -> np.ndarray:
     """x [T, C], w [C, K], tail [K-1, C] or None (zeros) -> y [T, C]."""
+    xp, x, w, tail = common(x, w, tail)
     t, c = x.shape
     k = w.shape[-1]
     if w.shape != (c, k):
         raise ValueError(f"conv weight {w.shape}, expected [{c}, K]")
     if tail is None:
-        tail = np.zeros((k - 1, c))
-    xx = np.concatenate([tail, x], axis=0)
+        tail = xp.zeros((k - 1, c))
+    xx = xp.concatenate([tail, x], axis=0)
     return st(sum(w[:, j] * xx[j:j + t] for j in range(k)))
 
 
 def conv_tail(x: np.ndarray, k: int, tail: np.ndarray | None = None) -> np.ndarray:
     """The K-1 inputs a next block's conv reads before its first row: the last K-1 rows of [tail ; x]."""
+    xp, x, tail = common(x, tail)
     if tail is None:
-        tail = np.zeros((k - 1, x.shape[1]))
-    return np.concatenate([tail, x], axis=0)[len(x):]
+        tail = xp.zeros((k - 1, x.shape[1]))
+    return xp.concatenate([tail, x], axis=0)[len(x):]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import linear
+from ..xp import common
 
 
 def conv_delta(x: np.ndarray, w_kp: np.ndarray, t: int) -> np.ndarray:
@@ -26,12 +27,13 @@ def conv_delta(x: np.ndarray, w_kp: np.ndarray, t: int) -> np.ndarray:
 
 def dynamic_conv(y: np.ndarray, delta: np.ndarray, base: np.ndarray, side: int) -> np.ndarray:
     """y [B, H] (one block), delta [B, 2, T, G], base [2, T, H], side 0|1 -> Conv^side(y) [B, H]."""
+    xp, y, delta, base = common(y, delta, base)
     b, h = y.shape
     t, groups = delta.shape[2], delta.shape[3]
     if h % groups:
         raise ValueError(f"{groups} kernel groups do not divide hidden size {h}")
-    k = base[side][None] + np.repeat(delta[:, side], h // groups, axis=-1)   # [B, T, H]
-    out = np.zeros_like(y)
+    k = base[side][None] + xp.repeat(delta[:, side], h // groups, axis=-1)   # [B, T, H]
+    out = xp.zeros_like(y)
     for i in range(b):
         for tap in range(min(t, i + 1)):
             out[i] += k[i, tap] * y[i - tap]

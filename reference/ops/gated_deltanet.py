@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import st
+from ..xp import common, ns
 from .mlp import silu
 
 L2_EPS = 1e-6
@@ -27,38 +28,42 @@ L2_EPS = 1e-6
 
 def l2norm(x: np.ndarray, eps: float = L2_EPS) -> np.ndarray:
     """x / sqrt(sum over the last axis of x^2 + eps)."""
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    xp = ns(x)
+    return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + exp(x)), overflow-free."""
-    return np.logaddexp(0.0, x)
+    return ns(x).logaddexp(0.0, x)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    return 0.5 * (1.0 + ns(x).tanh(0.5 * x))
 
 
 def gates(alpha: np.ndarray, beta: np.ndarray, a_log: np.ndarray, dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """alpha, beta [T, nv] (the a / b projections), a_log, dt_bias [nv] -> (g log-decay, b strength) [T, nv]."""
-    return -np.exp(a_log) * softplus(alpha + dt_bias), sigmoid(beta)
+    xp, alpha, beta, a_log, dt_bias = common(alpha, beta, a_log, dt_bias)
+    return -xp.exp(a_log) * softplus(alpha + dt_bias), sigmoid(beta)
 
 
 def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, b: np.ndarray,
                state: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """q, k [T, nv, dk] (normed and scaled), v [T, nv, dv], g, b [T, nv], state [nv, dk, dv] or None
     -> (o [T, nv, dv], the state after the last row [nv, dk, dv]). Sequential, one row at a time."""
+    xp, q, k, v, g, b, state = common(q, k, v, g, b, state)
     t, nv, dk = k.shape
-    s = np.zeros((nv, dk, v.shape[-1])) if state is None else state.copy()
-    out = np.empty_like(v)
+    s = xp.zeros((nv, dk, v.shape[-1])) if state is None else state.copy()
+    out = xp.empty_like(v)
     for i in range(t):
-        s = s * np.exp(g[i])[:, None, None]
-        u = b[i][:, None] * (v[i] - np.einsum("hkv,hk->hv", s, k[i]))
+        s = s * xp.exp(g[i])[:, None, None]
+        u = b[i][:, None] * (v[i] - xp.einsum("hkv,hk->hv", s, k[i]))
         s = s + k[i][:, :, None] * u[:, None, :]
-        out[i] = np.einsum("hkv,hk->hv", s, q[i])
+        out[i] = xp.einsum("hkv,hk->hv", s, q[i])
     return out, s
 
 
 def gated_rms_norm(x: np.ndarray, w: np.ndarray, z: np.ndarray, eps: float) -> np.ndarray:
     """x, z [..., dv], w [dv] -> x / sqrt(mean x^2 + eps) * w * silu(z)."""
-    return st(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w * silu(z))
+    xp, x, w, z = common(x, w, z)
+    return st(x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * w * silu(z))

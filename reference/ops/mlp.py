@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import linear, st
+from ..xp import ns
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -12,7 +13,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
     The tanh form is the same function and cannot overflow for large negative x.
     """
-    return x * 0.5 * (1.0 + np.tanh(0.5 * x))
+    return x * 0.5 * (1.0 + ns(x).tanh(0.5 * x))
 
 
 def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rounding import linear, st
+from ..xp import common, ns
 from .mlp import swiglu
 
 NEG = -np.inf
@@ -48,7 +49,7 @@ class Routing:
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) in the tanh form (no overflow)."""
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    return 0.5 * (1.0 + ns(x).tanh(0.5 * x))
 
 
 def topk_stable(x: np.ndarray, k: int) -> np.ndarray:
@@ -56,19 +57,21 @@ def topk_stable(x: np.ndarray, k: int) -> np.ndarray:
     x [..., n] -> [..., k] int64. Exact in x's own dtype (only comparisons)."""
     if not 0 < k <= x.shape[-1]:
         raise ValueError(f"top-{k} of {x.shape[-1]} entries")
-    return np.argsort(-x, axis=-1, kind="stable")[..., :k].astype(np.int64)
+    return ns(x).argsort(-x, axis=-1, kind="stable")[..., :k].astype(np.int64)
 
 
 def router_logits(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """l = x Wr^T: x [T, H], Wr [E, H] -> [T, E] (float32 on the device, so not rounded to the run dtype)."""
+    _, x, w = common(x, w)
     return x @ w.T
 
 
 def softmax_topk(logits: np.ndarray, k: int) -> Routing:
     """Softmax over all experts, top-k, renormalised (see the module docstring); logits [T, E]."""
+    xp = ns(logits)
     ids = topk_stable(logits, k)
-    chosen = np.take_along_axis(logits, ids, axis=-1).astype(np.float64)
-    e = np.exp(chosen - chosen.max(axis=-1, keepdims=True))
+    chosen = xp.take_along_axis(logits, ids, axis=-1).astype(np.float64)
+    e = xp.exp(chosen - chosen.max(axis=-1, keepdims=True))
     return Routing(ids, e / e.sum(axis=-1, keepdims=True), logits)
 
 
@@ -76,6 +79,7 @@ def group_limited_choice(choice: np.ndarray, k: int, n_group: int, topk_group: i
     """ids [T, k] from choice scores c [T, E]: keep the ``topk_group`` groups with the largest sum of their 2 best
     scores, then top-k over the kept experts. Computed in c's own dtype (float32 for the tier-1 transcription of
     the device's rule: its pair sums are the same correctly rounded float32 additions)."""
+    xp = ns(choice)
     t, e = choice.shape
     if e % n_group:
         raise ValueError(f"{e} experts do not split into {n_group} groups")
@@ -84,23 +88,24 @@ def group_limited_choice(choice: np.ndarray, k: int, n_group: int, topk_group: i
         raise ValueError(f"top-{k} from {topk_group} of {n_group} groups of {per} experts")
     grouped = choice.reshape(t, n_group, per)
     if per >= 2:
-        top2 = np.take_along_axis(grouped, topk_stable(grouped, 2), axis=-1)
+        top2 = xp.take_along_axis(grouped, topk_stable(grouped, 2), axis=-1)
         gscore = top2[..., 0] + top2[..., 1]
     else:
         gscore = grouped[..., 0]
-    keep = np.zeros((t, n_group), dtype=bool)
-    np.put_along_axis(keep, topk_stable(gscore, topk_group), True, axis=-1)
-    masked = np.where(np.repeat(keep, per, axis=-1), choice, np.asarray(NEG, dtype=choice.dtype))
+    keep = xp.zeros((t, n_group), dtype=bool)
+    keep[xp.arange(t)[:, None], topk_stable(gscore, topk_group)] = True
+    masked = xp.where(xp.repeat(keep, per, axis=-1), choice, xp.asarray(NEG, dtype=choice.dtype))
     return topk_stable(masked, k)
 
 
 def sigmoid_group_topk(logits: np.ndarray, bias: np.ndarray, k: int, n_group: int = 1, topk_group: int = 1,
                        norm: bool = True, scale: float = 1.0) -> Routing:
     """Sigmoid scores, bias for the choice only, group-limited top-k, renormalised, scaled (module docstring)."""
+    xp, logits, bias = common(logits, bias)
     s = sigmoid(logits)
     c = s + bias
     ids = group_limited_choice(c, k, n_group, topk_group)
-    w = np.take_along_axis(s, ids, axis=-1)
+    w = xp.take_along_axis(s, ids, axis=-1)
     if norm:
         w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)
     return Routing(ids, w * scale, c)
@@ -114,11 +119,12 @@ def expert_ffn(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray) -> np.ndarr
 
 def routed_experts(x: np.ndarray, routing: Routing, gate_up: np.ndarray, down: np.ndarray) -> np.ndarray:
     """The eager loop: out_t = st(sum_j w_tj expert_{ids_tj}(x_t)). x [T, H], gate_up [E, 2I, H], down [E, H, I]."""
-    t, k = routing.ids.shape
-    acc = np.zeros((t, x.shape[-1]))
-    for e in np.unique(routing.ids):
-        rows, slots = np.nonzero(routing.ids == e)
-        acc[rows] += routing.weights[rows, slots, None] * expert_ffn(x[rows], gate_up[e], down[e])
+    xp, x, ids, weights = common(x, routing.ids, routing.weights)
+    t, k = ids.shape
+    acc = xp.zeros((t, x.shape[-1]))
+    for e in (int(e) for e in xp.unique(ids)):
+        rows, slots = xp.nonzero(ids == e)
+        acc[rows] += weights[rows, slots, None] * expert_ffn(x[rows], gate_up[e], down[e])
     return st(acc)
 
 

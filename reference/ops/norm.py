@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import st
+from ..xp import common
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -15,5 +16,6 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x: [..., n]; w: [n]; returns [..., n]. Used with n = hidden size (layer norms, final norm)
     and n = head_dim (Qwen3's per-head q_norm / k_norm).
     """
-    ms = np.mean(x * x, axis=-1, keepdims=True)
-    return st(x / np.sqrt(ms + eps) * w)
+    xp, x, w = common(x, w)
+    ms = xp.mean(x * x, axis=-1, keepdims=True)
+    return st(x / xp.sqrt(ms + eps) * w)

@@ -26,6 +26,7 @@ import numpy as np
 from bloomery_cli.spec import RopeScaling
 
 from ..rounding import st
+from ..xp import common, ns
 
 
 def _mscale(scale: float, k: float = 1.0) -> float:
@@ -78,16 +79,17 @@ def cos_sin(positions: np.ndarray, head_dim: int, theta: float,
 
     positions: [T] (integers); returns (cos, sin), each [T, d].
     """
-    a = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(head_dim, theta, scaling)[None, :]
-    a = np.concatenate([a, a], axis=-1)
+    xp = ns(positions)
+    a = xp.asarray(positions, dtype=np.float64)[:, None] * xp.asarray(inv_freq(head_dim, theta, scaling))[None, :]
+    a = xp.concatenate([a, a], axis=-1)
     m = attention_factor(scaling)
-    return np.cos(a) * m, np.sin(a) * m
+    return xp.cos(a) * m, xp.sin(a) * m
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:
     """[x1, x2] -> [-x2, x1] over the last axis (x1, x2 its two halves)."""
     h = x.shape[-1] // 2
-    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return ns(x).concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
 def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
@@ -97,5 +99,6 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float, scaling: Rope
 
     x: [T, heads, d]; positions: [T]; returns [T, heads, d].
     """
+    _, x, positions = common(x, positions)
     cos, sin = cos_sin(positions, x.shape[-1], theta, scaling)
     return st(x * cos[:, None, :] + rotate_half(x) * sin[:, None, :])

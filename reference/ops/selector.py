@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rounding import linear
+from ..xp import common, ns, to_host
 
 
 @dataclass(frozen=True)
@@ -41,25 +42,27 @@ def head_logits(final: np.ndarray, head: np.ndarray, multiplier: float = 1.0,
 def scaled_logits(l: np.ndarray, multiplier: float = 1.0, softcap: float | None = None) -> np.ndarray:
     """l [J, V] (= final head^T) -> l * multiplier, then softcapped: softcap tanh(l / softcap)."""
     l = l * multiplier
-    return softcap * np.tanh(l / softcap) if softcap else l
+    return softcap * ns(l).tanh(l / softcap) if softcap else l
 
 
 def topk(l: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """l [J, V] -> (U [J, K], C [J, K]): the K largest per row, descending, ties to the lower id."""
-    v = l.shape[-1]
-    order = np.stack([np.lexsort((np.arange(v), -row))[:k] for row in l])
-    return np.take_along_axis(l, order, -1), order
+    xp = ns(l)
+    order = xp.argsort(-l, axis=-1, kind="stable")[:, :k]     # equal values keep index order: the lower id first
+    return xp.take_along_axis(l, order, -1), order
 
 
 def predecessors(anchor: int, cand: np.ndarray) -> np.ndarray:
     """P [J, K]: P_1 = anchor repeated, P_j = C_{j-1}."""
-    return np.concatenate([np.full((1, cand.shape[1]), anchor, dtype=cand.dtype), cand[:-1]], axis=0)
+    xp = ns(cand)
+    return xp.concatenate([xp.full((1, cand.shape[1]), anchor, dtype=cand.dtype), cand[:-1]], axis=0)
 
 
 def scores(pred: np.ndarray, cand: np.ndarray, unary: np.ndarray, g: np.ndarray, a: np.ndarray,
            bs: np.ndarray) -> np.ndarray:
     """pred [J, P], cand [J, K], unary [J, K], g [J, r], a / bs [V, r] -> S [J, P, K]."""
-    return unary[:, None, :] + np.einsum("jpr,jr,jkr->jpk", a[pred], g, bs[cand])
+    xp, pred, cand, unary, g, a, bs = common(pred, cand, unary, g, a, bs)
+    return unary[:, None, :] + xp.einsum("jpr,jr,jkr->jpk", a[pred], g, bs[cand])
 
 
 def walk(s: np.ndarray) -> np.ndarray:
@@ -67,7 +70,7 @@ def walk(s: np.ndarray) -> np.ndarray:
 
     Written as plain Python over the values (the host transcription of the kernel's rule)."""
     prev, out = 0, []
-    for sj in np.asarray(s, dtype=np.float64):
+    for sj in np.asarray(to_host(s), dtype=np.float64):
         row = [float(x) for x in sj[prev]]
         best = 0
         for c in range(1, len(row)):
@@ -82,5 +85,6 @@ def select(l: np.ndarray, g: np.ndarray, anchor: int, a: np.ndarray, bs: np.ndar
     """l [J, V] (multiplied / softcapped head logits), g [J, r], codebooks [V, r] -> the walked path."""
     unary, cand = topk(l, k)
     s = scores(predecessors(anchor, cand), cand, unary, g, a, bs)
-    idx = walk(s)
-    return Selection(unary, cand, s, idx, cand[np.arange(len(idx)), idx])
+    xp = ns(s)
+    idx = xp.asarray(walk(s))
+    return Selection(unary, cand, s, idx, cand[xp.arange(len(idx)), idx])
