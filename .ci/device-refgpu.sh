@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The float64 reference on the GPU through CuPy (issue 16), on the H200 through the `device` tool (never by CI).
 # Three parts, each one call (each under the tool's 10 minutes), each leaving one tar (records + logs) in $OUT:
-#   PART=fixtures   the six original gates in bf16, each twice: the host reference, then --reference-device cuda
+#   PART=fixtures   the six original gates in bf16, each twice (all 12 runs at once): the host reference, then --reference-device cuda
 #                   --reference-compare (its (r) line: worst rel between the two references <= 1e-12); the (r)
 #                   verdicts of the two runs side by side (verdicts.txt); the CuPy test (pytest -m gpu tests/test_xp.py)
 #   PART=qwen3-8b   the real-layout Qwen3-8B + DFlash-b16 gate (bloomery_cli.fixturegen.real_layout), host reference
@@ -38,12 +38,15 @@ EOF
 }
 
 if [ "$PART" = fixtures ]; then
-  for g in qwen3-dflash qwen3-dspark qwen3-dflash2 qwen38-mtp qwen38-dflash qwen38-dflash2; do
-    timeout ${GATE_TIMEOUT:-90} python3 -P -m bloomery_cli.cli gate run $g --device cuda --dtype bf16 \
-      --json $R/$g-host.json > $R/$g-host.log 2>&1; echo "$g host exit $?" | tee -a $R/$g-host.log
-    timeout ${GATE_TIMEOUT:-90} python3 -P -m bloomery_cli.cli gate run $g --device cuda --dtype bf16 \
-      --reference-device cuda --reference-compare --json $R/$g-refgpu.json > $R/$g-refgpu.log 2>&1
-    echo "$g refgpu exit $?" | tee -a $R/$g-refgpu.log
+  # the 12 runs at once (tiny fixtures: each is Python-bound on one core of 16; wall times are not compared here)
+  run() {  # gate host|refgpu
+    local flags=""; [ $2 = refgpu ] && flags="--reference-device cuda --reference-compare"
+    timeout ${GATE_TIMEOUT:-300} python3 -P -m bloomery_cli.cli gate run $1 --device cuda --dtype bf16 $flags \
+      --json $R/$1-$2.json > $R/$1-$2.log 2>&1; echo "$1 $2 exit $?" | tee -a $R/$1-$2.log
+  }
+  GATES="qwen3-dflash qwen3-dspark qwen3-dflash2 qwen38-mtp qwen38-dflash qwen38-dflash2"
+  for g in $GATES; do run $g host & run $g refgpu & done; wait
+  for g in $GATES; do
     grep -E "^\(r\) reference on|^cost|^(PASSED|FAILED)" $R/$g-refgpu.log
     { echo "== $g"; verdicts $R/$g-host.json $R/$g-refgpu.json; } >> $R/verdicts.txt
   done
