@@ -133,8 +133,9 @@ class Report:
     def crossing(self, pooled: Tally, prompt: Any) -> None:
         """A draft on its own device: what crossed per window and its time, apart from the draft share (a note)."""
         w = pooled.transfer_windows
-        facts = {"windows": w, "bytes": pooled.transfer_bytes, "bytes_per_window": round(pooled.transfer_bytes / w)
-                 if w else 0, "transfer_s": round(pooled.transfer_s, 6), "transfer_share": round(pooled.transfer_share, 4),
+        per = round(pooled.transfer_bytes / w) if w else 0
+        facts = {"windows": w, "bytes": pooled.transfer_bytes, "bytes_per_window": per,
+                 "transfer_s": round(pooled.transfer_s, 6), "transfer_share": round(pooled.transfer_share, 4),
                  "prompt_bytes": prompt.bytes, "prompt_transfer_s": round(prompt.seconds, 6)}
         self.facts["crossing"] = facts
         self.line("crossing " + kv(**facts))

@@ -1,0 +1,54 @@
+"""--draft-device: the draft on a device of its own. On the CPU (target and draft both cpu) the crossing is a
+same-device copy through the same code path, so ids, verdicts and every check line must equal the run without it;
+a wrong tap declaration must fail the gate; a pair without support is refused (exit 2) before any work."""
+
+from __future__ import annotations
+
+import pytest
+from gate_run import run_named
+from typer.testing import CliRunner
+
+from bloomery_cli import draft_device
+from bloomery_cli.cli import app
+
+
+def checks(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith(("(r)", "(w)", "(b)", "ids identical", "state run"))]
+
+
+def test_same_ids_and_verdicts_with_the_draft_on_cpu():
+    code0, plain = run_named("qwen3-dflash", n=32, prompts=2)
+    code1, moved = run_named("qwen3-dflash", n=32, prompts=2, draft_device="cpu")
+    assert code0 == code1 == 0
+    assert checks(plain) == checks(moved)
+    acc = [[x for x in line.split() if not x.startswith("draft_share=")] for line in plain + moved
+           if line.startswith("accept_mean=")]
+    assert acc[0] == acc[1]
+    load = next(line for line in moved if line.startswith("load "))
+    assert "draft_device=cpu" in load and "cross_layers=[2, 3, 5]" in load
+    crossing = next(line for line in moved if line.startswith("crossing "))
+    assert "bytes_per_window=" in crossing and "transfer_share=" in crossing
+
+
+@pytest.mark.parametrize("gate", ["qwen3-eagle3", "qwen38-mtp"])
+def test_chained_drafts_cross(gate):
+    code, lines = run_named(gate, n=16, prompts=1, draft_device="cpu")
+    assert code == 0, "\n".join(lines)
+    assert any(line.startswith("crossing ") for line in lines)
+
+
+def test_a_wrong_tap_declaration_fails(monkeypatch):
+    """FAIL-first: one declared layer left out (it stays NaN on the draft's side) -> the draft's (r) lines fail."""
+    real = draft_device.tap_layers
+    monkeypatch.setattr(draft_device, "tap_layers", lambda *a: real(*a)[1:])
+    code, lines = run_named("qwen3-dflash", n=16, prompts=1, draft_device="cpu")
+    assert code == 1
+    assert any(line.startswith("(r) dflash") and line.endswith("FAIL") for line in lines)
+
+
+@pytest.mark.parametrize("gate,dev,needle", [("mimo2-mtp", "cpu", "does not support a draft device"),
+                                             ("qwen3-dflash", "tpu", "expected cpu, cuda or cuda:<i>")])
+def test_refused_before_work(gate, dev, needle):
+    r = CliRunner().invoke(app, ["gate", "run", gate, "--draft-device", dev, "-n", "8"], catch_exceptions=False)
+    assert r.exit_code == 2, r.output
+    assert "--draft-device" in r.output and needle in r.output and "Traceback" not in r.output
