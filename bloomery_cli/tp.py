@@ -122,8 +122,8 @@ class TPQwen3Target:
         self.workers: list[subprocess.Popen] = []
         for r in range(1, world):
             dev = f"cuda:{base + r}" if self.backend == "nccl" else "cpu"
-            cmd = [sys.executable, "-m", "bloomery_cli.tp_worker", str(Path(target).resolve()), dev, dname, str(max_len),
-                   str(rows or 0), str(r), str(world), self.backend, str(port), str(timeout_s())]
+            cmd = [sys.executable, "-m", "bloomery_cli.tp_worker", str(Path(target).resolve()), dev, dname,
+                   str(max_len), str(rows or 0), str(r), str(world), self.backend, str(port), str(timeout_s())]
             # cwd: where this process's bloomery_cli was imported from (``-m`` puts the cwd first on sys.path)
             self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                                  env={**env, "RANK": str(r)}, cwd=Path(__file__).parent.parent))
