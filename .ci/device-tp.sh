@@ -38,6 +38,10 @@ export -f one; export R
   fi
 } | xargs -P ${JOBS:-4} -L 1 bash -c 'one "$@"' _ | tee $R/summary.txt
 grep -h -E "FAIL$" $R/*.log | head -20
+if [ "$NGPU" -lt 2 ]; then   # the refusal on one card: exit 2 with the named error, before any work
+  python3 -P -m bloomery_cli.cli gate run qwen3-dflash --device cuda --tp 2 -n 8 > $R/tp2-one-gpu.log 2>&1
+  echo "tp2 on $NGPU GPU exit $? (expected 2): $(tail -1 $R/tp2-one-gpu.log)" | tee -a $R/summary.txt
+fi
 if [ "$NGPU" -ge 2 ]; then
   timeout 300 python3 -P -m pytest -q -p no:cacheprovider tests/test_tp.py > $R/pytest-tp.log 2>&1; tail -3 $R/pytest-tp.log
 fi

@@ -260,12 +260,13 @@ def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompt
 
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
-    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors))
-    report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
-                "no (w), (b), state or acceptance lines")
     max_len = max(len(p) for p in prompts) + n + 1
     from .tp import make_engine
-    engine, _ = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, None, opts.tp, target_path)
+    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, None, opts.tp,
+                                   target_path)
+    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors), **tp_facts)
+    report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
+                "no (w), (b), state or acceptance lines")
     ref = family.reference(target_spec, prompts[0])
     prefill = engine.prefill(prompts[0], logits=True)
     check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])

@@ -52,3 +52,12 @@ def test_refused_before_work(gate, dev, needle):
     r = CliRunner().invoke(app, ["gate", "run", gate, "--draft-device", dev, "-n", "8"], catch_exceptions=False)
     assert r.exit_code == 2, r.output
     assert "--draft-device" in r.output and needle in r.output and "Traceback" not in r.output
+
+
+def test_gates_moves_only_the_supported_drafts():
+    from bloomery_cli.cli import draft_device_ok
+    from bloomery_gates.gates import GATES
+
+    moved = {name for name, g in GATES.items() if draft_device_ok(g)}
+    assert {"qwen3-dflash", "qwen3-dflash2", "qwen3-dspark", "qwen3-eagle3", "qwen38-mtp"} <= moved
+    assert not moved & {"mimo2-mtp", "qwen35moe-mtp", "qwen35moe-dflash"}

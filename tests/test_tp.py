@@ -94,9 +94,11 @@ def test_a_dropped_o_proj_all_reduce_fails_the_gate(monkeypatch):
         qwen3_tp.all_reduce_f32(x.clone(), group)
         return x
     monkeypatch.setattr(qwen3_tp, "reduce_attn", dropped)
+    seen = recorded_workers(monkeypatch)
     code, lines = run_named("qwen3-dflash", n=16, prompts=1, tp=2)
     assert code == 1
     assert any(line.startswith("(r) target layer 0 out") and line.endswith("FAIL") for line in lines)
+    assert seen and all(gone(w, 30) for w in seen)            # a failed gate leaves no worker behind
 
 
 @pytest.mark.parametrize("gate,tp,needle", [("qwen3-dflash", 3, "num_key_value_heads=2 does not divide by --tp 3"),
@@ -141,3 +143,35 @@ def test_workers_exit_when_rank_0_dies():
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == -signal.SIGKILL, p.stderr
     assert gone(int(p.stdout.split()[0]), 30)
+
+
+def recorded_workers(monkeypatch) -> list[subprocess.Popen]:
+    """Every worker process a TP engine starts during the test."""
+    seen: list[subprocess.Popen] = []
+    real = TPQwen3Target.close
+
+    def close(self):
+        seen.extend(self.workers)
+        real(self)
+    monkeypatch.setattr(TPQwen3Target, "close", close)
+    return seen
+
+
+def test_workers_exit_when_the_gate_raises(monkeypatch):
+    import bloomery_cli.gate as gate
+
+    seen = recorded_workers(monkeypatch)
+
+    def broken(*a, **k):
+        raise KeyError("planted: the gate raised after the runs")
+    monkeypatch.setattr(gate, "check_state", broken)
+    with pytest.raises(KeyError):
+        run_named("qwen3-dflash", n=8, prompts=1, tp=2)
+    assert seen and all(gone(w, 30) for w in seen)
+    assert not torch.distributed.is_initialized()
+
+
+def test_plain_only_states_the_split():
+    code, lines = run_named("qwen3-dflash", n=8, prompts=1, tp=2, draft_policy="off")
+    assert code == 0
+    assert any(line.startswith("load draft=off") and "tp=2 backend=gloo" in line for line in lines)
