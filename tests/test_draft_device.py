@@ -5,6 +5,7 @@ a wrong tap declaration must fail the gate; a pair without support is refused (e
 from __future__ import annotations
 
 import pytest
+import torch
 from gate_run import run_named
 from typer.testing import CliRunner
 
@@ -61,3 +62,15 @@ def test_gates_moves_only_the_supported_drafts():
     moved = {name for name, g in GATES.items() if draft_device_ok(g)}
     assert {"qwen3-dflash", "qwen3-dflash2", "qwen3-dspark", "qwen3-eagle3", "qwen38-mtp"} <= moved
     assert not moved & {"mimo2-mtp", "qwen35moe-mtp", "qwen35moe-dflash"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the target on cuda, the draft on cpu")
+@pytest.mark.parametrize("gate", ["qwen3-dflash", "qwen3-eagle3"])
+def test_target_on_cuda_draft_on_cpu(gate):
+    """The one-GPU form: the taps cross cuda -> cpu; the same ids and verdicts as the draft beside the target."""
+    code0, plain = run_named(gate, n=32, prompts=2, device="cuda", dtype="bf16")
+    code1, moved = run_named(gate, n=32, prompts=2, device="cuda", dtype="bf16", draft_device="cpu")
+    assert code0 == code1 == 0, "\n".join(moved)
+    assert [x for x in plain if x.startswith("(w)")] == [x for x in moved if x.startswith("(w)")]
+    assert any(line.startswith("crossing ") for line in moved)

@@ -175,3 +175,13 @@ def test_plain_only_states_the_split():
     code, lines = run_named("qwen3-dflash", n=8, prompts=1, tp=2, draft_policy="off")
     assert code == 0
     assert any(line.startswith("load draft=off") and "tp=2 backend=gloo" in line for line in lines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="TP over NCCL needs 2 CUDA devices")
+def test_gate_passes_split_over_two_cards():
+    code, lines = run_named("qwen3-dflash", n=32, prompts=2, device="cuda", dtype="bf16", tp=2)
+    assert code == 0, "\n".join(lines)
+    assert any(line.startswith("load ") and "tp=2 backend=nccl" in line for line in lines)
+    assert "ids identical 32" in lines
