@@ -34,6 +34,7 @@ from .errors import InputError
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 FAMILIES = ("qwen3",)
 OP_EXIT, OP_RUN, OP_KV = 0, 1, 2
+READY = b"READY"
 _OPEN: list[TPQwen3Target] = []
 
 
@@ -125,17 +126,27 @@ class TPQwen3Target:
             cmd = [sys.executable, "-m", "bloomery_cli.tp_worker", str(Path(target).resolve()), dev, dname,
                    str(max_len), str(rows or 0), str(r), str(world), self.backend, str(port), str(timeout_s())]
             # cwd: where this process's bloomery_cli was imported from (``-m`` puts the cwd first on sys.path)
-            self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  env={**env, "RANK": str(r)}, cwd=Path(__file__).parent.parent))
         _OPEN.append(self)
         self.closed = False
+        self.shard = ShardEngine(spec, self.device, dtype, max_len, rows, 0, world)    # while the workers load
+        self._wait_ready()
         dist.init_process_group(self.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
                                 timeout=timedelta(seconds=timeout_s()),
                                 **({"device_id": self.device} if self.backend == "nccl" else {}))
-        self.shard = ShardEngine(spec, self.device, dtype, max_len, rows, 0, world)
         self.embed, self.head, self.final_norm = self.shard.embed, self.shard.head, self.shard.final_norm
         self.cap = self.shard.cap
         self.length = 0
+
+    def _wait_ready(self) -> None:
+        """Each worker says READY on its stdout once its shard is built (before the rendezvous): a worker that
+        cannot start ends its stdout and the run cannot start (exit 2), at once rather than at the timeout."""
+        for r, w in enumerate(self.workers, start=1):
+            line = w.stdout.readline()
+            if line.strip() != READY:
+                code = w.wait()
+                raise InputError("--tp", f"worker rank {r} did not start (exit code {code}; its error is above)")
 
     # --- the command channel
     def _send(self, words: list[int]) -> None:
@@ -201,5 +212,6 @@ class TPQwen3Target:
             except subprocess.TimeoutExpired:
                 w.kill()
                 w.wait()
+            w.stdout.close()
         if dist.is_initialized():
             dist.destroy_process_group()

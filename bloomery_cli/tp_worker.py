@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
 
     from .gate import DTYPES
     from .loading import load_target
-    from .tp import NO_MULTICAST, OP_EXIT, OP_KV, OP_RUN
+    from .tp import NO_MULTICAST, OP_EXIT, OP_KV, OP_RUN, READY
 
     os.environ.update(NO_MULTICAST)
     target, device, dtype, max_len, rows, rank, world, backend, port, timeout = argv
@@ -43,13 +43,14 @@ def main(argv: list[str]) -> int:
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    spec = load_target(Path(target))
+    shard = ShardEngine(spec, dev, DTYPES[dtype], int(max_len), int(rows) or None, int(rank), int(world), head=False)
+    sys.stdout.buffer.write(READY + b"\n")                   # rank 0 waits for this before the rendezvous
+    sys.stdout.buffer.flush()
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=int(rank), world_size=int(world),
                             timeout=timedelta(seconds=float(timeout)),
                             **({"device_id": dev} if backend == "nccl" else {}))
     try:
-        spec = load_target(Path(target))
-        shard = ShardEngine(spec, dev, DTYPES[dtype], int(max_len), int(rows) or None, int(rank), int(world),
-                            head=False)
         stdin = sys.stdin.buffer
         while True:
             cmd = read_command(stdin)

@@ -185,3 +185,30 @@ def test_gate_passes_split_over_two_cards():
     assert code == 0, "\n".join(lines)
     assert any(line.startswith("load ") and "tp=2 backend=nccl" in line for line in lines)
     assert "ids identical 32" in lines
+
+
+def test_a_stalled_worker_hits_the_process_group_timeout(monkeypatch):
+    """A worker alive but silent (SIGSTOP): rank 0's next collective ends at the process group's timeout."""
+    monkeypatch.setenv("BLOOMERY_TP_TIMEOUT", "5")
+    spec = load_target(TARGET)
+    with closing():
+        tp = TPQwen3Target(spec, torch.device("cpu"), torch.float32, 64, 8, 2, TARGET)
+        tp.prefill([1, 2, 3])
+        w = tp.workers[0]
+        os.kill(w.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            tp.verify([4, 5])
+        assert 4 < time.monotonic() - t0 < 30
+    assert gone(w, 30)                        # close killed it past the timeout
+
+
+def test_a_worker_that_cannot_start_is_a_named_error(tmp_path):
+    from bloomery_cli.errors import InputError
+
+    spec = load_target(TARGET)
+    t0 = time.monotonic()
+    with closing(), pytest.raises(InputError, match="worker rank 1 did not start"):
+        TPQwen3Target(spec, torch.device("cpu"), torch.float32, 64, 8, 2, tmp_path / "missing")
+    assert time.monotonic() - t0 < 60
+    assert not torch.distributed.is_initialized()
