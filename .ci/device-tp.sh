@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 15 on the device (through the `device` tool, never by CI): the draft on a device of its own and the
-# target split over cards. On one GPU: the qwen3 / qwen38 draft gates with the target on cuda (bf16) and the
+# target split over cards. On one GPU: every gate with the target on cuda (bf16) and the
 # draft on the CPU (--draft-device cpu: the taps cross to the host once per window; the `crossing` line says
 # bytes and time), JOBS at a time. Only where `nvidia-smi -L` lists 2 or more GPUs: the same gates with
 # --draft-device cuda:1, and the qwen3 gates with the target split over cuda:0, cuda:1 (--tp 2, NCCL), plus
@@ -21,7 +21,7 @@ NGPU=$(nvidia-smi -L | wc -l)
 } > $R/device.txt
 cat $R/device.txt
 QWEN3="qwen3-dflash qwen3-dflash2 qwen3-dspark qwen3-eagle3 qwen3yarn-dflash qwen3-dflash-swa qwen3-dflash-swa-spec"
-GATES=${GATES:-"$QWEN3 qwen38-mtp qwen38-dflash qwen38-dflash2 qwen38-dspark"}
+GATES=${GATES:-$(python3 -P -c "from bloomery_gates.gates import GATES; print(' '.join(GATES))")}
 one() {  # gate tag extra-flags...
   local g=$1 tag=$2; shift 2
   timeout ${GATE_TIMEOUT:-400} python3 -P -m bloomery_cli.cli gate run $g --device cuda --dtype bf16 "$@" \

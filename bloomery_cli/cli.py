@@ -212,7 +212,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         moved = draft_device if draft_device is not None and draft_device_ok(g) else None
         if draft_device is not None and moved is None:
             out.print(f"{g.name}: the draft stays on {device} (no --draft-device support for a {g.family} "
-                      f"{g.draft_kind} pair)", highlight=False)
+                      f"{g.draft_kind} pair)", highlight=False, soft_wrap=True)
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
                            oracle=oracle, sampling=sampling, draft_device=moved)
         try:

@@ -22,7 +22,7 @@ import torch
 
 from .errors import InputError
 
-FAMILIES = ("qwen3", "qwen38")                 # target families whose drafts read only the view below
+FAMILIES = ("qwen3", "qwen38", "qwen35moe", "mimo2")    # targets whose drafts read only the view below
 KINDS = ("dflash", "dflash2", "dspark", "eagle3", "mtp")
 
 
