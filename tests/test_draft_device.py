@@ -17,9 +17,18 @@ def checks(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith(("(r)", "(w)", "(b)", "ids identical", "state run"))]
 
 
+def run_facts(name: str, **options):
+    from bloomery_cli.gate import GateOptions, run_gate
+    from bloomery_gates.gates import GATES
+
+    lines: list[str] = []
+    code, report = run_gate(GATES[name], GateOptions(max_prompts=2, **options), emit=lines.append)
+    return code, lines, report.facts
+
+
 def test_same_ids_and_verdicts_with_the_draft_on_cpu():
     code0, plain = run_named("qwen3-dflash", n=32, prompts=2)
-    code1, moved = run_named("qwen3-dflash", n=32, prompts=2, draft_device="cpu")
+    code1, moved, facts = run_facts("qwen3-dflash", n=32, draft_device="cpu")
     assert code0 == code1 == 0
     assert checks(plain) == checks(moved)
     acc = [[x for x in line.split() if not x.startswith("draft_share=")] for line in plain + moved
@@ -29,6 +38,10 @@ def test_same_ids_and_verdicts_with_the_draft_on_cpu():
     assert "draft_device=cpu" in load and "cross_layers=[2, 3, 5]" in load
     crossing = next(line for line in moved if line.startswith("crossing "))
     assert "bytes_per_window=" in crossing and "transfer_share=" in crossing
+    # what crossed is the declared layers of the kept rows, window by window: sum(kept) rows of 3 x 128 f32
+    acc, cross = facts["acceptance"], facts["crossing"]
+    kept_rows = sum((i + 1) * h for i, h in enumerate(acc["kept"]))
+    assert cross["windows"] == acc["windows"] and cross["bytes"] == kept_rows * 3 * 128 * 4
 
 
 @pytest.mark.parametrize("gate", ["qwen3-eagle3", "qwen38-mtp", "mimo2-mtp"])
