@@ -91,6 +91,9 @@ RefDevice = Annotated[str, typer.Option("--reference-device", help="Where the fl
 RefCompare = Annotated[bool, typer.Option("--reference-compare", help="With --reference-device cuda: also run every "
                                           "exact reference computation on the host; an (r) line checks their worst "
                                           "rel <= 1e-12.")]
+DraftDevice = Annotated[str | None, typer.Option(
+    "--draft-device", help="Run the draft on this device (cpu, cuda, cuda:<i>) (default: the target's): its "
+    "weights, store and own copies of the embedding / head live there; the taps cross once per window.")]
 Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against transformers' modeling code for the "
                                       "target and speculators' for DFlash/DFlash2/DSpark drafts (float64, CPU): "
                                       "tier 3.")]
@@ -124,6 +127,10 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              draft_top_k: Annotated[int | None, typer.Option(
                  "--draft-top-k", help="With --draft-temperature: q restricted to the drafter's top K.")] = None,
              reference_device: RefDevice = "cpu", reference_compare: RefCompare = False,
+             draft_device: DraftDevice = None,
+             tp: Annotated[int, typer.Option(
+                 "--tp", help="Split the target over N processes (tensor parallel: gloo on the CPU, NCCL over "
+                 "cuda:<i>..cuda:<i+N-1>); qwen3 family targets.")] = 1
              ) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict."""
     from .gate import GateOptions, run_gate
@@ -153,12 +160,18 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
                        draft_policy=draft_policy, gpu_mem=gpu_mem,
-                       sampling=sampling, reference_device=reference_device, reference_compare=reference_compare)
+                       sampling=sampling, reference_device=reference_device, reference_compare=reference_compare,
+                       draft_device=draft_device, tp=tp)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
         fail_input(e)
     raise typer.Exit(code)
+
+
+def draft_device_ok(g) -> bool:
+    from .draft_device import FAMILIES, KINDS
+    return g.family in FAMILIES and g.draft_kind in KINDS
 
 
 @app.command("gates")
@@ -172,6 +185,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
               threads: Threads = None,
               temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None,
               reference_device: RefDevice = "cpu", reference_compare: RefCompare = False,
+              draft_device: DraftDevice = None
               ) -> None:
     """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
     import importlib.util
@@ -205,9 +219,13 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     rows, worst = [], 0
     for g in registry().values():
         t0 = time.perf_counter()
+        moved = draft_device if draft_device is not None and draft_device_ok(g) else None
+        if draft_device is not None and moved is None:
+            out.print(f"{g.name}: the draft stays on {device} (no --draft-device support for a {g.family} "
+                      f"{g.draft_kind} pair)", highlight=False, soft_wrap=True)
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
                            oracle=oracle, sampling=sampling, reference_device=reference_device,
-                           reference_compare=reference_compare)
+                           reference_compare=reference_compare, draft_device=moved)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:

@@ -139,6 +139,16 @@ class Report:
                   f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
                   f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
 
+    def crossing(self, pooled: Tally, prompt: Any) -> None:
+        """A draft on its own device: what crossed per window and its time, apart from the draft share (a note)."""
+        w = pooled.transfer_windows
+        per = round(pooled.transfer_bytes / w) if w else 0
+        facts = {"windows": w, "bytes": pooled.transfer_bytes, "bytes_per_window": per,
+                 "transfer_s": round(pooled.transfer_s, 6), "transfer_share": round(pooled.transfer_share, 4),
+                 "prompt_bytes": prompt.bytes, "prompt_transfer_s": round(prompt.seconds, 6)}
+        self.facts["crossing"] = facts
+        self.line("crossing " + kv(**facts))
+
     def cost(self, phases: dict[str, float], host_rss: int, device_peak: int | None,
              reference: tuple[str, float, int | None] | None = None) -> None:
         """What the run cost: wall seconds per phase, peak host RSS and peak device memory (never a check);

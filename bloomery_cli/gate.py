@@ -71,6 +71,8 @@ class GateOptions:
     sampling: Any = None                                          # a sampling.Sampling (T > 0), None: greedy only
     reference_device: str = "cpu"                                 # where the f64 reference runs: cpu | cuda[:i]
     reference_compare: bool = False                               # also run it on the host; (r) line: worst rel
+    draft_device: str | None = None                               # the draft on a device of its own (draft_device)
+    tp: int = 1                                                   # the target split over tp processes (tp)
 
 
 @dataclass
@@ -120,13 +122,15 @@ def progress_bar(what: str, total: int):
 
 def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
     """Raises InputError before anything is printed past the header when the run cannot start (the reference
-    device first: ``refdev.reference_selection``)."""
+    device first: ``refdev.reference_selection``). Worker processes a ``--tp`` engine started are ended when the
+    gate ends, passed, failed or raised (``tp.closing``)."""
     from bloomery_gates.reference.xp import select
 
     from .refdev import reference_selection
+    from .tp import closing
 
     selection = reference_selection(opts.reference_device, opts.reference_compare)
-    with select(selection):
+    with closing(), select(selection):
         return _run_gate(gate, opts, emit, selection)
 
 
@@ -144,6 +148,9 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     from bloomery_gates.gates.targets import FAMILIES, check_target
     from bloomery_gates.reference.xp import run as on_reference
 
+    from .draft_device import check_supported, parse_device
+    from .tp import check_tp, make_engine
+
     t0 = time.perf_counter()
     phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
     device = resolve_device(opts.device)
@@ -157,12 +164,17 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     if opts.sampling is not None and opts.sampling.draft_temperature is not None:
         from .sampling import check_sampleable
         check_sampleable(gate.name, gate.draft_kind)
+    draft_dev = None
+    if opts.draft_device is not None:
+        check_supported(gate.name, gate.family, gate.draft_kind)
+        draft_dev = parse_device("--draft-device", opts.draft_device)
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
     target_spec = load_target(target_path)
     if target_spec.family != gate.family:
         raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")
+    check_tp(opts.tp, target_spec, device, target_path)
     draft_spec = gate.load_draft(draft_path, target_spec)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
@@ -182,12 +194,18 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
     b = gate.block(draft_spec)
     max_len = max(len(p) for p in prompts) + longest + b + 1
-    engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len, rows=b)
-    draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
+    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, b, opts.tp, target_path)
+    cross: dict[str, Any] = {}
+    if draft_dev is None:
+        draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
+    else:
+        from .draft_device import bind
+        draft, cross = bind(gate.make_draft, gate.draft_kind, draft_spec, engine, max_len, draft_dev,
+                            **opts.draft_options)
     draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
-    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors),
+    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors) + cross.get("draft_shared_copy_bytes", 0),
                 target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options),
-                **decision.facts, reference=selection.device.name)
+                **decision.facts, **cross, **tp_facts, reference=selection.device.name)
     if decision.note:
         report.note(decision.note)
     for line in gate.anchors:
@@ -230,6 +248,8 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     phases.lap("state", device)
     if all_same:
         report.identical(n)
+    if cross:
+        report.crossing(pooled, draft.prompt_crossed)
     if opts.sampling is None:
         report.acceptance(pooled, per_prompt, b)
     else:
@@ -259,12 +279,14 @@ def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompt
 
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
+    max_len = max(len(p) for p in prompts) + n + 1
+    from .tp import make_engine
+    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, None, opts.tp,
+                                   target_path)
     report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors),
-                    reference=selection.device.name)
+                    reference=selection.device.name, **tp_facts)
     report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
                 "no (w), (b), state or acceptance lines")
-    max_len = max(len(p) for p in prompts) + n + 1
-    engine = family.engine(target_spec, device, DTYPES[opts.dtype], max_len)
     ref = on_reference(lambda: family.reference(target_spec, prompts[0]))
     prefill = engine.prefill(prompts[0], logits=True)
     check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])

@@ -16,6 +16,9 @@ class Tally:
     draft_s: float = 0.0
     verify_s: float = 0.0
     commit_s: float = 0.0
+    transfer_s: float = 0.0           # a draft on its own device: the taps' crossing (out of commit_s)
+    transfer_bytes: int = 0
+    transfer_windows: int = 0
 
     def add(self, proposed: int, kept: int) -> None:
         if not 1 <= kept <= proposed + 1:
@@ -25,7 +28,8 @@ class Tally:
 
     def merge(self, other: Tally) -> Tally:
         return Tally(self.proposed + other.proposed, self.kept + other.kept, self.draft_s + other.draft_s,
-                     self.verify_s + other.verify_s, self.commit_s + other.commit_s)
+                     self.verify_s + other.verify_s, self.commit_s + other.commit_s, self.transfer_s + other.transfer_s,
+                     self.transfer_bytes + other.transfer_bytes, self.transfer_windows + other.transfer_windows)
 
     @property
     def windows(self) -> int:
@@ -70,8 +74,14 @@ class Tally:
 
     @property
     def draft_share(self) -> float:
-        total = self.draft_s + self.verify_s + self.commit_s
+        """draft / (draft + verify + commit + transfer): the crossing is step time, not the draft's."""
+        total = self.draft_s + self.verify_s + self.commit_s + self.transfer_s
         return self.draft_s / total if total > 0 else 0.0
+
+    @property
+    def transfer_share(self) -> float:
+        total = self.draft_s + self.verify_s + self.commit_s + self.transfer_s
+        return self.transfer_s / total if total > 0 else 0.0
 
 
 def macro_accept_mean(per_prompt: list[Tally]) -> float:

@@ -80,7 +80,10 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
     policy are taken around draft + verify (the argmax readback that ends a verify waits for the device).
     ``stop(tally)``, asked after each window, may end the run early (``Run.emitted`` then holds what it emitted)."""
     policy = width if hasattr(width, "choose") else FixedWidth(width)
-    timer = PhaseTimer(target.device)
+    timer = PhaseTimer(target.device, getattr(draft, "device", None))
+    crossing = getattr(draft, "take_crossing", None)         # a draft on its own device (``draft_device``)
+    if crossing is not None:
+        crossing()
     tally = Tally()
     sampled = sampler is not None
     first = target.prefill(prompt, logits=True) if sampled else target.prefill(prompt)
@@ -120,4 +123,8 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
         if stop is not None and stop(tally):
             break
     tally.draft_s, tally.verify_s, tally.commit_s = (timer.seconds(p) for p in ("draft", "verify", "commit"))
+    if crossing is not None:                                 # the taps' crossing ran inside commit: report it apart
+        c = crossing()
+        tally.transfer_s, tally.transfer_bytes, tally.transfer_windows = c.seconds, c.bytes, c.windows
+        tally.commit_s = max(tally.commit_s - c.seconds, 0.0)
     return Run(out[:n], tally, out)
