@@ -106,6 +106,11 @@ def _moe(cfg: Cfg, a: str) -> MoEShape:
                     norm_topk=True, routed_scale=1.0)
 
 
+def _window(cfg: Cfg, a: str) -> int:
+    """Keys per SWA query counting itself (llama.cpp masks key j of query i when i - j >= W)."""
+    return cfg.int(a + "attention.sliding_window")
+
+
 def _kind_sinks(f: GGUFFile, blocks: list[int], swa: list[int], kind: int) -> bool:
     """Whether the blocks of one kind (1 SWA, 0 full) carry attn_sinks: all or none."""
     have = [f"blk.{i}.attn_sinks.weight" in f._by_name for i in blocks if swa[i] == kind]
@@ -191,7 +196,7 @@ def mimo2_from_gguf(path: Path) -> Mimo2Spec:
         if len(set(counts)) > 1:
             raise cfg.bad(a + "attention.head_count_kv", f"{kv}: {'SWA' if k else 'full'} blocks disagree")
     theta = cfg.float(a + "rope.freq_base")
-    window = cfg.int(a + "attention.sliding_window") if 1 in swa else None
+    window = _window(cfg, a) if 1 in swa else None
     full = AttnShape(nh, kinds[0][0] if kinds[0] else kv[0], d, dv, theta, rot, None,
                      _kind_sinks(f, list(range(trunk)), swa, 0))
     swa_attn = AttnShape(nh, kinds[1][0], d, dv, cfg.float(a + "rope.freq_base_swa"), rot, window,
