@@ -21,6 +21,12 @@ MTP head's input, ``llama_set_embeddings_nextn``), and then runs the MTP head in
 * ``driver``: row j = 0..T-1 reads token ids[j] and h_nextn[j-1], with a ZERO hidden for row 0, at position j:
   llama.cpp's draft-mtp driver (common/speculative.cpp) pairs each token with the previous row's hidden and
   the first token with ``pending_h``, which starts as zeros, so its MTP KV holds that extra row 0.
+
+A file with several nextn layers (mimo2: 3) also gets ``chain``: the layers chained teacher-forced, layer k
+(``llama_set_nextn_layer_offset``) reading layer k-1's own h_nextn rows (``_chain``). Before any MTP context,
+``mtp_blocker`` reads the header for what would make llama.cpp's MTP graph abort the process on a GGML_ASSERT
+(mimo2: a split attn_q/k/v or a sparse FFN in an MTP block; qwen35/qwen35moe: more than one nextn block); such a
+file runs the trunk only and says why (``LlamaOut.mtp_blocked``).
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ def check_readback(path: Path, spec: Mimo2Spec) -> None:
 
     got = load_target(path)
     if set(got.tensors) != set(spec.tensors):
-        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {sorted(set(got.tensors) ^ set(spec.tensors))}")
+        odd = sorted(set(got.tensors) ^ set(spec.tensors))
+        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {odd}")
     for n in spec.tensors:
         if not torch.equal(got.tensors[n].float(), spec.tensors[n].float()):
             raise RuntimeError(f"{path}: {n} does not read back equal to the HF fixture")

@@ -1,12 +1,13 @@
 """The MTP head of a mimo2 (MiMo-V2-Flash) target: ``Mimo2MTPSpec`` from the checkpoint that ships it (the target's
-own directory or GGUF: MiMo's MTP layers live beside the trunk, ``model.mtp.layers.{k}.*``, in llama.cpp's GGUF the
-blocks after the trunk, renamed back by ``formats.mimo2_gguf``; transformers ignores them, ``^model\\.mtp\\.``). The count is the file's: MiMo's config has no key for it (llama.cpp's converter hard-codes 3).
+own directory or GGUF: MiMo's MTP layers live beside the trunk, ``model.mtp.layers.{k}.*``; in llama.cpp's GGUF they
+are the blocks after the trunk, renamed back by ``formats.mimo2_gguf``; transformers ignores them,
+``^model\\.mtp\\.``). The count is the file's: MiMo's config has no key for it (llama.cpp's converter hard-codes 3).
 
 Per layer k: enorm, hnorm, eh_proj [H, 2H], final_layernorm, input_layernorm, pre_mlp_layernorm, self_attn.{q,k,v,o}
 _proj of the trunk's SWA shape (+ attention_sink_bias when its SWA layers carry sinks), dense mlp.{gate,up,down}_proj
 of intermediate_size. Named errors: no MTP layers (``BadTensor``), layer indices not 0..n-1, a missing or misshapen
-tensor (``BadTensor`` naming it), a sparse MTP MLP or a dedicated MTP embedding / head / head norm (``Refused``), a file whose
-trunk is not the target's (``Mismatch``).
+tensor (``BadTensor`` naming it), a sparse MTP MLP or a dedicated MTP embedding / head / head norm (``Refused``), a
+file whose trunk is not the target's (``Mismatch``).
 """
 
 from __future__ import annotations
