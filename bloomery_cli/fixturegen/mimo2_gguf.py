@@ -11,7 +11,7 @@ keys, value_scale, layer_norm_rms_epsilon from MiMo's ``layernorm_epsilon``), th
 and experts BF16; norms, sinks, the router ``ffn_gate_inp`` and ``exp_probs_b.bias`` F32) and ggml shapes, experts
 stacked [E, ff, H] / [E, H, ff]. Checked against the converter's own output on this fixture (run once by hand, two
 local shims: the converter reads ``partial_rotary_factor`` only from a top-level rope dict and knows no pre-tokenizer
-name for ours; docs/GGUF.md).
+name for ours; docs/INTERFACES.md, mimo2).
 
 One deliberate choice, ``qkv``: "fused" (default, the bundled file) writes each block's q/k/v as one ``attn_qkv``
 [Q | K | V] rows, as the converter writes MiMo-V2.5 (whose checkpoint ships ``qkv_proj``); llama.cpp's MTP graph
