@@ -89,3 +89,11 @@ oracle-llamacpp-qwen35moe:
     bloomery gate run qwen35moe-mtp --target .fixtures-work/qwen35moe-tiny.gguf \
         --draft .fixtures-work/qwen35moe-tiny.gguf --oracle --json results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.json \
         | tee results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.log
+
+# tier 3 on the mimo2 GGUF layout (bundled: fixtures/mimo2-tiny.gguf, rewritten from the HF fixture by
+# `python -m bloomery_cli.fixturegen.mimo2_gguf --out fixtures`): llama.cpp's trunk and its 3 chained MTP layers
+oracle-llamacpp-mimo2:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bloomery gate run mimo2-mtp --target fixtures/mimo2-tiny.gguf --draft fixtures/mimo2-tiny.gguf --oracle \
+        --json results/cpu/mimo2-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/mimo2-mtp-gguf-oracle-cpu-f32.log

@@ -21,6 +21,12 @@ MTP head's input, ``llama_set_embeddings_nextn``), and then runs the MTP head in
 * ``driver``: row j = 0..T-1 reads token ids[j] and h_nextn[j-1], with a ZERO hidden for row 0, at position j:
   llama.cpp's draft-mtp driver (common/speculative.cpp) pairs each token with the previous row's hidden and
   the first token with ``pending_h``, which starts as zeros, so its MTP KV holds that extra row 0.
+
+A file with several nextn layers (mimo2: 3) also gets ``chain``: the layers chained teacher-forced, layer k
+(``llama_set_nextn_layer_offset``) reading layer k-1's own h_nextn rows (``_chain``). Before any MTP context,
+``mtp_blocker`` reads the header for what would make llama.cpp's MTP graph abort the process on a GGML_ASSERT
+(mimo2: a split attn_q/k/v or a sparse FFN in an MTP block; qwen35/qwen35moe: more than one nextn block); such a
+file runs the trunk only and says why (``LlamaOut.mtp_blocked``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class LlamaOut:
-    """logits [T, V] float32; hidden [T, H] (h_nextn) or None; mtp_ours [T-1, V] / mtp_driver [T, V] or None."""
+    """logits [T, V] float32; hidden [T, H] (h_nextn) or None; mtp_ours [T-1, V] / mtp_driver [T, V] or None;
+    chain: per nextn layer k (files with more than one, mimo2) its teacher-forced logits [T-1-k, V] and h_nextn
+    [T-1-k, H] (``_chain``), or None; mtp_blocked: why llama.cpp's MTP graph was not run on this file, or None."""
 
     logits: np.ndarray
     hidden: np.ndarray | None
@@ -46,6 +54,8 @@ class LlamaOut:
     mtp_driver: np.ndarray | None
     version: str
     weights: str                # "F32 as stored" or "F32 copy of <types>"
+    chain: list[tuple[np.ndarray, np.ndarray]] | None = None
+    mtp_blocked: str | None = None
 
 
 def unavailable() -> str | None:
@@ -93,6 +103,31 @@ def f32_copy(src: Path, dst: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def mtp_blocker(path: Path) -> str | None:
+    """Why llama.cpp's MTP graph must not be run on ``path`` (it would abort the process on a GGML_ASSERT), from
+    the header alone; None when it can run (or the file has no nextn layer)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    nf = r.fields.get(f"{arch}.nextn_predict_layers")
+    nextn = int(nf.contents()) if nf is not None else 0
+    if nextn == 0:
+        return None
+    blocks = int(r.fields[f"{arch}.block_count"].contents())
+    names = {t.name for t in r.tensors}
+    if arch in ("qwen35", "qwen35moe") and nextn != 1:
+        return f"{arch} with nextn_predict_layers {nextn}: its graph_mtp asserts a single MTP block"
+    if arch == "mimo2":
+        for i in range(blocks - nextn, blocks):
+            if f"blk.{i}.attn_qkv.weight" not in names:
+                return (f"blk.{i} stores attn_q/attn_k/attn_v split (the MiMo-V2-Flash layout); llama.cpp's mimo2 "
+                        "MTP graph asserts a fused attn_qkv (mimo2.cpp GGML_ASSERT, which aborts the process)")
+            if f"blk.{i}.ffn_gate.weight" not in names:
+                return f"blk.{i} has no dense ffn_gate; llama.cpp's mimo2 MTP graph asserts a dense FFN"
+    return None
 
 
 def _threads() -> int:
@@ -150,9 +185,17 @@ def _decode_target(lc: Any, ext: Any, ctx: Any, ids: list[int], nextn: bool, voc
         lc.llama_batch_free(batch)
 
 
-def _mtp_rows(lc: Any, model: Any, toks: list[int], hid: np.ndarray, pos: list[int], vocab: int) -> np.ndarray:
-    """One MTP pass over rows (token, hidden state, position) from an empty KV: logits [R, V]."""
+def _mtp_rows(lc: Any, model: Any, toks: list[int], hid: np.ndarray, pos: list[int], vocab: int, layer: int = 0,
+              ext: Any = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """One MTP pass of nextn layer ``layer`` over rows (token, hidden state, position) from an empty KV: logits
+    [R, V]; with ``ext`` also the layer's h_nextn rows [R, H] (its output before the head norm)."""
     ctx = _context(lc, model, max(pos) + 1, mtp=True)
+    if layer:
+        from llama_cpp import llama_cpp_ext
+
+        llama_cpp_ext.llama_set_nextn_layer_offset(ctx, layer)
+    if ext is not None:
+        ext.llama_set_embeddings_nextn(ctx, True, True)
     hid = np.ascontiguousarray(hid, dtype=np.float32)
     batch = lc.llama_batch_ext_init(ctx)
     try:
@@ -168,14 +211,32 @@ def _mtp_rows(lc: Any, model: Any, toks: list[int], hid: np.ndarray, pos: list[i
         rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
         if rc != 0:
             raise RuntimeError(f"llama.cpp: llama_process (MTP) returned {rc}")
-        return _logits(lc, ctx, len(toks), vocab)
+        logits = _logits(lc, ctx, len(toks), vocab)
+        if ext is None:
+            return logits
+        return logits, _rows_of(ext.llama_get_embeddings_nextn_ith, ctx, len(toks), hid.shape[1], "MTP h_nextn")
     finally:
         lc.llama_batch_ext_free(batch)
         lc.llama_free(ctx)
 
 
-def _run_file(path: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
-                                                    np.ndarray | None]:
+def _chain(lc: Any, ext: Any, model: Any, ids: list[int], h: np.ndarray, layers: int, vocab: int
+           ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The nextn layers chained teacher-forced on llama.cpp's own rows (HF MtpModel's loop): layer 0 at positions
+    q = 1..T-1 reads token ids[q] and the trunk's h_nextn[q-1]; layer k at q = k+1..T-1 reads ids[q] and layer
+    k-1's h_nextn at q-1. Per layer (logits [T-1-k, V], h_nextn [T-1-k, H]), each pass from an empty KV."""
+    t, out, x = len(ids), [], h[:-1]
+    for k in range(layers):
+        if t - 1 - k <= 0:
+            break
+        logits, y = _mtp_rows(lc, model, ids[k + 1:], x[:t - 1 - k], list(range(k + 1, t)), vocab, k, ext)
+        out.append((logits, y))
+        x = y
+    return out
+
+
+def _run_file(path: Path, ids: list[int], mtp: bool = True) -> tuple[np.ndarray, np.ndarray | None,
+                                                                     np.ndarray | None, np.ndarray | None, list | None]:
     lc, ext = _lib()
     lc.llama_backend_init()
     mp = lc.llama_model_default_params()
@@ -192,13 +253,15 @@ def _run_file(path: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None
             logits, h = _decode_target(lc, ext, ctx, ids, nextn > 0, vocab, hidden)
         finally:
             lc.llama_free(ctx)
-        ours = driver = None
-        if h is not None:
+        ours = driver = chain = None
+        if h is not None and mtp:
             t = len(ids)
             ours = _mtp_rows(lc, model, ids[1:], h[:-1], list(range(1, t)), vocab)
             driver = _mtp_rows(lc, model, ids, np.vstack([np.zeros((1, hidden), np.float32), h[:-1]]),
                                list(range(t)), vocab)
-        return logits, h, ours, driver
+            if nextn > 1:
+                chain = _chain(lc, ext, model, ids, h, nextn, vocab)
+        return logits, h, ours, driver, chain
     finally:
         lc.llama_model_free(model)
 
@@ -210,14 +273,15 @@ def _cached(path: str, ids: tuple[int, ...]) -> LlamaOut:
     src = Path(path)
     types = tensor_types(src)
     version = f"llama-cpp-python {llama_cpp.__version__}"
+    blocked = mtp_blocker(src)
     if types == ["F32"]:
-        res = _run_file(src, list(ids))
+        res = _run_file(src, list(ids), blocked is None)
         weights = "F32 as stored"
     else:
         with tempfile.TemporaryDirectory(prefix="bloomery-llamacpp-") as d:
-            res = _run_file(f32_copy(src, Path(d) / (src.stem + "-f32.gguf")), list(ids))
+            res = _run_file(f32_copy(src, Path(d) / (src.stem + "-f32.gguf")), list(ids), blocked is None)
         weights = f"an F32 copy of the file's {'/'.join(types)} tensors"
-    return LlamaOut(*res, version=version, weights=weights)
+    return LlamaOut(*res[:4], version=version, weights=weights, chain=res[4], mtp_blocked=blocked)
 
 
 def run(path: Path, ids: list[int]) -> LlamaOut:

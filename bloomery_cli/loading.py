@@ -26,6 +26,7 @@ from bloomery_cli.formats.dspark import dspark_from_hf
 from bloomery_cli.formats.gguf_file import is_gguf
 from bloomery_cli.formats.hf_dir import refuse_pickle
 from bloomery_cli.formats.mimo2 import is_mimo2, mimo2_from_hf
+from bloomery_cli.formats.mimo2_gguf import is_mimo2_gguf, mimo2_from_gguf
 from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
 from bloomery_cli.formats.qwen35moe import is_qwen35moe, qwen35moe_from_gguf, qwen35moe_from_hf
 from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
@@ -59,6 +60,8 @@ def load_target(path: str | Path) -> ModelSpec:
         return qwen38_from_hf(p) if p.is_dir() else qwen38_from_gguf(p)
     if is_mimo2(p):
         return mimo2_from_hf(p)
+    if is_mimo2_gguf(p):
+        return mimo2_from_gguf(p)
     if p.is_dir():
         return qwen3_from_hf(p)
     if is_gguf(p):
@@ -112,7 +115,8 @@ def load_mimo2_mtp(path: str | Path, target: ModelSpec):
     ``target``; named errors when absent, incomplete or unfit (formats/mimo2_mtp.py)."""
     from bloomery_cli.formats.mimo2_mtp import mimo2_mtp_from_file
 
-    p = _existing(path, "mimo2 checkpoint holding the MTP layers (an HF directory)")
-    if not p.is_dir():
-        raise InputError(p, "expected the mimo2 checkpoint's HF directory (config.json + *.safetensors)")
+    p = _existing(path, "mimo2 checkpoint holding the MTP layers (an HF directory or a mimo2 .gguf)")
+    if not p.is_dir() and not is_mimo2_gguf(p):
+        raise InputError(p, "expected the mimo2 checkpoint's HF directory (config.json + *.safetensors) or its "
+                            "llama.cpp GGUF (arch mimo2)")
     return mimo2_mtp_from_file(p, target)

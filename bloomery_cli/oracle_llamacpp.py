@@ -106,6 +106,9 @@ def check_mtp(report: Report, target: Any, mtp: Any, seq: Sequence[int], gguf: P
     out = _llama(report, Path(gguf or target.source), seq, "llama.cpp MTP")
     if out is None:
         return
+    if out.mtp_blocked:
+        report.note(f"(o) llama.cpp MTP: skipped, {out.mtp_blocked}")
+        return
     if out.mtp_ours is None:
         report.note("(o) llama.cpp MTP: skipped, llama.cpp reports no nextn layer in the file")
         return

@@ -9,7 +9,8 @@ the host transcription of the kernel's own rule on its own float32 scores, ``gat
 goes to the record), then each drafted row (layer k's row at position T+k: its output before final_layernorm, its
 logits) against ``reference.drafts.mimo2_mtp.draft`` on the engine's own target rows, following the kernel's chain
 ids, and the draft ids. (o): transformers' ``MtpModel`` (FAMILIES_MOE.md section 3's shim) teacher-forced, per
-layer, against the f64 reference chain (post-norm runs; a note for pre).
+layer, against the f64 reference chain (post-norm runs; a note for pre); on a GGUF target also llama.cpp's MTP graph,
+its 3 layers chained in its pre-norm convention (``bloomery_cli.oracle_llamacpp_mimo2``).
 """
 
 from __future__ import annotations
@@ -88,9 +89,13 @@ def check_draft(report: Report, c: DraftCheck) -> None:
 def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     """(o) the f64 reference chain against transformers' MtpModel, teacher-forced over the prompt and the plain
     run's first ids, per layer: logits and greedy ids."""
+    from bloomery_cli.oracle_llamacpp import is_gguf_target
+    from bloomery_cli.oracle_llamacpp_mimo2 import check_mtp_chain
     from bloomery_cli.oracle_mimo2 import hf_mtp_chain
 
     spec: Mimo2MTPSpec = c.draft_spec
+    if is_gguf_target(c.target_spec):       # llama.cpp's MTP graph on the file (its pre-norm chain)
+        check_mtp_chain(report, c.target_spec, spec, list(c.prompt) + list(plain_ids[:32]))
     if spec.hidden != "post":
         report.note("(o) mtp: transformers' MtpModel runs the post-norm convention only; this run is --mtp-hidden "
                     "pre, so no tier-3 line for the draft")

@@ -265,11 +265,12 @@ def export_gguf(fixtures: Path, out: Path | None = None) -> Path:
     if out is not None:
         os.replace(tmp, dst)
         return dst
-    total = man.total_bytes + tmp.stat().st_size - man.files.get(GGUF, {}).get("bytes", 0)
+    # the cap counts distinct content (Manifest.stored_bytes), as install_model does; a new file adds its size
+    total = man.stored_bytes + tmp.stat().st_size - man.files.get(GGUF, {}).get("bytes", 0)
     if total > MAX_FIXTURE_BYTES:
         tmp.unlink()
-        raise RuntimeError(f"fixtures would total {total} bytes with {GGUF}, over the {MAX_FIXTURE_BYTES} limit "
-                           "(write it elsewhere with --gguf-out)")
+        raise RuntimeError(f"fixtures would store {total} distinct bytes with {GGUF}, over the {MAX_FIXTURE_BYTES} "
+                           "limit (write it elsewhere with --gguf-out)")
     os.replace(tmp, dst)
     man.add_files(fixtures, [dst])
     entry["files"] = sorted(set(entry["files"]) | {GGUF})

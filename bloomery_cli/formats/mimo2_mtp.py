@@ -1,12 +1,13 @@
 """The MTP head of a mimo2 (MiMo-V2-Flash) target: ``Mimo2MTPSpec`` from the checkpoint that ships it (the target's
-own directory: MiMo's MTP layers live beside the trunk, ``model.mtp.layers.{k}.*``; transformers ignores them,
+own directory or GGUF: MiMo's MTP layers live beside the trunk, ``model.mtp.layers.{k}.*``; in llama.cpp's GGUF they
+are the blocks after the trunk, renamed back by ``formats.mimo2_gguf``; transformers ignores them,
 ``^model\\.mtp\\.``). The count is the file's: MiMo's config has no key for it (llama.cpp's converter hard-codes 3).
 
 Per layer k: enorm, hnorm, eh_proj [H, 2H], final_layernorm, input_layernorm, pre_mlp_layernorm, self_attn.{q,k,v,o}
 _proj of the trunk's SWA shape (+ attention_sink_bias when its SWA layers carry sinks), dense mlp.{gate,up,down}_proj
 of intermediate_size. Named errors: no MTP layers (``BadTensor``), layer indices not 0..n-1, a missing or misshapen
-tensor (``BadTensor`` naming it), a sparse MTP MLP or a dedicated MTP embedding / head (``Refused``), a file whose
-trunk is not the target's (``Mismatch``).
+tensor (``BadTensor`` naming it), a sparse MTP MLP or a dedicated MTP embedding / head / head norm (``Refused``), a
+file whose trunk is not the target's (``Mismatch``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ def mimo2_mtp_from_file(path: Path, target: Mimo2Spec) -> Mimo2MTPSpec:
     if target.family != "mimo2":
         raise Mismatch(f"MTP file {path} vs target {target.source}",
                        f"target family {target.family!r}; this MTP head is the mimo2 (MiMo-V2) layout")
-    own = target if Path(path).resolve() == Path(target.source).resolve() else mimo2_from_hf(Path(path))
+    if Path(path).resolve() == Path(target.source).resolve():
+        own = target
+    elif Path(path).is_file():
+        from bloomery_cli.formats.mimo2_gguf import mimo2_from_gguf
+        own = mimo2_from_gguf(Path(path))
+    else:
+        own = mimo2_from_hf(Path(path))
     if (own.layer, own.mimo.swa, own.vocab_size) != (target.layer, target.mimo.swa, target.vocab_size):
         raise Mismatch(f"MTP file {path} vs target {target.source}", "trunk numbers (hidden, heads, SWA shape, "
                                                                      "vocab) differ; expected the target's")
@@ -51,13 +58,13 @@ def mimo2_mtp_from_file(path: Path, target: Mimo2Spec) -> Mimo2MTPSpec:
     for n in names:
         if ".mlp.gate." in n or ".mlp.experts." in n:
             raise Refused(path, f"{n}: a sparse MTP MLP; MiMo-V2's MTP layers are dense (llama.cpp's graph too)")
-        if n.endswith(("embed_tokens.weight", "shared_head.head.weight")):
+        if n.endswith(("embed_tokens.weight", "shared_head.head.weight", "shared_head.norm.weight")):
             raise Refused(path, f"{n}: a dedicated MTP embedding / head; the kernels use the target's")
     shapes = {}
     for k in found:
         shapes.update(layer_shapes(target, k))
     check_shapes(own.tensors, shapes, path)
-    return Mimo2MTPSpec(kind="mimo2-mtp", source=Path(path), source_format="hf", attn=target.mimo.swa,
+    return Mimo2MTPSpec(kind="mimo2-mtp", source=Path(path), source_format=own.source_format, attn=target.mimo.swa,
                         hidden_size=target.hidden_size, intermediate_size=target.layer.intermediate_size,
                         rms_eps=target.layer.rms_eps, value_scale=target.mimo.value_scale, num_layers=len(found),
                         vocab_size=target.vocab_size, tensors=Subset(own.tensors, list(shapes)))
