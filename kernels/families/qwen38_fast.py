@@ -39,6 +39,7 @@ import torch
 from bloomery_cli.spec import Qwen38Spec
 
 from ..graphs import rms
+from ..ops.attention import attend
 from ..ops.gated_deltanet import delta_chunked
 from ..ops.rope import apply_rope, rope_tables
 from ..triton import delta_dims_ok, delta_impl, resolve_impl
@@ -121,7 +122,8 @@ class FastQwen38Target:
     ``impl`` "auto" | "torch" | "triton" for both the decode ops and the DeltaNet kernels."""
 
     def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
-                 rows: int | None = None, max_width: int = 16, graphs: bool = True, impl: str = "auto"):
+                 rows: int | None = None, max_width: int = 16, graphs: bool = True, impl: str = "auto",
+                 attention: str = "auto"):
         from ..graphs import GraphSet, Staged, decode_ops
 
         if getattr(spec, "moe", None) is not None:
@@ -135,6 +137,11 @@ class FastQwen38Target:
         self.ops = decode_ops(self.impl, self.device)
         self.recur = delta_impl(self.impl)
         self.prep, self.out_norm = fused_ops(self.impl)
+        if attention not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention={attention!r}: expected auto, torch or triton")
+        self.attention = ("triton" if self.impl == "triton" else "torch") if attention == "auto" else attention
+        if self.attention == "triton" and self.ops.name != "triton":
+            raise ValueError("attention='triton' needs impl='triton'")
         cast = _Cast(self.device, dtype)
         t = spec.tensors
         self.attn_layers = [l for l in range(spec.num_layers) if not hy.is_linear(l)]
@@ -155,7 +162,8 @@ class FastQwen38Target:
                 a = p + "self_attn."
                 self.layers.append(FastAttn(
                     ln_in, stack_rows(*(cast(t[a + n + "_proj.weight"]) for n in "qkv")),
-                    norm_gain(t[a + "q_norm.weight"]).to(self.device), norm_gain(t[a + "k_norm.weight"]).to(self.device),
+                    norm_gain(t[a + "q_norm.weight"]).to(self.device),
+                    norm_gain(t[a + "k_norm.weight"]).to(self.device),
                     cast(t[a + "o_proj.weight"]).contiguous(), _mlp(t, p, cast)))
         self.embed = cast(t["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight())
@@ -167,6 +175,7 @@ class FastQwen38Target:
         kv = (len(self.attn_layers), s.num_kv_heads, self.cap, s.head_dim)
         self.k_cache = torch.zeros(kv, device=dev, dtype=dtype)
         self.v_cache = torch.zeros(kv, device=dev, dtype=dtype)
+        self.key_pos = torch.arange(self.cap, device=dev)
         nl, k, c = len(self.lin_layers), hy.linear_conv_kernel_dim, hy.conv_dim
         nv, dk, dv = hy.linear_num_value_heads, hy.linear_key_head_dim, hy.linear_value_head_dim
         self.ctot = c + nv * dv + 2 * nv
@@ -254,7 +263,7 @@ class FastQwen38Target:
         self._last = None
 
     def kv_rows(self, layer: int) -> tuple[T, T]:
-        """Read-only views of full-attention layer ``layer``'s committed rows [nkv, length, d] (k normed and rotated, v)."""
+        """Read-only views of attention layer ``layer``'s committed rows [nkv, length, d]: k (normed, rotated), v."""
         j = self.attn_layers.index(layer)
         return self.k_cache[j, :, :self.length], self.v_cache[j, :, :self.length]
 
@@ -292,6 +301,7 @@ class FastQwen38Target:
         r = ids.shape[0]
         pos = p0 + torch.arange(r, device=ids.device)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]                    # [R, 1, rot]
+        allowed = self.key_pos[None, :] <= pos[:, None] if self.attention == "torch" else None   # [R, cap]
         bufs.proj[:, :k - 1, :c].copy_(self.conv_tail)
         torch.index_select(self.embed, 0, ids, out=bufs.taps[0])
         h = bufs.taps[0]
@@ -301,7 +311,7 @@ class FastQwen38Target:
                 hm = self._delta(h, w, i, bufs, eps)
                 i += 1
             else:
-                hm = self._attention(h, w, j, pos, p0, cos, sin, eps)
+                hm = self._attention(h, w, j, pos, p0, allowed, cos, sin, eps)
                 j += 1
             m = w.mlp
             gu = torch.mm(ops.rms(hm, m.ln_post, eps), m.wgu.t())
@@ -338,8 +348,12 @@ class FastQwen38Target:
         for dst, src in zip(rows, self.prep(*args), strict=True):
             dst.copy_(src)
 
-    def _attention(self, h: T, w: FastAttn, j: int, pos: T, p0: T, cos: T, sin: T, eps: float) -> T:
-        """h + the gated attention of full layer j on rows h [R, H]: K/V stored at pos, keys <= each row's position."""
+    def _attention(self, h: T, w: FastAttn, j: int, pos: T, p0: T, allowed: T | None, cos: T, sin: T,
+                   eps: float) -> T:
+        """h + the gated attention of full layer j on rows h [R, H]: K/V stored at pos, keys <= each row's position
+        (over the whole static cache: "torch" the masked matmul ``ops.attention.attend``, whose rows are
+        independent of R and of their place in the pass; "triton" the flash-decoding kernel of
+        ``kernels.triton.decode``)."""
         s = self.shape
         nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         r = h.shape[0]
@@ -350,5 +364,9 @@ class FastQwen38Target:
         kc, vc = self.k_cache[j], self.v_cache[j]
         kc.index_copy_(1, pos, kr.transpose(0, 1))
         vc.index_copy_(1, pos, x[:, (2 * nh + nkv) * d:].view(r, nkv, d).transpose(0, 1))
-        o = self.ops.attention(q, nh, nkv, d, kc, vc, p0) * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
+        if allowed is not None:
+            o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
+        else:
+            o = self.ops.attention(q, nh, nkv, d, kc, vc, p0)
+        o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
         return torch.addmm(h, o, w.wo.t())
