@@ -204,18 +204,19 @@ def test_fail_first_a_pass_with_a_host_branch_is_caught():
 
 @triton_only
 def test_triton_engine_matches_torch_engine():
+    """Logits and the committed state of the Triton path against the torch path, inside the derived f32 logits band."""
     spec = _spec()
     a = FastQwen38Target(spec, "cpu", torch.float32, 64, 4, max_width=4, impl="torch")
     b = FastQwen38Target(spec, DEVICE, torch.float32, 64, 4, max_width=4, impl="triton")
     for e in (a, b):
         e.prefill(IDS[:20])
     la, lb = a.verify(IDS[20:24], logits=True).logits, b.verify(IDS[20:24], logits=True).logits
-    torch.testing.assert_close(lb.cpu(), la, atol=1e-5, rtol=1e-5)
+    band = bands.logits_band("f32", spec.layer, spec.num_layers, 24).value
+    assert bands.worst_rel(lb.double().cpu().numpy(), la.double().numpy()) < band
     a.commit(3)
     b.commit(3)
-    torch.testing.assert_close(b.state.cpu(), a.state, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(b.conv_tail.cpu(), a.conv_tail, atol=1e-5, rtol=1e-5)
-
+    for x, y in ((b.state, a.state), (b.conv_tail, a.conv_tail)):
+        assert bands.worst_rel(x.double().cpu().numpy(), y.double().numpy()) < band
 
 def test_drafted_generate_is_lossless_with_mtp_and_dflash2():
     """The bench's drafts bound to the fast engine: greedy drafted ids == plain ids (rows padded alike)."""
