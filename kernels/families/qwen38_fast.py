@@ -109,6 +109,45 @@ class _Cast:
         return x.to(device=self.device, dtype=self.dtype)
 
 
+def fast_attn(t, p: str, cast: _Cast) -> FastAttn:
+    """The gated attention layer under prefix ``p`` ("model.layers.3." or "mtp.layers.0.") in the fused layout."""
+    a = p + "self_attn."
+    return FastAttn(norm_gain(t[p + "input_layernorm.weight"]).to(cast.device),
+                    stack_rows(*(cast(t[a + n + "_proj.weight"]) for n in "qkv")),
+                    norm_gain(t[a + "q_norm.weight"]).to(cast.device),
+                    norm_gain(t[a + "k_norm.weight"]).to(cast.device),
+                    cast(t[a + "o_proj.weight"]).contiguous(), _mlp(t, p, cast))
+
+
+def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, allowed: T | None, cos: T, sin: T,
+                    eps: float) -> T:
+    """h + the gated attention on rows h [R, H] at positions pos (= p0 + r): K/V stored into kc, vc [nkv, cap, d]
+    at pos, each row attending the keys ``allowed`` [R, cap] lets it (the masked matmul ``ops.attention.attend``,
+    whose rows are independent of R and of their place in the pass), or with ``allowed`` None the keys <= its
+    position through ``ops.attention`` (the flash-decoding kernel of ``kernels.triton.decode``)."""
+    nh, nkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    r = h.shape[0]
+    x = torch.mm(ops.rms(h, w.ln_in, eps), w.w_qgkv.t())                             # [R, 2 nh d + 2 nkv d]
+    qg = x[:, :2 * nh * d].view(r, nh, 2 * d)
+    q = norm_rope_heads(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
+    kr = norm_rope_heads(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin)
+    kc.index_copy_(1, pos, kr.transpose(0, 1))
+    vc.index_copy_(1, pos, x[:, (2 * nh + nkv) * d:].view(r, nkv, d).transpose(0, 1))
+    if allowed is not None:
+        o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
+    else:
+        o = ops.attention(q, nh, nkv, d, kc, vc, p0)
+    o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
+    return torch.addmm(h, o, w.wo.t())
+
+
+def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None) -> T:
+    """h + swiglu(rms(h, post_attention_layernorm)), into ``out`` when given."""
+    gu = torch.mm(ops.rms(h, m.ln_post, eps), m.wgu.t())
+    return torch.addmm(h, ops.silu_mul(gu), m.wd.t(), out=out) if out is not None else \
+        torch.addmm(h, ops.silu_mul(gu), m.wd.t())
+
+
 def norm_rope_heads(x: T, w32: T, eps: float, cos: T, sin: T) -> T:
     """x [R, heads, d] (a view) -> rms(x) * w, then RoPE on channels [0, rot) (cos/sin [R, 1, rot]), x's dtype."""
     y = rms(x, w32, eps)
@@ -159,12 +198,7 @@ class FastQwen38Target:
                     cast(t[a + "dt_bias"]), cast(t[a + "norm.weight"]), cast(t[a + "out_proj.weight"]).contiguous(),
                     _mlp(t, p, cast)))
             else:
-                a = p + "self_attn."
-                self.layers.append(FastAttn(
-                    ln_in, stack_rows(*(cast(t[a + n + "_proj.weight"]) for n in "qkv")),
-                    norm_gain(t[a + "q_norm.weight"]).to(self.device),
-                    norm_gain(t[a + "k_norm.weight"]).to(self.device),
-                    cast(t[a + "o_proj.weight"]).contiguous(), _mlp(t, p, cast)))
+                self.layers.append(fast_attn(t, p, cast))
         self.embed = cast(t["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight())
         self.final_norm = norm_gain(t["model.norm.weight"]).to(self.device)      # f32 gain, as Qwen38Target
@@ -313,10 +347,7 @@ class FastQwen38Target:
             else:
                 hm = self._attention(h, w, j, pos, p0, allowed, cos, sin, eps)
                 j += 1
-            m = w.mlp
-            gu = torch.mm(ops.rms(hm, m.ln_post, eps), m.wgu.t())
-            torch.addmm(hm, ops.silu_mul(gu), m.wd.t(), out=bufs.taps[l + 1])
-            h = bufs.taps[l + 1]
+            h = ffn_into(ops, hm, w.mlp, eps, out=bufs.taps[l + 1])
         bufs.final.copy_(ops.rms(h, self.final_norm, eps))
         torch.mm(bufs.final, self.head.t(), out=bufs.logits)
         torch.argmax(bufs.logits, dim=-1, out=bufs.argmax)
@@ -350,23 +381,6 @@ class FastQwen38Target:
 
     def _attention(self, h: T, w: FastAttn, j: int, pos: T, p0: T, allowed: T | None, cos: T, sin: T,
                    eps: float) -> T:
-        """h + the gated attention of full layer j on rows h [R, H]: K/V stored at pos, keys <= each row's position
-        (over the whole static cache: "torch" the masked matmul ``ops.attention.attend``, whose rows are
-        independent of R and of their place in the pass; "triton" the flash-decoding kernel of
-        ``kernels.triton.decode``)."""
-        s = self.shape
-        nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        r = h.shape[0]
-        x = torch.mm(self.ops.rms(h, w.ln_in, eps), w.w_qgkv.t())                    # [R, 2 nh d + 2 nkv d]
-        qg = x[:, :2 * nh * d].view(r, nh, 2 * d)
-        q = norm_rope_heads(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
-        kr = norm_rope_heads(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin)
-        kc, vc = self.k_cache[j], self.v_cache[j]
-        kc.index_copy_(1, pos, kr.transpose(0, 1))
-        vc.index_copy_(1, pos, x[:, (2 * nh + nkv) * d:].view(r, nkv, d).transpose(0, 1))
-        if allowed is not None:
-            o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
-        else:
-            o = self.ops.attention(q, nh, nkv, d, kc, vc, p0)
-        o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
-        return torch.addmm(h, o, w.wo.t())
+        """h + the gated attention of full layer j (``gated_attention`` over this layer's static cache)."""
+        return gated_attention(self.ops, self.shape, h, w, self.k_cache[j], self.v_cache[j], pos, p0, allowed, cos,
+                               sin, eps)
