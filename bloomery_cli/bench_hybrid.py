@@ -188,7 +188,10 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     draft.prompt(first.taps)
     anchor = first.argmax[-1]
     ms = _timed(lambda: draft.propose(anchor), target.device, iters) * 1e3
-    what = f"mtp chain={draft.width}" if mtp else f"dflash2 layers={draft.spec.num_layers} block={draft.b}"
+    if mtp:
+        what = f"mtp chain={draft.width} graphs={'on' if draft.graphs.enabled else 'off'}"
+    else:
+        what = f"dflash2 layers={draft.spec.num_layers} block={draft.b}"
     log(f"draft block_ms={ms:.3f} rel_plain_step={ms / step_ms:.3f} {what}")
     return {"block_ms": ms, "rel_plain_step": ms / step_ms}
 
