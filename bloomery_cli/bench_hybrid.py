@@ -188,10 +188,9 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     draft.prompt(first.taps)
     anchor = first.argmax[-1]
     ms = _timed(lambda: draft.propose(anchor), target.device, iters) * 1e3
-    if mtp:
-        what = f"mtp chain={draft.width} graphs={'on' if draft.graphs.enabled else 'off'}"
-    else:
-        what = f"dflash2 layers={draft.spec.num_layers} block={draft.b}"
+    graphed = (draft.graphs if mtp else draft.propose_graph).enabled
+    what = (f"mtp chain={draft.width}" if mtp else f"dflash2 layers={draft.spec.num_layers} block={draft.b}") + \
+        f" graphs={'on' if graphed else 'off'}"
     log(f"draft block_ms={ms:.3f} rel_plain_step={ms / step_ms:.3f} {what}")
     return {"block_ms": ms, "rel_plain_step": ms / step_ms}
 

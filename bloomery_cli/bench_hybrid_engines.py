@@ -1,7 +1,7 @@
 """The hybrid bench's engines: ``FastQwen38Target`` (kernels/families/qwen38_fast.py) and its draft, on the fastest
 path that runs, as ``bench.build_engines`` does for qwen3: Triton ops + CUDA graphs, torch ops + CUDA graphs, eager
-(torch ops, no graphs; the only path on a CPU). The MTP draft is ``FastMTPDraft`` (its propose step graphed too), the
-DFlash2 draft the eager ``DFlash2Draft``. Each path is built, prefilled on a short prompt, captured (verify of
+(torch ops, no graphs; the only path on a CPU). The drafts are ``FastMTPDraft`` / ``FastDFlash2Draft`` (their
+propose steps, and DFlash2's context extension, graphed too). Each path is built, prefilled on a short prompt, captured (verify of
 every width 1..W and commit of every k, so no capture lands inside a timed run) and driven through one drafted window;
 a path that fails is logged with its reason and the next one is tried."""
 
@@ -30,7 +30,7 @@ def build_hybrid_engines(tspec, dspec, mspec, dev: torch.device, dtype: torch.dt
                          mtp_width: int, log, paths: list[Path] | None = None):
     """(target, draft, mode): ``dspec`` a DFlash2 spec or ``mspec`` an MTP spec (the other None); ``width`` the
     widest verify the bench runs; ``paths`` (impl, attention, graphs) to try in order (default ``engine_paths``)."""
-    from bloomery_gates.kernels.drafts.dflash2 import DFlash2Draft
+    from bloomery_gates.kernels.drafts.dflash2_fast import FastDFlash2Draft
     from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
     from bloomery_gates.kernels.families.qwen38_fast import FastQwen38Target
 
@@ -41,13 +41,12 @@ def build_hybrid_engines(tspec, dspec, mspec, dev: torch.device, dtype: torch.dt
             if mspec is not None:
                 d = FastMTPDraft(mspec, t, max_len, width=mtp_width, graphs=gr)
             else:
-                d = DFlash2Draft(dspec, t, max_len, impl="torch" if im == "torch" else "auto")
+                d = FastDFlash2Draft(dspec, t, max_len, impl="torch" if im == "torch" else "auto", graphs=gr)
             t0 = time.perf_counter()
             first = t.prefill([1, 2, 3])
             d.prompt(first.taps)
             t.capture(range(1, width + 1))
-            if mspec is not None:
-                d.capture()
+            d.capture()
             anchor = first.argmax[-1]
             v = t.verify([anchor, *d.propose(anchor).ids])
             t.commit(1)
