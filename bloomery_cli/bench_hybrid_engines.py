@@ -1,9 +1,9 @@
 """The hybrid bench's engines: ``FastQwen38Target`` (kernels/families/qwen38_fast.py) and its draft, on the fastest
 path that runs, as ``bench.build_engines`` does for qwen3: Triton ops + CUDA graphs, torch ops + CUDA graphs, eager
 (torch ops, no graphs; the only path on a CPU). The drafts are ``FastMTPDraft`` / ``FastDFlash2Draft`` (their
-propose steps, and DFlash2's context extension, graphed too). Each path is built, prefilled on a short prompt, captured (verify of
-every width 1..W and commit of every k, so no capture lands inside a timed run) and driven through one drafted window;
-a path that fails is logged with its reason and the next one is tried."""
+propose steps, and DFlash2's context extension, graphed too). Each path is built, prefilled on a short prompt,
+captured (verify of every width 1..W, commit of every k, the draft's passes: no capture lands inside a timed run) and
+driven through one drafted window; a path that fails is logged with its reason and the next one is tried."""
 
 from __future__ import annotations
 
