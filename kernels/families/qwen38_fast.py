@@ -188,12 +188,12 @@ class FastQwen38Target:
         self.layers: list[FastDelta | FastAttn] = []
         for l in range(spec.num_layers):
             p = f"model.layers.{l}."
-            ln_in = norm_gain(t[p + "input_layernorm.weight"]).to(self.device)
             if hy.is_linear(l):
                 a = p + "linear_attn."
+                names = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")
                 self.layers.append(FastDelta(
-                    ln_in, stack_rows(*(cast(t[a + n + ".weight"]) for n in ("in_proj_qkv", "in_proj_z", "in_proj_a",
-                                                                                 "in_proj_b"))),
+                    norm_gain(t[p + "input_layernorm.weight"]).to(self.device),
+                    stack_rows(*(cast(t[a + n + ".weight"]) for n in names)),
                     cast(t[a + "conv1d.weight"]).reshape(hy.conv_dim, -1).contiguous(), cast(t[a + "A_log"]),
                     cast(t[a + "dt_bias"]), cast(t[a + "norm.weight"]), cast(t[a + "out_proj.weight"]).contiguous(),
                     _mlp(t, p, cast)))
