@@ -2,7 +2,8 @@
 # The Qwen3.8-27B-shape hybrid benches on the H200 (never CI), through the `device` tool (kind nvidia-h200):
 #   bash .ci/device-bench27.sh                 (carry .whl with the gguf wheel; N=256 LAYERS= HF=--hf by default)
 # qwen38-dflash2 at B=8 and B=16 and qwen38-mtp (3 chained drafts), bf16, 512-token prompt, random weights made
-# on the device; records and logs under $OUT (results/h200/ takes them).
+# on the device; records and logs under $OUT (results/h200/ takes them). SMOKE=1 (default) first runs qwen38-dflash2
+# and qwen38-mtp at --layers 4 -n 32 (the engine line shows which FastQwen38Target path ran, each failed path logged).
 set -uo pipefail
 N=${N:-256}; LAYERS=${LAYERS:-}; HF=${HF---hf}; T=${T:-200}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
@@ -13,6 +14,17 @@ export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
   python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } | tee $OUT/device-bench27.txt
 L=${LAYERS:+--layers $LAYERS}
+smoke() {  # name tag args...: a 4-layer run at the 27B width first (SMOKE=0 skips), so an engine failure shows fast
+  local name=$1 tag=$2; shift 2
+  timeout 300 python3 -P -m bloomery_cli.bench $name --shape qwen38-27b --device cuda -n 32 --layers 4 "$@" \
+    --json $OUT/bench-smoke-$tag-cuda-bf16.json > $OUT/bench-smoke-$tag-cuda-bf16.log 2>&1
+  echo "smoke $tag exit $?"; grep -E "^(engine|plain|verify|draft|reference|ids identical)|Error" \
+    $OUT/bench-smoke-$tag-cuda-bf16.log | cut -c1-400
+}
+if [ "${SMOKE:-1}" = 1 ]; then
+  smoke qwen38-dflash2 l4-dflash2-b8 --block 8
+  smoke qwen38-mtp l4-mtp --mtp-width 3
+fi
 run() {  # name tag args...
   local name=$1 tag=$2; shift 2
   timeout $T python3 -P -m bloomery_cli.bench $name --shape qwen38-27b --device cuda -n $N $L "$@" \

@@ -78,10 +78,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
                  width: str = "fixed", hf: bool = False, hf_tokens: int = 16, iters: int | None = None,
                  emit=print, quiet: bool = False, save=lambda rec: None) -> dict[str, Any]:
     """Run the hybrid bench; ``save(rec)`` after each stage (a run cut short keeps what it measured)."""
-    from bloomery_gates.kernels.drafts.dflash2 import DFlash2Draft
-    from bloomery_gates.kernels.drafts.mtp import MTPDraft
-    from bloomery_gates.kernels.families.qwen38 import Qwen38Target
-
+    from .bench_hybrid_engines import build_hybrid_engines
     from .gate import resolve_device
 
     check_args(name, shape, layers, block, mtp_width)
@@ -121,13 +118,12 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         roof = {"copy_GBps": bw / 1e9, "roofline_tok_s": bw / wb, "roofline_read_tok_s": bw / rb}
         log(f"bandwidth copy_GBps={bw / 1e9:.0f} roofline_tok_s={bw / wb:.1f} roofline_read_tok_s={bw / rb:.1f}")
         max_len = prompt_len + n + 4 * max(b, 16)
-        target = Qwen38Target(tspec, dev, dt, max_len)
-        draft = MTPDraft(mspec, target, max_len, width=mtp_width) if mtp else DFlash2Draft(dspec, target, max_len)
+        target, draft, mode = build_hybrid_engines(tspec, None if mtp else dspec, mspec if mtp else None, dev, dt,
+                                                   max_len, max(16, b), mtp_width, log)
         cond = {"device": str(dev), "dtype": dtype, "prompt_len": prompt_len, "batch": 1, "width": width, "n": n,
-                "layers": tspec.num_layers, "verify_rows": b, "engine": f"qwen38 eager delta={target.impl}"}
+                "layers": tspec.num_layers, "verify_rows": b, "engine": mode}
         rec.update(conditions=conditions(dev) | cond, bandwidth=roof, weights={"bytes": wb, "read_per_step": rb,
                                                                                 "draft_bytes": draft_b})
-        log(f"engine qwen38 eager delta_rule={target.impl}")
 
         step("plain decode")
         t0 = time.perf_counter()
@@ -192,7 +188,9 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     draft.prompt(first.taps)
     anchor = first.argmax[-1]
     ms = _timed(lambda: draft.propose(anchor), target.device, iters) * 1e3
-    what = f"mtp chain={draft.width}" if mtp else f"dflash2 layers={draft.spec.num_layers} block={draft.b}"
+    graphed = (draft.graphs if mtp else draft.propose_graph).enabled
+    what = (f"mtp chain={draft.width}" if mtp else f"dflash2 layers={draft.spec.num_layers} block={draft.b}") + \
+        f" graphs={'on' if graphed else 'off'}"
     log(f"draft block_ms={ms:.3f} rel_plain_step={ms / step_ms:.3f} {what}")
     return {"block_ms": ms, "rel_plain_step": ms / step_ms}
 

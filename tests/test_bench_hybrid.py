@@ -123,3 +123,27 @@ def test_threads_flag_sets_torch(monkeypatch):
         assert apply_threads(2) == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_bench_runs_the_fast_hybrid_engine(tmp_path):
+    res, rec = _bench(tmp_path, "qwen38-dflash2", "--block", "4")
+    assert res.exit_code == 0, res.output
+    assert rec["conditions"]["engine"] == "qwen38 fast ops=torch delta_rule=torch attention=torch graphs=off"
+    assert rec["ids_identical_all"]
+
+
+def test_engine_fallback_logs_each_failure_and_runs_the_next_path():
+    from bloomery_cli.bench_hybrid_engines import build_hybrid_engines, engine_paths
+
+    s, cpu = HYBRID_SHAPES["qwen38-tiny"], torch.device("cpu")
+    t, mtp = random_qwen38(s, cpu, torch.float32, layers=2)
+    assert engine_paths(torch.device("cuda")) == [("auto", "auto", True), ("auto", "torch", True),
+                                                  ("torch", "torch", True), ("torch", "torch", False)]
+    assert engine_paths(cpu) == [("torch", "torch", False)]
+    lines = []
+    target, draft, mode = build_hybrid_engines(t, None, mtp, cpu, torch.float32, 64, 4, 2, lines.append,
+                                               paths=[("cupy", "auto", True), ("torch", "torch", False)])
+    assert lines[0].startswith("engine impl=cupy attention=auto graphs=True failed: ValueError")
+    assert "graphs=off" in mode and draft.width == 2
+    with pytest.raises(RuntimeError, match="no hybrid engine path ran"):           # every path fails: named
+        build_hybrid_engines(t, None, mtp, cpu, torch.float32, 64, 4, 2, lines.append, paths=[("cupy", "auto", False)])

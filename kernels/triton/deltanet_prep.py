@@ -25,28 +25,28 @@ def _silu_round(y, DT: tl.constexpr):
 
 
 @triton.jit
-def _conv(buf_ptr, w_ptr, base, ch, C, KT: tl.constexpr, DT: tl.constexpr):
+def _conv(buf_ptr, w_ptr, base, ch, SR, KT: tl.constexpr, DT: tl.constexpr):
     acc = tl.load(w_ptr + ch * KT).to(tl.float32) * tl.load(buf_ptr + base + ch).to(tl.float32)
     for j in tl.static_range(1, KT):
-        acc = acc + tl.load(w_ptr + ch * KT + j).to(tl.float32) * tl.load(buf_ptr + base + j * C + ch).to(tl.float32)
+        acc = acc + tl.load(w_ptr + ch * KT + j).to(tl.float32) * tl.load(buf_ptr + base + j * SR + ch).to(tl.float32)
     return _silu_round(acc, DT)
 
 
 @triton.jit
-def _prep_kernel(buf_ptr, w_ptr, al_ptr, be_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, R, C, scale,
+def _prep_kernel(buf_ptr, w_ptr, al_ptr, be_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, R, SN, SR, scale,
                  NV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KT: tl.constexpr,
                  KD: tl.constexpr, DT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)               # n * R + r
     h = tl.program_id(1)
     n = row // R
     r = row % R
-    base = (n * (R + KT - 1) + r) * C                 # buf[n, r, 0]
+    base = n * SN + r * SR                            # buf[n, r, 0] (strides SN, SR; channels contiguous)
     kh = h // REP
     dk = tl.arange(0, DK)
     dv = tl.arange(0, DV)
-    xq = _conv(buf_ptr, w_ptr, base, kh * DK + dk, C, KT, DT)
-    xk = _conv(buf_ptr, w_ptr, base, KD + kh * DK + dk, C, KT, DT)
-    xv = _conv(buf_ptr, w_ptr, base, 2 * KD + h * DV + dv, C, KT, DT)
+    xq = _conv(buf_ptr, w_ptr, base, kh * DK + dk, SR, KT, DT)
+    xk = _conv(buf_ptr, w_ptr, base, KD + kh * DK + dk, SR, KT, DT)
+    xv = _conv(buf_ptr, w_ptr, base, 2 * KD + h * DV + dv, SR, KT, DT)
     qn = xq * tl.rsqrt(tl.sum(xq * xq, axis=0) + 1e-6) * scale
     kn = xk * tl.rsqrt(tl.sum(xk * xk, axis=0) + 1e-6)
     o = row * NV + h
@@ -73,23 +73,29 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl
 
 
 def prepare(buf: torch.Tensor, conv_w: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, a_log: torch.Tensor,
-            dt_bias: torch.Tensor, nk: int, dk: int, dv: int) -> tuple[torch.Tensor, ...]:
+            dt_bias: torch.Tensor, nk: int, dk: int, dv: int,
+            out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
     """buf [N, K-1+R, C], conv_w [C, K], alpha/beta [N, R, nv], a_log/dt_bias [nv] -> (q, k [N, R, nv, dk],
-    v [N, R, nv, dv], g, b [N, R, nv]) float32, as ``ops.gated_deltanet.prepare_torch``."""
+    v [N, R, nv, dv], g, b [N, R, nv]) float32, as ``ops.gated_deltanet.prepare_torch``. ``buf`` may be a row-strided
+    view (channels contiguous: e.g. the first C columns of a wider projection buffer); ``out``: five contiguous float32
+    tensors of those shapes to write into (the graphed engine's static buffers), else new ones."""
     n, rows_k, c = buf.shape
     kt = conv_w.shape[-1]
     r, nv = rows_k - (kt - 1), alpha.shape[-1]
-    buf, conv_w = buf.contiguous(), conv_w.contiguous()
+    if buf.stride(-1) != 1:
+        buf = buf.contiguous()
+    conv_w = conv_w.contiguous()
     alpha, beta = alpha.contiguous(), beta.contiguous()
     dev, f32 = buf.device, torch.float32
-    q = torch.empty(n, r, nv, dk, device=dev, dtype=f32)
-    k = torch.empty_like(q)
-    v = torch.empty(n, r, nv, dv, device=dev, dtype=f32)
-    g = torch.empty(n, r, nv, device=dev, dtype=f32)
-    b = torch.empty_like(g)
+    shapes = ((n, r, nv, dk), (n, r, nv, dk), (n, r, nv, dv), (n, r, nv), (n, r, nv))
+    if out is None:
+        out = tuple(torch.empty(s, device=dev, dtype=f32) for s in shapes)
+    elif any(tuple(o.shape) != s or o.dtype != f32 or not o.is_contiguous() for o, s in zip(out, shapes, strict=True)):
+        raise ValueError(f"prepare out=: expected contiguous float32 tensors of shapes {shapes}")
+    q, k, v, g, b = out
     _prep_kernel[(n * r, nv)](buf, conv_w, alpha, beta, a_log.contiguous(), dt_bias.contiguous(), q, k, v, g, b,
-                              r, c, dk ** -0.5, NV=nv, REP=nv // nk, DK=dk, DV=dv, KT=kt, KD=nk * dk,
-                              DT=_TL[buf.dtype], num_warps=1)
+                              r, buf.stride(0), buf.stride(1), dk ** -0.5, NV=nv, REP=nv // nk, DK=dk, DV=dv, KT=kt,
+                              KD=nk * dk, DT=_TL[buf.dtype], num_warps=1)
     return q, k, v, g, b
 
 
