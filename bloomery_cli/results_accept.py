@@ -32,7 +32,7 @@ def _f(x: Any, digits: int = 3) -> str:
 def summary_rows(records: list[tuple[Path, dict[str, Any]]], prefix: str = "") -> list[list[str]]:
     """The latest passing-or-not record per (gate, target file, device, dtype, temperature), sorted by gate: greedy
     (T=0) and sampled acceptance are different quantities and get rows of their own."""
-    from .results_side import is_random_layout
+    from .results_side import device_label, is_random_layout
 
     latest: dict[tuple[str, ...], tuple[str, Path, dict[str, Any]]] = {}
     for path, r in records:
@@ -41,7 +41,7 @@ def summary_rows(records: list[tuple[Path, dict[str, Any]]], prefix: str = "") -
             continue
         c = r.get("conditions", {})
         temp = (r.get("sampling") or {}).get("temperature", 0)
-        key = (r["gate"], Path(str(r.get("target", "?"))).name, str(c.get("device_name", r.get("device", "?"))),
+        key = (r["gate"], Path(str(r.get("target", "?"))).name, device_label(r),
                str(r.get("dtype", "?")), f"{float(temp):g}")
         when = str(c.get("date", ""))
         if key not in latest or when >= latest[key][0]:

@@ -39,8 +39,19 @@ def quality_records(records: list[Record]) -> list[Record]:
     return [(p, r) for p, r in records if "gate" in r and r.get("acceptance") and not is_random_layout(p, r)]
 
 
-def _device(r: dict[str, Any]) -> str:
-    return str((r.get("conditions") or {}).get("device_name", r.get("device", "?")))
+def device_label(r: dict[str, Any]) -> str:
+    """The device a record ran on, and where its draft ran when on a device of its own (``--draft-device``) or its
+    target over several processes (``--tp``): such runs get rows of their own in every table."""
+    name = str((r.get("conditions") or {}).get("device_name", r.get("device", "?")))
+    load = r.get("load") or {}
+    if load.get("draft_device") and load["draft_device"] != r.get("device"):
+        name += f" (draft on {load['draft_device']})"
+    if int(load.get("tp", 1) or 1) > 1:
+        name += f" (tp {load['tp']})"
+    return name
+
+
+_device = device_label
 
 
 def _date(r: dict[str, Any]) -> str:

@@ -75,7 +75,7 @@ def sampling_label(r: dict[str, Any]) -> str:
 
 
 def acceptance_rows(records) -> list[list[Any]]:
-    from .results_side import quality_records
+    from .results_side import device_label, quality_records
 
     rows = []
     for path, r in quality_records(records):
@@ -88,35 +88,9 @@ def acceptance_rows(records) -> list[list[Any]]:
         rows.append([r["gate"], sampling_label(r), target, draft, _f(acc.get("accept_mean")),
                      _f(acc.get("accept_mean_macro")),
                      f"[{pos}]", _f(acc.get("draft_share")), acc.get("verify_rows", "-"), n,
-                     c.get("device_name", r.get("device", "?")), r.get("dtype", "?"),
+                     device_label(r), r.get("dtype", "?"),
                      "PASSED" if r.get("passed") else "FAILED", c.get("commit", "?"), str(c.get("date", "?"))[:10],
                      f"[{path.name}]({path.as_posix()})"])
-    return rows
-
-
-def greedy_vs_sampled(records) -> list[list[Any]]:
-    """One row per (gate, device, dtype) that has a sampled record: greedy and sampled accept_mean side by side
-    (the latest record of each), the (s) p-value, and the published T = 1 figures for that drafter."""
-    from .results_side import quality_records
-
-    runs: dict[tuple[str, str, str], dict[str, tuple[dict, str]]] = {}
-    for _, r in quality_records(records):
-        key = (r["gate"], r.get("conditions", {}).get("device_name", r.get("device", "?")), r.get("dtype", "?"))
-        date = str(r.get("conditions", {}).get("date", ""))
-        label = sampling_label(r)
-        if label not in runs.setdefault(key, {}) or runs[key][label][1] <= date:
-            runs[key][label] = (r, date)
-    rows = []
-    for (gate, device, dtype), by in sorted(runs.items()):
-        greedy = by.get("greedy", ({}, ""))[0].get("acceptance", {}).get("accept_mean")
-        for label, (r, _) in sorted(by.items()):
-            if label == "greedy":
-                continue
-            kind = r.get("load", {}).get("draft", "?")
-            published = SAMPLED_ANCHORS.get(kind, "-")
-            test = r.get("sampling_test", {})
-            rows.append([gate, device, dtype, _f(greedy), label, _f(r["acceptance"].get("accept_mean")),
-                         _f(test.get("p"), 3) if test else "-", "PASSED" if r.get("passed") else "FAILED", published])
     return rows
 
 
@@ -195,14 +169,6 @@ def render(results_dir: Path, plots: list[str] | None = None) -> str:
                 "with its (s) line's verdict and p, and the published figures measured at T = 1 (external: their "
                 "models and data). `-`: no such record yet.", ""]
         out += _table(SIDE_HEAD, side)
-    gs = greedy_vs_sampled(records)
-    if gs:
-        out += ["", "## Greedy and sampled acceptance", "", "The same gate, device and dtype, greedy and at T > 0 "
-                "(speculative sampling: accept min(1, p/q), residual, bonus from p; the same accept_mean definition). "
-                "The published figures are sampled at T = 1: compare them with the T = 1 column, not the greedy one.",
-                ""]
-        out += _table(["gate", "device", "dtype", "greedy accept_mean", "sampling", "sampled accept_mean",
-                       "(s) p", "verdict", "published at T = 1 (external)"], gs)
     out += ["", "Published numbers (external: their models, data and conditions, not reproduced here):", ""]
     out += _table(["draft", "source and conditions (external)", "published"], [list(a) for a in ANCHORS])
     rnd = random_rows(records)

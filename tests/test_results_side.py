@@ -62,7 +62,7 @@ def test_greedy_and_t1_side_by_side_and_a_missing_record_is_a_dash(tmp_path):
     text = render(tmp_path)
     assert "## Greedy and T = 1 side by side" in text
     assert "| qwen3-dflash2 | NVIDIA H200 | bf16 | qwen3-tiny | 2.500 | 1.400 | PASS, p=0.894 |" in text
-    assert "## Greedy and sampled acceptance" in text                  # the existing table stays
+    assert "## Greedy and sampled acceptance" not in text              # folded into this one
 
 
 def test_the_greedy_cell_takes_the_t1_runs_target(tmp_path):
@@ -121,3 +121,15 @@ def test_planted_defect_random_runs_among_the_acceptance_rows(tmp_path, monkeypa
     text = _real(tmp_path)
     assert "qwen3-dflash-qwen3-8b-real.json" in _section(text, "## Acceptance per target x draft")
     assert "## Random-weight real-layout runs" not in text
+
+
+def test_a_draft_on_its_own_device_or_a_split_target_gets_rows_of_its_own():
+    from bloomery_cli.results_side import device_label
+
+    base = {"device": "cuda", "conditions": {"device_name": "NVIDIA H200"}, "load": {"draft": "dflash"}}
+    assert device_label(base) == "NVIDIA H200"
+    moved = {**base, "load": {"draft": "dflash", "draft_device": "cpu"}}
+    assert device_label(moved) == "NVIDIA H200 (draft on cpu)"
+    same = {**base, "load": {"draft": "dflash", "draft_device": "cuda"}}
+    assert device_label(same) == "NVIDIA H200"
+    assert device_label({**base, "load": {"tp": 2}}) == "NVIDIA H200 (tp 2)"
