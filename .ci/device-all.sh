@@ -4,13 +4,9 @@
 # Each step has its own time limit and writes under $OUT as soon as it ends, so a cut run keeps what it measured.
 # Usage there: BLOOMERY_COMMIT=<sha> bash .ci/device-all.sh        (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
+source .ci/device-setup.sh || exit 2
 R=/tmp/h200 && mkdir -p $R
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+{ device_info
 } > $R/device.txt
 cat $R/device.txt
 # 1. every registered gate in bf16 (records + log), packed at once

@@ -6,12 +6,8 @@
 # and qwen38-mtp at --layers 4 -n 32 (the engine line shows which FastQwen38Target path ran, each failed path logged).
 set -uo pipefail
 N=${N:-256}; LAYERS=${LAYERS:-}; HF=${HF---hf}; T=${T:-200}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown (pass BLOOMERY_COMMIT: the device copy git HEAD lags its tree)}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+source .ci/device-setup.sh || exit 2
+{ device_info
 } | tee $OUT/device-bench27.txt
 L=${LAYERS:+--layers $LAYERS}
 smoke() {  # name tag args...: a 4-layer run at the 27B width first (SMOKE=0 skips), so an engine failure shows fast

@@ -4,17 +4,14 @@
 # bf16 (MODES has "t1": the (s) line, accept_mean at T = 1). One record and one log per gate and mode,
 # written as each gate ends, so a cut run keeps what it finished. Concurrency perturbs the timing fields
 # (draft_share, the cost line's wall times): read acceptance, ids and verdicts from these records, speed
-# from `bloomery bench`.
+# from `bloomery bench`. Then the GPU-only tests (PYTEST=0 skips them).
 # Usage (there): BLOOMERY_COMMIT=<sha> [JOBS=7] [MODES="greedy t1"] [GATES="a b"] bash .ci/device-par.sh
 # (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+source .ci/device-setup.sh || exit 2
+export OMP_NUM_THREADS=1
 R=/tmp/h200-par && mkdir -p $R
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown} jobs ${JOBS:-7}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+{ device_info "jobs ${JOBS:-7}"
 } > $R/device.txt
 cat $R/device.txt
 GATES=${GATES:-$(python3 -P -c "from bloomery_gates.gates import GATES; print(' '.join(GATES))")}
@@ -30,4 +27,8 @@ for m in ${MODES:-greedy t1}; do for g in $GATES; do echo "$g $m"; done; done \
   | xargs -P ${JOBS:-7} -L 1 bash -c 'one "$0" "$1"' | tee $R/summary.txt
 grep -h -E "FAIL$" $R/*.log | head -20
 grep -h -E "^\(s\)" $R/*-t1.log | sed -E 's/.*(p=[0-9.e-]+ (PASS|FAIL))$/\1/' | sort | uniq -c
+if [ "${PYTEST:-1}" = 1 ]; then   # the GPU-only tests (Triton kernels, CUDA graphs, CuPy, the draft device)
+  timeout ${PYTEST_TIMEOUT:-180} python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/ > $R/pytest-gpu.log 2>&1
+  tail -3 $R/pytest-gpu.log
+fi
 tar -C /tmp -cf $OUT/par.tar h200-par

@@ -4,9 +4,7 @@
 # torch.cuda.max_memory_allocated beside the planned bytes (exit 1 past 5%). Records under $OUT/plan/ (copy them to
 # results/h200/plan/ and commit). Usage (there): bash .ci/device-plan.sh   (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
+source .ci/device-setup.sh || exit 2
 R=$OUT/plan && mkdir -p $R
 F=fixtures
 run() { local name=$1; shift

@@ -6,12 +6,9 @@
 # Each gate's record (cost line: wall seconds per phase, peak host RSS, peak device memory) lands in $OUT.
 # Usage (there): BLOOMERY_COMMIT=<sha> SHAPE=qwen3-8b bash .ci/device-real.sh   (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
+source .ci/device-setup.sh || exit 2
 SHAPE=${SHAPE:-qwen3-8b}; N=${N:-32}; W=/tmp/ck/$SHAPE
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown} shape $SHAPE layers ${LAYERS:-all} n $N"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; df -h /tmp | tail -1; free -g | head -2
+{ device_info "shape $SHAPE layers ${LAYERS:-all} n $N"; df -h /tmp | tail -1; free -g | head -2
 } | tee $OUT/device-$SHAPE.txt
 t0=$(date +%s)
 python3 -P -m bloomery_cli.fixturegen.real_layout $SHAPE $W ${LAYERS:+--layers $LAYERS} --device cuda 2>&1 \

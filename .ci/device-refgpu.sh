@@ -9,12 +9,9 @@
 #   PART=qwen38-27b the Qwen3.8-27B shape at real width, LAYERS (16) of its 64 layers, gate qwen38-dflash2, likewise
 # Usage (there): BLOOMERY_COMMIT=<sha> PART=fixtures bash .ci/device-refgpu.sh   (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
+source .ci/device-setup.sh || exit 2
 PART=${PART:-fixtures}; R=/tmp/refgpu-$PART && mkdir -p $R
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown} part $PART"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+{ device_info "part $PART"
   python3 -P -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())"
   free -g | head -2
 } > $R/device.txt

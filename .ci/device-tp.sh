@@ -9,15 +9,11 @@
 # Usage (there): BLOOMERY_COMMIT=<sha> [JOBS=4] [DRAFT_THREADS=2] [GATES="a b"] bash .ci/device-tp.sh
 # (carry .whl with the gguf wheel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || exit 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . || exit 2
-export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source .ci/device-setup.sh || exit 2
+export OMP_NUM_THREADS=1
 R=/tmp/h200-tp && mkdir -p $R
 NGPU=$(nvidia-smi -L | wc -l)
-{ date -u +%FT%TZ; echo "commit ${BLOOMERY_COMMIT:-unknown} jobs ${JOBS:-4} gpus $NGPU"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -P -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+{ device_info "jobs ${JOBS:-4} gpus $NGPU"
 } > $R/device.txt
 cat $R/device.txt
 QWEN3="qwen3-dflash qwen3-dflash2 qwen3-dspark qwen3-eagle3 qwen3yarn-dflash qwen3-dflash-swa qwen3-dflash-swa-spec"

@@ -38,19 +38,40 @@ SWA_NOTE = ("mimo2: the engine keeps every position of its SWA layers (the windo
             "on the KV store), so SWA KV is planned at full length, not capped at the window of {window}")
 
 
-def _f32_elems(inv_model) -> int:
+F32_SUFFIXES = {"hf": ("mlp.gate.weight", "mlp.gate.e_score_correction_bias"),
+                "gguf": ("ffn_gate_inp.weight", "exp_probs_b.bias")}
+FINAL_NORM = {"hf": "model.norm.weight", "gguf": "output_norm.weight"}
+
+
+def _f32_elems(inv_model, fmt: str = "hf") -> int:
     """The router weights and score biases and the final norm: the engine keeps them float32."""
-    names = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+    names = F32_SUFFIXES[fmt]
     return sum(prod(t.shape) for t in inv_model.tensors
-               if t.group != "mtp_nextn" and (t.name.endswith(names) or t.name == "model.norm.weight"))
+               if t.group != "mtp_nextn" and (t.name.endswith(names) or t.name == FINAL_NORM[fmt]))
 
 
 def mimo2_target(path: Path, inv_model, c: Cfg, where: Path) -> PlanModel:
-    """The plan model of a mimo2 checkpoint (``c``: its config)."""
+    """The plan model of a mimo2 HF checkpoint (``c``: its config)."""
     from .formats.mimo2 import read_shapes
 
-    layers = c.int("num_hidden_layers")
-    layer, m = read_shapes(c, layers)
+    layer, m = read_shapes(c, c.int("num_hidden_layers"))
+    mtp_layers = len({t.name.split(".")[3] for t in inv_model.tensors if t.name.startswith("model.mtp.layers.")})
+    return _plan_model(path, inv_model, layer, m, "hf", c.int("vocab_size"), c.int("max_position_embeddings"),
+                       c.bool("tie_word_embeddings", False), mtp_layers,
+                       {"model_type": str(c.get("model_type")), "config": str(where)})
+
+
+def mimo2_gguf_target(path: Path, inv_model) -> PlanModel:
+    """The plan model of a llama.cpp mimo2 GGUF: its shapes from the loader's own header reader (no weight read)."""
+    from .formats.mimo2_gguf import mimo2_from_gguf
+
+    spec = mimo2_from_gguf(path)
+    return _plan_model(path, inv_model, spec.layer, spec.mimo, "gguf", spec.vocab_size, spec.max_position,
+                       spec.tie_word_embeddings, spec.mimo.mtp_layers, {"arch": "mimo2"})
+
+
+def _plan_model(path: Path, inv_model, layer, m, fmt: str, vocab: int, maxpos: int, tied: bool, mtp_layers: int,
+                meta: dict[str, Any]) -> PlanModel:
     groups = []
     for kind, a in (("full_attention", m.full), ("sliding_attention", m.swa)):
         n = sum(k == kind for k in m.layer_types)
@@ -61,20 +82,17 @@ def mimo2_target(path: Path, inv_model, c: Cfg, where: Path) -> PlanModel:
     if m.moe is not None:
         experts = Experts(m.moe.top_k, m.moe.expert_ff)
         inter = max(inter, m.moe.top_k * m.moe.expert_ff)
-    mtp_names = {t.name.split(".")[3] for t in inv_model.tensors if t.name.startswith("model.mtp.layers.")}
     notes = (SWA_NOTE.format(window=m.swa.window),) if "sliding_attention" in m.layer_types else ()
-    tied = c.bool("tie_word_embeddings", False)
-    return PlanModel(path.name, FAMILY, "hf", layer.hidden_size, layer.num_heads, c.int("vocab_size"), inter,
-                     c.int("max_position_embeddings"), _elems(inv_model, exclude=("mtp_nextn",)),
-                     inv_model.total_bytes, tied, _elems(inv_model, ("token_embd",)), tuple(groups),
-                     m.full.rotary_dim, (), _elems(inv_model, ("mtp_nextn",)), len(mtp_names),
-                     meta={"model_type": str(c.get("model_type")), "config": str(where),
-                           "swa": {"layers": sum(k == "sliding_attention" for k in m.layer_types),
-                                   "kv_heads": m.swa.num_kv_heads, "head_dim": m.swa.head_dim,
-                                   "v_head_dim": m.swa.v_head_dim, "rotary_dim": m.swa.rotary_dim,
-                                   "window": m.swa.window}},
-                     embed_dtype=_embed_dtype(inv_model), rope_tables=len(set(m.layer_types)),
-                     f32_elems=_f32_elems(inv_model), score_bytes=SCORE_BYTES, experts=experts, notes=notes)
+    meta = {**meta, "swa": {"layers": sum(k == "sliding_attention" for k in m.layer_types),
+                            "kv_heads": m.swa.num_kv_heads, "head_dim": m.swa.head_dim,
+                            "v_head_dim": m.swa.v_head_dim, "rotary_dim": m.swa.rotary_dim, "window": m.swa.window}}
+    return PlanModel(path.name, FAMILY, fmt, layer.hidden_size, layer.num_heads, vocab, inter, maxpos,
+                     _elems(inv_model, exclude=("mtp_nextn",)), inv_model.total_bytes, tied,
+                     _elems(inv_model, ("token_embd",)), tuple(groups), m.full.rotary_dim, (),
+                     _elems(inv_model, ("mtp_nextn",)), mtp_layers, meta=meta,
+                     embed_dtype=_embed_dtype(inv_model) if fmt == "hf" else "f32",
+                     rope_tables=len(set(m.layer_types)), f32_elems=_f32_elems(inv_model, fmt),
+                     score_bytes=SCORE_BYTES, experts=experts, notes=notes)
 
 
 def mimo2_draft(path: Path, target: PlanModel, same_file: bool) -> PlanDraft:

@@ -230,9 +230,13 @@ def _gguf_target(path: Path, inv_model) -> PlanModel:
 
     g = _HeaderGGUF(path)
     arch = str(g.meta("general.architecture", ""))
+    if arch == "mimo2":
+        from .plan_mimo2 import mimo2_gguf_target
+        return mimo2_gguf_target(path, inv_model)
     family = GGUF_FAMILY.get(arch)
     if family is None:
-        raise BadConfig(f"{path}: key general.architecture", f"{arch!r}; expected one of {', '.join(GGUF_FAMILY)}")
+        raise BadConfig(f"{path}: key general.architecture",
+                        f"{arch!r}; expected one of {', '.join([*GGUF_FAMILY, 'mimo2'])}")
 
     def key(k: str, default: Any = None) -> Any:
         v = g.meta(f"{arch}.{k}", default)

@@ -15,6 +15,7 @@ from bloomery_cli import plan_mimo2
 from bloomery_cli.cli import app
 from bloomery_cli.plan import ELEM, bytes_at, make_plan, terms_of
 from bloomery_cli.plan_model import AttnGroup, read_draft, read_target
+from bloomery_gates.gates.fixtures import FIXTURES
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 MIMO = FIX / "mimo2-tiny"
@@ -133,7 +134,7 @@ def test_mimo2_planted_defects_miss_the_engine(monkeypatch, defect):
             return t
         monkeypatch.setattr(plan_mimo2, "mimo2_target", capped)
     else:
-        monkeypatch.setattr(plan_mimo2, "_f32_elems", lambda inv: 0)
+        monkeypatch.setattr(plan_mimo2, "_f32_elems", lambda inv, fmt="hf": 0)
     assert _planned_resident("bf16", 300) != _engine_resident("bf16", 300)
 
 
@@ -184,3 +185,19 @@ def test_mimo2_draft_from_a_non_mimo2_file_is_a_named_error():
 def test_gather_budget_is_the_kernels():
     from bloomery_gates.kernels.ops import moe
     assert plan_mod.gathered(read_target(MIMO), 10**6, 2) > 0 and moe.GATHER_BUDGET == 1 << 28
+
+
+@pytest.mark.skipif(not (FIXTURES / "mimo2-tiny.gguf").is_file(), reason="fixtures/mimo2-tiny.gguf not bundled")
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_mimo2_gguf_plans_as_its_hf_twin(dtype):
+    """The bundled GGUF is the HF fixture in llama.cpp's layout: its plan equals the HF one's term for term (the
+    router, its score bias and the final norm found under their GGUF names, the 3 MTP blocks as the draft)."""
+    from dataclasses import asdict
+
+    def plan(t: Path) -> dict:
+        target = read_target(t)
+        res = make_plan(target, read_draft(t, target), dtype=dtype, budget=1 << 30, budget_source="test", ctx=1000)
+        return {k: v for k, v in asdict(res).items() if k not in ("target", "draft")}
+
+    hf, gguf = plan(FIXTURES / "mimo2-tiny"), plan(FIXTURES / "mimo2-tiny.gguf")
+    assert gguf == hf and read_target(FIXTURES / "mimo2-tiny.gguf").draft_layers == 3

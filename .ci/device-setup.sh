@@ -1,0 +1,15 @@
+# Sourced by every .ci/device-*.sh (on the H200 through the `device` tool, never by CI): installs the carried gguf
+# wheel and the package beside the machine's own torch, exports the paths and the environment every process
+# there gets (NVLink multicast off), and defines `device_info` (date, commit, GPU, torch / triton versions).
+# Usage: source .ci/device-setup.sh || exit 2      (carry .whl with the gguf wheel; pass BLOOMERY_COMMIT=<sha>)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || return 2
+PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . \
+  || return 2
+export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+device_info() {
+  date -u +%FT%TZ
+  echo "commit ${BLOOMERY_COMMIT:-unknown (pass BLOOMERY_COMMIT: the device copy git HEAD lags its tree)} $*"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+}
