@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.kernels.families.qwen3 import RowPasses
+
 from .errors import InputError
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -100,7 +102,7 @@ def encode(words: list[int]) -> bytes:
     return struct.pack(f"<q{len(words)}q", len(words), *words)
 
 
-class TPQwen3Target:
+class TPQwen3Target(RowPasses):
     """Qwen3Target's interface over N ranks; rank 0's tensors (embedding, head, final norm) are the draft's view."""
 
     def __init__(self, spec: Any, device: torch.device, dtype: torch.dtype, max_len: int, rows: int | None,
@@ -158,27 +160,7 @@ class TPQwen3Target:
             except (BrokenPipeError, OSError) as e:
                 raise RuntimeError(f"--tp: worker rank {r} has exited (code {w.poll()})") from e
 
-    # --- Qwen3Target's interface
-    def reset(self) -> None:
-        self.length = 0
-
-    def prefill(self, ids: list[int], logits: bool = False):
-        self.length = 0
-        out = self._run(ids, logits)
-        self.commit(len(ids))
-        return out
-
-    def verify(self, ids: list[int], logits: bool = False):
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits)
-        out.argmax, out.taps = out.argmax[:real], out.taps[:, :real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
-
-    def commit(self, kept: int) -> None:
-        self.length += kept
-
+    # --- Qwen3Target's interface (prefill / verify / commit / reset: RowPasses, over _run)
     def kv_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank's kv heads of the committed rows, gathered: (k, v) [nkv, length, d] each."""
         self._send([OP_KV, layer, self.length])

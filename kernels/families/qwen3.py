@@ -118,7 +118,60 @@ class Pass:
     logits: torch.Tensor | None = None
 
 
-class Qwen3Target:
+class RowPasses:
+    """prefill / verify / commit / reset over ``self._run(ids, want_logits) -> Pass`` and ``self.length``: the pass
+    logic every qwen3-family target shares (one process, or rank 0 of a split one)."""
+
+    rows: int | None
+    length: int
+
+    def _run(self, ids: list[int], want_logits: bool) -> Pass:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def prefill(self, ids: list[int], logits: bool = False) -> Pass:
+        """Run the prompt from position 0 and commit it whole."""
+        self.length = 0
+        out = self._run(ids, logits)
+        self.commit(len(ids))
+        return out
+
+    def verify(self, ids: list[int], logits: bool = False) -> Pass:
+        """Run rows ids at positions length..length+R-1 (KV written, nothing committed); padded to ``rows``."""
+        real = len(ids)
+        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
+        out = self._run(padded, logits)
+        out.argmax, out.taps = out.argmax[:real], out.taps[:, :real]
+        out.logits = out.logits[:real] if out.logits is not None else None
+        return out
+
+    def commit(self, kept: int) -> None:
+        """Keep the first ``kept`` rows of the last verify; later KV slots are dead (masked by position)."""
+        self.length += kept
+
+
+@dataclass
+class StaticCache:
+    """The static KV cache [L, 1, nkv, cap, d] of a qwen3-style target, its RoPE tables and key positions."""
+
+    cap: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    key_pos: torch.Tensor
+
+    @classmethod
+    def make(cls, shape: LayerShape, layers: int, cap: int, device: torch.device, dtype: torch.dtype) -> StaticCache:
+        cos, sin = rope_tables(shape.head_dim, shape.rope_theta, cap, device, shape.rope_scaling)
+        kv = (layers, 1, shape.num_kv_heads, cap, shape.head_dim)
+        return cls(cap, cos, sin, torch.zeros(kv, device=device, dtype=dtype),
+                   torch.zeros(kv, device=device, dtype=dtype), torch.arange(cap, device=device))
+
+
+class Qwen3Target(RowPasses):
     """The target engine: a static KV cache [L, nkv, cap, d], prefill / verify / commit.
 
     Every verify runs exactly ``rows`` rows when ``rows`` is set (short passes are padded), so each
@@ -136,37 +189,10 @@ class Qwen3Target:
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight())
         self.final_norm = cast(spec.tensors["model.norm.weight"])
-        self.cap = max_len + (rows or 0)
-        s = self.shape
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
-        kv = (spec.num_layers, 1, s.num_kv_heads, self.cap, s.head_dim)
-        self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
-        self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
-        self.key_pos = torch.arange(self.cap, device=self.device)
+        c = StaticCache.make(self.shape, spec.num_layers, max_len + (rows or 0), self.device, dtype)
+        self.cap, self.cos, self.sin, self.key_pos = c.cap, c.cos, c.sin, c.key_pos
+        self.k_cache, self.v_cache = c.k_cache, c.v_cache
         self.length = 0
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def prefill(self, ids: list[int], logits: bool = False) -> Pass:
-        """Run the prompt from position 0 and commit it whole."""
-        self.length = 0
-        out = self._run(ids, logits)
-        self.commit(len(ids))
-        return out
-
-    def verify(self, ids: list[int], logits: bool = False) -> Pass:
-        """Run rows ids at positions length..length+R-1 (KV written, nothing committed)."""
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits)
-        out.argmax, out.taps = out.argmax[:real], out.taps[:, :real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
-
-    def commit(self, kept: int) -> None:
-        """Keep the first ``kept`` rows of the last verify; later KV slots are dead (masked by position)."""
-        self.length += kept
 
     def kv_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Read-only views (never write through them) of layer ``layer``'s committed rows, positions 0..length-1,

@@ -31,8 +31,7 @@ from bloomery_cli.spec import LayerShape, ModelSpec
 from ..ops.attention import attend
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
-from ..ops.rope import rope_tables
-from .qwen3 import LayerWeights, project_kv, project_q
+from .qwen3 import LayerWeights, StaticCache, project_kv, project_q
 
 
 def all_reduce_f32(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -105,13 +104,9 @@ class ShardEngine:
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight()) if head else None
         self.final_norm = cast(spec.tensors["model.norm.weight"])
-        self.cap = max_len + (rows or 0)
-        s = self.shape
-        self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
-        kv = (spec.num_layers, 1, s.num_kv_heads, self.cap, s.head_dim)
-        self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
-        self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
-        self.key_pos = torch.arange(self.cap, device=self.device)
+        c = StaticCache.make(self.shape, spec.num_layers, max_len + (rows or 0), self.device, dtype)
+        self.cap, self.cos, self.sin, self.key_pos = c.cap, c.cos, c.sin, c.key_pos
+        self.k_cache, self.v_cache = c.k_cache, c.v_cache
 
     def run(self, ids: list[int], p0: int, want_logits: bool) -> ShardPass:
         """Rows ids at positions p0..p0+R-1 (KV written there), the same ops as ``Qwen3Target._run``."""
