@@ -58,6 +58,20 @@ def _llama(report: Report, path: Path, seq: Sequence[int], what: str = "llama.cp
     return run(path, list(seq))
 
 
+def mtp_run(report: Report, target: Any, mtp: Any, seq: Sequence[int], gguf: Path | None = None):
+    """llama.cpp's run of the target GGUF with its MTP graph, or None with a note saying why not: the draft is not
+    the GGUF's own nextn blocks, llama-cpp-python is missing, or the file's MTP graph would abort llama.cpp."""
+    if Path(mtp.source).resolve() != Path(target.source).resolve():
+        report.note(f"(o) llama.cpp MTP: skipped, the draft ({mtp.source}) is not the target GGUF's own nextn "
+                    "blocks (pass --draft <the .gguf>)")
+        return None
+    out = _llama(report, Path(gguf or target.source), seq, "llama.cpp MTP")
+    if out is not None and out.mtp_blocked:
+        report.note(f"(o) llama.cpp MTP: skipped, {out.mtp_blocked}")
+        return None
+    return out
+
+
 def check_target(report: Report, spec: Any, seq: Sequence[int], ref_logits: np.ndarray, prompt_len: int,
                  plain_ids: Sequence[int], gguf: Path | None = None) -> None:
     """(o) lines for a GGUF target: logits of every row of seq, the prompt rows' greedy ids, the plain run's ids
@@ -99,15 +113,8 @@ def check_mtp(report: Report, target: Any, mtp: Any, seq: Sequence[int], gguf: P
     from bloomery_gates.reference.families.qwen38 import forward
     from bloomery_gates.reference.weights import as_f64
 
-    if Path(mtp.source).resolve() != Path(target.source).resolve():
-        report.note(f"(o) llama.cpp MTP: skipped, the draft ({mtp.source}) is not the target GGUF's own nextn layer "
-                    "(pass --draft <the .gguf>)")
-        return
-    out = _llama(report, Path(gguf or target.source), seq, "llama.cpp MTP")
+    out = mtp_run(report, target, mtp, seq, gguf)
     if out is None:
-        return
-    if out.mtp_blocked:
-        report.note(f"(o) llama.cpp MTP: skipped, {out.mtp_blocked}")
         return
     if out.mtp_ours is None:
         report.note("(o) llama.cpp MTP: skipped, llama.cpp reports no nextn layer in the file")

@@ -28,7 +28,7 @@ import numpy as np
 
 from .bands import Band, Op, chain_band, flip_excused, layer_ops, worst_rel
 from .contract import Report
-from .oracle_llamacpp import _llama
+from .oracle_llamacpp import mtp_run
 
 REF = "llama.cpp f32 MTP"
 
@@ -46,15 +46,8 @@ def check_mtp_chain(report: Report, target: Any, mtp: Any, seq: Sequence[int], g
     from bloomery_gates.reference.drafts import mimo2_mtp as ref_mtp
     from bloomery_gates.reference.families.mimo2 import forward
 
-    if Path(mtp.source).resolve() != Path(target.source).resolve():
-        report.note(f"(o) llama.cpp MTP: skipped, the draft ({mtp.source}) is not the target GGUF's own nextn blocks "
-                    "(pass --draft <the .gguf>)")
-        return
-    out = _llama(report, Path(gguf or target.source), seq, "llama.cpp MTP")
+    out = mtp_run(report, target, mtp, seq, gguf)
     if out is None:
-        return
-    if out.mtp_blocked:
-        report.note(f"(o) llama.cpp MTP: skipped, {out.mtp_blocked}")
         return
     if not out.chain:
         report.note("(o) llama.cpp MTP: skipped, llama.cpp reports no nextn layers in the file")
