@@ -13,6 +13,7 @@ import torch
 
 from . import export_gguf, export_hf
 from .layout import DRAFT_DIR, TARGET_DIR, TARGET_GGUF, TOKENIZER
+from .links import materialize_links_into
 from .manifest import MANIFEST_NAME, Manifest
 
 # The whole fixtures/ folder, every build's files together, counted as the repository stores them (distinct
@@ -65,6 +66,8 @@ def install(work: Path, out: Path) -> None:
     """Replace the entries of ``out`` that ``work`` holds (every top-level file or folder), the manifest last."""
     out.mkdir(parents=True, exist_ok=True)
     names = sorted(p.name for p in work.iterdir() if p.name != MANIFEST_NAME)
+    for name in names:                       # links of kept entries into the ones replaced: real copies first
+        materialize_links_into(out, name)
     for name in (*names, MANIFEST_NAME):
         dst = out / name
         if dst.is_dir() and not dst.is_symlink():
@@ -80,6 +83,7 @@ def install_model(work: Path, out: Path, name: str, files: list[Path], entry: di
     man = Manifest.read(out)
     man.files = {k: v for k, v in man.files.items() if k.split("/")[0] != name}
     dst = out / name
+    materialize_links_into(out, name)
     if dst.exists():
         shutil.rmtree(dst)
     os.replace(work / name, dst)

@@ -1,6 +1,7 @@
 """fixtures/MANIFEST.json: every file's sha256 and size, how the fixtures were made, and what they scored.
 
-``verify(out_dir)`` recomputes the hashes; it returns one line per problem (an empty list is a pass).
+``verify(out_dir)`` recomputes the hashes (through the links of equal content, ``links``); it returns one line
+per problem (an empty list is a pass).
 """
 
 from __future__ import annotations
@@ -67,10 +68,15 @@ class Manifest:
         return json.dumps(body, indent=2) + "\n"
 
     def write(self, root: Path) -> Path:
+        """The manifest into ``root``, then every later copy of a listed content linked to its first file
+        (``links.link_duplicates``: a checkout holds each content once, as the repository does)."""
+        from .links import link_duplicates
+
         path = Path(root) / MANIFEST_NAME
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(self.to_json())
         os.replace(tmp, path)
+        link_duplicates(root, self.files)
         return path
 
     @classmethod
@@ -95,8 +101,12 @@ def verify(out_dir: Path) -> list[str]:
     if man.format != FORMAT:
         return [f"{mpath}: format {man.format!r}, expected {FORMAT!r}"]
     problems = []
+    top = root.resolve()
     for rel, want in sorted(man.files.items()):
         p = root / rel
+        if p.is_symlink() and not p.resolve().is_relative_to(top):
+            problems.append(f"{p}: a link out of {root} (to {p.resolve()}); fixtures link only to their own files")
+            continue
         if not p.is_file():
             problems.append(f"{p}: missing (listed in {MANIFEST_NAME})")
             continue
