@@ -51,8 +51,6 @@ def device_label(r: dict[str, Any]) -> str:
     return name
 
 
-_device = device_label
-
 
 def _date(r: dict[str, Any]) -> str:
     return str((r.get("conditions") or {}).get("date", ""))
@@ -99,7 +97,7 @@ def side_by_side_rows(records: list[Record], published: dict[str, str], prefix: 
     t1: dict[tuple[str, str, str], Record] = {}
     kinds: dict[str, str] = {}
     for path, r in quality_records(records):
-        key = (r["gate"], _device(r), str(r.get("dtype", "?")))
+        key = (r["gate"], device_label(r), str(r.get("dtype", "?")))
         kinds.setdefault(r["gate"], str((r.get("load") or {}).get("draft", "?")))
         if not r.get("sampling"):
             greedy.setdefault(key, []).append((path, r))
@@ -133,7 +131,7 @@ def random_rows(records: list[Record], prefix: str = "") -> list[list[str]]:
         failed = [c["line"].split(":")[0] for c in r.get("checks", []) if not c.get("ok")]
         rows.append([r["gate"], str(r.get("target", "?")), str(r.get("draft", "?")),
                      _f(r["acceptance"].get("accept_mean")), f"{r.get('n', '?')} x {r.get('prompts', '?')}",
-                     _device(r), str(r.get("dtype", "?")), "PASSED" if r.get("passed") else "FAILED",
+                     device_label(r), str(r.get("dtype", "?")), "PASSED" if r.get("passed") else "FAILED",
                      "; ".join(failed) or "-", str((r.get("conditions") or {}).get("commit", "?")),
                      _link(path, prefix)])
     return rows

@@ -70,14 +70,22 @@ def project_q(a: torch.Tensor, w: LayerWeights, shape: LayerShape, cos: torch.Te
     return apply_rope(rms_norm(q, w.q_norm, shape.rms_eps).transpose(1, 2), cos, sin)
 
 
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def decoder_layer(h: torch.Tensor, w: LayerWeights, shape: LayerShape, cos: torch.Tensor, sin: torch.Tensor,
-                  attend_kv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """One layer over rows h [N, R, H]; ``attend_kv(q, k_rows, v_rows)`` owns where keys come from."""
+                  attend_kv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                  reduce_o: Callable[[torch.Tensor], torch.Tensor] = _same,
+                  reduce_mlp: Callable[[torch.Tensor], torch.Tensor] = _same) -> torch.Tensor:
+    """One layer over rows h [N, R, H]; ``attend_kv(q, k_rows, v_rows)`` owns where keys come from. A layer split
+    over ranks (``qwen3_tp``) holds a slice of the heads and of the MLP: ``reduce_o`` / ``reduce_mlp`` sum the
+    o_proj and down_proj partials across ranks (one process: the identity)."""
     a = rms_norm(h, w.ln_in, shape.rms_eps)
     q = project_q(a, w, shape, cos, sin)
     k, v = project_kv(a, w, shape, cos, sin)
-    h = h + F.linear(attend_kv(q, k, v), w.wo)
-    return h + swiglu(rms_norm(h, w.ln_post, shape.rms_eps), w.wg, w.wu, w.wd)
+    h = h + reduce_o(F.linear(attend_kv(q, k, v), w.wo))
+    return h + reduce_mlp(swiglu(rms_norm(h, w.ln_post, shape.rms_eps), w.wg, w.wu, w.wd))
 
 
 def layers_of(spec: ModelSpec, cast=lambda x: x) -> list[LayerWeights]:

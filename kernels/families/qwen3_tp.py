@@ -29,9 +29,8 @@ import torch.nn.functional as F
 from bloomery_cli.spec import LayerShape, ModelSpec
 
 from ..ops.attention import attend
-from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
-from .qwen3 import LayerWeights, StaticCache, project_kv, project_q
+from .qwen3 import LayerWeights, StaticCache, decoder_layer
 
 
 def all_reduce_f32(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -119,13 +118,12 @@ class ShardEngine:
         h = F.embedding(torch.tensor([ids], device=self.device), self.embed)             # [1, R, H]
         taps = [h[0]]
         for i, w in enumerate(self.layers):
-            a = rms_norm(h, w.ln_in, s.rms_eps)
-            q, (k, v) = project_q(a, w, s, cos, sin), project_kv(a, w, s, cos, sin)
-            self.k_cache[i, :, :, p0:p0 + r] = k
-            self.v_cache[i, :, :, p0:p0 + r] = v
-            o = attend(q, self.k_cache[i], self.v_cache[i], allowed)
-            h = h + reduce_attn(F.linear(o, w.wo), self.group)
-            h = h + reduce_mlp(swiglu(rms_norm(h, w.ln_post, s.rms_eps), w.wg, w.wu, w.wd), self.group)
+            def cached(q, k, v, i=i):
+                self.k_cache[i, :, :, p0:p0 + r] = k
+                self.v_cache[i, :, :, p0:p0 + r] = v
+                return attend(q, self.k_cache[i], self.v_cache[i], allowed)
+            h = decoder_layer(h, w, s, cos, sin, cached, lambda x: reduce_attn(x, self.group),
+                              lambda x: reduce_mlp(x, self.group))
             taps.append(h[0])
         logits = None
         if self.head is not None and want_logits:
