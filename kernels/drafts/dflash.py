@@ -172,7 +172,25 @@ def forward_train(dparams: Mapping[str, torch.Tensor], dspec: DFlashSpec, target
     return F.linear(h, head)
 
 
-class FastDFlashDraft:
+class GraphedPropose:
+    """``propose`` of a graphed block draft: the anchor and the context length staged (``inp``), one replay of
+    ``propose_graph``, the block's ids read back once; its logits copied out only when asked (``detail``)."""
+
+    ctx_len: int
+    b: int
+    cap: int
+    proposal: type = Proposal                   # the draft kind's proposal record (DFlash2's carries more fields)
+
+    def propose(self, anchor: int, detail: bool = False):
+        if self.ctx_len + self.b > self.cap:
+            raise ValueError(f"draft context of {self.cap} positions is full")
+        self.inp.put([self.ctx_len, anchor])
+        self.propose_graph.run(0)
+        ids = self.ids_buf.tolist()
+        return self.proposal(ids, self.logits_buf.clone() if detail else None)
+
+
+class FastDFlashDraft(GraphedPropose):
     """DFlashDraft's interface bound to a ``FastQwen3Target`` (whose ``tap_ids`` must be the draft's feature
     taps, l_j + 1): fused weights and ops, and on CUDA one graph for ``propose`` and one per width for the
     context extension. The block's K/V are written into the context cache at s..s+B-1 (transient: the next
@@ -264,11 +282,3 @@ class FastDFlashDraft:
         self.ext.put([self.ctx_len])
         self.extend_graphs.run(r)
         self.ctx_len += kept
-
-    def propose(self, anchor: int, detail: bool = False) -> Proposal:
-        if self.ctx_len + self.b > self.cap:
-            raise ValueError(f"draft context of {self.cap} positions is full")
-        self.inp.put([self.ctx_len, anchor])
-        self.propose_graph.run(0)
-        ids = self.ids_buf.tolist()
-        return Proposal(ids, self.logits_buf.clone() if detail else None)

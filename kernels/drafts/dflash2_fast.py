@@ -19,13 +19,15 @@ from ..families.qwen3 import project_kv
 from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.selector import head_logits, select
-from .dflash import block_ids, context_features
+from .dflash import GraphedPropose, block_ids, context_features
 from .dflash2 import DFlash2Draft, Proposal, conv_layer, draft_rows
 
 T = torch.Tensor
 
 
-class FastDFlash2Draft(DFlash2Draft):
+class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
+    proposal = Proposal
+
     def __init__(self, spec, target, max_len: int, impl: str = "auto", graphs: bool = True):
         from ..graphs import GraphSet, Staged
 
@@ -67,13 +69,6 @@ class FastDFlash2Draft(DFlash2Draft):
             self._extend_pass(taps[:, :kept], torch.tensor([self.ctx_len], device=self.device))
         self.ctx_len += kept
 
-    def propose(self, anchor: int, detail: bool = False) -> Proposal:
-        if self.ctx_len + self.b > self.cap:
-            raise ValueError(f"draft context of {self.cap} positions is full")
-        self.inp.put([self.ctx_len, anchor])
-        self.propose_graph.run(0)
-        ids = self.ids_buf.tolist()
-        return Proposal(ids, self.logits_buf.clone() if detail else None)
 
     def _extend_pass(self, taps: T, p0: T) -> None:
         """Context K/V at positions p0 + r from target taps [L+1, R, H] (graph-safe)."""
