@@ -28,7 +28,18 @@ from typing import Any
 
 import torch
 
-from .bench import DTYPES, TAUS, ReplayDraft, accept_for_tau, guarded, hf_compare, stages, sync, timed_generate
+from .bench import (
+    CRITERION,
+    DTYPES,
+    TAUS,
+    ReplayDraft,
+    accept_for_tau,
+    guarded,
+    hf_compare,
+    stages,
+    sync,
+    timed_generate,
+)
 from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid_shapes import HYBRID_SHAPES, hf_qwen38_model, random_dflash2, random_qwen38
 from .bench_shapes import weight_bytes
@@ -37,7 +48,7 @@ from .width import width_policy
 
 NAMES = ("qwen38-dflash2", "qwen38-mtp")
 MTP_ACCEPTS = (0.5, 0.7, 0.8, 0.9, 1.0)
-CRITERION = 0.85
+
 
 
 def check_args(name: str, shape: str, layers: int | None, block: int | None, mtp_width: int) -> None:
@@ -76,7 +87,7 @@ def _timed(fn, dev, iters: int) -> float:
 def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16", prompt_len: int = 512,
                  n: int = 256, layers: int | None = None, block: int | None = None, mtp_width: int = 3,
                  width: str = "fixed", hf: bool = False, hf_tokens: int = 16, iters: int | None = None,
-                 emit=print, quiet: bool = False, save=lambda rec: None) -> dict[str, Any]:
+                 emit=print, quiet: bool = False, save=lambda rec: None, profile: bool = False) -> dict[str, Any]:
     """Run the hybrid bench; ``save(rec)`` after each stage (a run cut short keeps what it measured)."""
     from .bench_hybrid_engines import build_hybrid_engines
     from .gate import resolve_device
@@ -96,7 +107,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         emit(line)
 
     rec: dict[str, Any] = {"bench": name, "shape": shape, "complete": False, "lines": lines, "shape_facts": s.facts()}
-    with stages(8 + hf, quiet) as step:
+    with stages(8 + hf + profile, quiet) as step:
         step("bandwidth")
         bw = copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (1 << 26))
         step("weights")
@@ -143,6 +154,13 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         step("draft cost")
         rec["draft"] = _draft_cost(target, draft, prompt, iters, rec["verify"][0]["ms"], mtp, log)
         save(rec)
+        if profile:
+            from .bench_profile import profile_engine
+
+            step("profile")
+            rec["profile"] = profile_engine(target, draft, prompt, rec["verify"], rec["draft"]["block_ms"],
+                                            roof["copy_GBps"], log)
+            save(rec)
 
         step("reference")
         target.rows = b

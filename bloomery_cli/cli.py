@@ -142,7 +142,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         fail_input(e)
 
     try:
-        apply_threads(threads)
+        apply_threads(threads, device)
     except InputError as e:
         fail_input(e)
 
@@ -193,7 +193,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     from .gate import GateOptions, run_gate
 
     try:
-        n_threads = apply_threads(threads)
+        n_threads = apply_threads(threads, device)
     except InputError as e:
         fail_input(e)
 

@@ -103,7 +103,7 @@ def bench_rows(records) -> tuple[list[list[Any]], list[str]]:
         ver = {v["rows"]: v["rel_plain"] for v in r.get("verify", [])}
         top = max(ver) if ver else None
         hf = r.get("hf", {})
-        t6 = r.get("tau6") or r.get("criterion", {})      # hybrid benches: tau 6 (DFlash2) or a = 0.8 (MTP)
+        t6 = r.get("criterion") or r.get("tau6", {})   # tau 6 (DFlash, DFlash2) or a = 0.8 (MTP); tau6: older records
         name = r["bench"] + ("" if r.get("complete", True) else " (partial)")
         rows.append([name, r.get("shape"), c.get("device_name", "?"), c.get("dtype"), c.get("prompt_len"),
                      c.get("engine", "-"), _f(bw.get("copy_GBps"), 0), _f(bw.get("roofline_tok_s"), 1),

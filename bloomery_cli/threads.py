@@ -8,6 +8,12 @@ too small for a second thread to pay more than ~10%, and when a core is taken Op
 parallel op waits for all its threads) stalls each of the thousands of small ops on the descheduled thread.
 A bench or a real checkpoint on a dedicated CPU may want more: ``--threads`` / ``OMP_NUM_THREADS``.
 numpy's BLAS (the float64 reference) keeps its own setting (``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``).
+
+With the engine on a card (``--device cuda...``) and neither set, torch keeps its own default (one thread per
+core): the host's torch work is then the reference's weight conversions (``t.double()`` of every stored tensor,
+each pass), large ops where threads pay and nothing small stalls. Measured on the H200 host (16 cores), the
+real-layout Qwen3-8B gate's host reference took 211.5 s with one thread against 110 s with torch's default
+(results/h200/real/NOTE.md).
 """
 
 from __future__ import annotations
@@ -24,15 +30,22 @@ Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads for 
                                              "when set, else 1: see docs/SPEED.md).")]
 
 
-def thread_count(flag: int | None = None, env: dict[str, str] | None = None) -> int:
-    """The rule: ``flag`` if given, else ``OMP_NUM_THREADS`` if set, else 1."""
+def on_card(device: str | None) -> bool:
+    """Whether ``device`` names a card (cuda, cuda:1, ...): the engine's small ops are not on the host."""
+    return device is not None and not str(device).startswith("cpu")
+
+
+def thread_count(flag: int | None = None, env: dict[str, str] | None = None,
+                 device: str | None = None) -> int | None:
+    """The rule: ``flag`` if given, else ``OMP_NUM_THREADS`` if set, else 1 on the CPU and None (torch's own
+    default) with the engine on a card."""
     if flag is not None:
         if flag < 1:
             raise InputError("--threads", f"{flag}: expected a thread count >= 1")
         return flag
     raw = (os.environ if env is None else env).get("OMP_NUM_THREADS", "").strip()
     if not raw:
-        return DEFAULT
+        return None if on_card(device) else DEFAULT
     try:
         n = int(raw)
     except ValueError:
@@ -42,12 +55,19 @@ def thread_count(flag: int | None = None, env: dict[str, str] | None = None) -> 
     return n
 
 
+_TORCH_DEFAULT: list[int] = []        # torch's own count, read before the first change
+
+
 def apply_threads(flag: int | None = None, device: str | None = None) -> int:
-    """torch.set_num_threads(thread_count(flag)); returns the count (``device`` is accepted for the callers'
-    symmetry: the host side of a CUDA run follows the same rule)."""
+    """torch.set_num_threads(thread_count(flag, device=device)) (torch's own default where that is None);
+    returns the count."""
     import torch
 
-    n = thread_count(flag)
+    if not _TORCH_DEFAULT:
+        _TORCH_DEFAULT.append(torch.get_num_threads())
+    n = thread_count(flag, device=device)
+    if n is None:
+        n = _TORCH_DEFAULT[0]
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
