@@ -20,6 +20,9 @@ torch versions (same signatures, same rule, more launches):
     attention(qkv, nq, nkv, d, kc, vc, p0, causal) -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
                                                 k <= p0+R-1 (a bidirectional block), over the whole static cache
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
+    proj(x [R, K], w [N, K], g32 | None, eps, res | None, out | None)
+                                                -> (rms(x, g32) if g32 else x) @ w^T (+ res), into out when given
+                                                (Triton: ``kernels.triton.gemv``, one kernel, no split-K)
 """
 
 from __future__ import annotations
@@ -165,8 +168,24 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return (F.silu(g) * u).to(gu.dtype)
 
 
+def rows_pad(r: int) -> int:
+    """The padded row count of a projection over r rows (a power of two >= 16: the tensor cores' narrow side)."""
+    return max(16, 1 << (max(r, 1) - 1).bit_length())
+
+
+def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
+         out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
+    """(rms(x, g32, eps) if g32 is given else x) @ w^T, plus res when given, into out when given (``rp`` is the
+    Triton kernel's padding; unused here)."""
+    a = x if g32 is None else rms(x, g32, eps)
+    if res is None:
+        return torch.mm(a, w.t()) if out is None else torch.mm(a, w.t(), out=out)
+    return torch.addmm(res, a, w.t()) if out is None else torch.addmm(res, a, w.t(), out=out)
+
+
 class TorchOps:
     name = "torch"
+    proj = staticmethod(proj)
     rms = staticmethod(rms)
     qk_rope_store = staticmethod(qk_rope_store)
     attention = staticmethod(attention)

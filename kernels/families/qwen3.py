@@ -275,7 +275,7 @@ class FastQwen3Target:
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, max_width: int = 16, tap_ids=None, graphs: bool = True,
                  impl: str = "auto"):
-        from ..graphs import GraphSet, Staged, decode_ops
+        from ..graphs import GraphSet, Staged, decode_ops, rows_pad
 
         self.spec, self.shape, self.rows = spec, spec.layer, rows
         self.device, self.dtype = torch.device(device), dtype
@@ -287,6 +287,7 @@ class FastQwen3Target:
         self.final_norm = cast(spec.tensors["model.norm.weight"])
         self.final32 = self.final_norm.float()
         self.max_width = max(max_width, rows or 0)
+        self.rp = rows_pad(self.max_width)           # every pass's projections pad to this: one kernel for all R
         self.cap = -(-(max_len + self.max_width) // 64) * 64
         s = self.shape
         self.cos, self.sin = rope_tables(s.head_dim, s.rope_theta, self.cap, self.device, s.rope_scaling)
@@ -321,17 +322,17 @@ class FastQwen3Target:
         keep = {t: j for j, t in enumerate(self.tap_ids)}
         if taps is not None and 0 in keep:
             taps[keep[0]].copy_(h)
+        rp = self.rp
         for i, w in enumerate(self.layers):
-            a = ops.rms(h, w.ln_in, eps)
-            qkv = torch.mm(a, w.wqkv.t())
+            qkv = ops.proj(h, w.wqkv, w.ln_in, eps, rp=rp)
             ops.qk_rope_store(qkv, nh, nkv, d, w.q_norm, w.k_norm, self.cos, self.sin, p0, self.k_cache[i],
                               self.v_cache[i], eps)
-            h = torch.addmm(h, ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0), w.wo.t())
-            gu = torch.mm(ops.rms(h, w.ln_post, eps), w.wgu.t())
-            h = torch.addmm(h, ops.silu_mul(gu), w.wd.t())
-            if taps is not None and i + 1 in keep:
-                taps[keep[i + 1]].copy_(h)
-        torch.mm(ops.rms(h, self.final32, eps), self.head.t(), out=logits)
+            h = ops.proj(ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0), w.wo, None, eps,
+                         res=h, rp=rp)
+            gu = ops.proj(h, w.wgu, w.ln_post, eps, rp=rp)
+            out = taps[keep[i + 1]] if taps is not None and i + 1 in keep else None
+            h = ops.proj(ops.silu_mul(gu), w.wd, None, eps, res=h, out=out, rp=rp)
+        ops.proj(h, self.head, self.final32, eps, out=logits, rp=rp)
         torch.argmax(logits, dim=-1, out=argmax)
 
     def _graph_pass(self, r: int) -> None:

@@ -120,14 +120,14 @@ def fast_attn(t, p: str, cast: _Cast) -> FastAttn:
 
 
 def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, allowed: T | None, cos: T, sin: T,
-                    eps: float) -> T:
+                    eps: float, rp: int | None = None) -> T:
     """h + the gated attention on rows h [R, H] at positions pos (= p0 + r): K/V stored into kc, vc [nkv, cap, d]
     at pos, each row attending the keys ``allowed`` [R, cap] lets it (the masked matmul ``ops.attention.attend``,
     whose rows are independent of R and of their place in the pass), or with ``allowed`` None the keys <= its
     position through ``ops.attention`` (the flash-decoding kernel of ``kernels.triton.decode``)."""
     nh, nkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     r = h.shape[0]
-    x = torch.mm(ops.rms(h, w.ln_in, eps), w.w_qgkv.t())                             # [R, 2 nh d + 2 nkv d]
+    x = ops.proj(h, w.w_qgkv, w.ln_in, eps, rp=rp)                                  # [R, 2 nh d + 2 nkv d]
     qg = x[:, :2 * nh * d].view(r, nh, 2 * d)
     q = norm_rope_heads(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
     kr = norm_rope_heads(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin)
@@ -138,14 +138,13 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
     else:
         o = ops.attention(q, nh, nkv, d, kc, vc, p0)
     o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
-    return torch.addmm(h, o, w.wo.t())
+    return ops.proj(o, w.wo, None, eps, res=h, rp=rp)
 
 
-def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None) -> T:
-    """h + swiglu(rms(h, post_attention_layernorm)), into ``out`` when given."""
-    gu = torch.mm(ops.rms(h, m.ln_post, eps), m.wgu.t())
-    return torch.addmm(h, ops.silu_mul(gu), m.wd.t(), out=out) if out is not None else \
-        torch.addmm(h, ops.silu_mul(gu), m.wd.t())
+def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None, rp: int | None = None) -> T:
+    """h + swiglu(rms(h, post_attention_layernorm)), into ``out`` when given (``rp``: ``ops.proj``'s padding)."""
+    gu = ops.proj(h, m.wgu, m.ln_post, eps, rp=rp)
+    return ops.proj(ops.silu_mul(gu), m.wd, None, eps, res=h, out=out, rp=rp)
 
 
 def norm_rope_heads(x: T, w32: T, eps: float, cos: T, sin: T) -> T:
@@ -163,7 +162,7 @@ class FastQwen38Target:
     def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, max_width: int = 16, graphs: bool = True, impl: str = "auto",
                  attention: str = "auto"):
-        from ..graphs import GraphSet, Staged, decode_ops
+        from ..graphs import GraphSet, Staged, decode_ops, rows_pad
 
         if getattr(spec, "moe", None) is not None:
             raise ValueError("FastQwen38Target runs the dense qwen38 FFN; a MoE target runs on its eager engine")
@@ -203,6 +202,7 @@ class FastQwen38Target:
         self.head = cast(spec.head_weight())
         self.final_norm = norm_gain(t["model.norm.weight"]).to(self.device)      # f32 gain, as Qwen38Target
         self.max_width = max(max_width, rows or 0)
+        self.rp = rows_pad(self.max_width)           # every pass's projections pad to this: one kernel for all R
         self.cap = -(-(max_len + self.max_width) // 64) * 64
         self.cos, self.sin = rope_tables(hy.rotary_dim, s.rope_theta, self.cap, self.device)
         dev, w, f32 = self.device, self.max_width, torch.float32
@@ -347,9 +347,9 @@ class FastQwen38Target:
             else:
                 hm = self._attention(h, w, j, pos, p0, allowed, cos, sin, eps)
                 j += 1
-            h = ffn_into(ops, hm, w.mlp, eps, out=bufs.taps[l + 1])
+            h = ffn_into(ops, hm, w.mlp, eps, out=bufs.taps[l + 1], rp=self.rp)
         bufs.final.copy_(ops.rms(h, self.final_norm, eps))
-        torch.mm(bufs.final, self.head.t(), out=bufs.logits)
+        ops.proj(bufs.final, self.head, None, eps, out=bufs.logits, rp=self.rp)
         torch.argmax(bufs.logits, dim=-1, out=bufs.argmax)
 
     def _delta(self, h: T, w: FastDelta, i: int, bufs: PassBufs, eps: float) -> T:
@@ -358,7 +358,7 @@ class FastQwen38Target:
         k, c, nv, dv = hy.linear_conv_kernel_dim, hy.conv_dim, hy.linear_num_value_heads, hy.linear_value_head_dim
         r, vd = h.shape[0], nv * dv
         pr = bufs.proj[i]                                                             # [K-1+R, Ctot]
-        torch.mm(self.ops.rms(h, w.ln_in, eps), w.w_proj.t(), out=pr[k - 1:])
+        self.ops.proj(h, w.w_proj, w.ln_in, eps, out=pr[k - 1:], rp=self.rp)
         x = pr[k - 1:]
         args = (pr[None, :, :c], w.conv_w, x[None, :, c + vd:c + vd + nv], x[None, :, c + vd + nv:], w.a_log,
                 w.dt_bias, hy.linear_num_key_heads, hy.linear_key_head_dim, dv)
@@ -370,7 +370,7 @@ class FastQwen38Target:
             self._prepare_into(args, rows)
             o = self.recur(*rows, self.state[i])[0]                                   # outputs only
         o = self.out_norm(o, w.norm_w, x[:, c:c + vd].reshape(1, r, nv, dv), eps, self.dtype).reshape(r, vd)
-        return torch.addmm(h, o, w.w_out.t())
+        return self.ops.proj(o, w.w_out, None, eps, res=h, rp=self.rp)
 
     def _prepare_into(self, args: tuple, rows: tuple[T, ...]) -> None:
         if self.impl == "triton":
@@ -383,4 +383,4 @@ class FastQwen38Target:
                    eps: float) -> T:
         """h + the gated attention of full layer j (``gated_attention`` over this layer's static cache)."""
         return gated_attention(self.ops, self.shape, h, w, self.k_cache[j], self.v_cache[j], pos, p0, allowed, cos,
-                               sin, eps)
+                               sin, eps, self.rp)

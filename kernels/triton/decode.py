@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .gemv import proj
 
 BM, BN, SPLITS = 64, 64, 16
 
@@ -154,6 +155,7 @@ def _pow2(n: int) -> int:
 
 class TritonOps:
     name = "triton"
+    proj = staticmethod(proj)
 
     @staticmethod
     def rms(x: torch.Tensor, w32: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 11 on the H200 through the `device` tool (never CI), one call under the tool's 10 minutes:
+#   BLOOMERY_COMMIT=<sha> [STEPS="tests gemv b8 q8 mtp b16"] bash .ci/device-speed.sh    (carry .whl)
+# tests  the Triton / graphed-engine tests on CUDA (test_gemv, test_bench, test_qwen38_fast, the fast drafts)
+# gemv   bloomery_cli.bench_gemv at qwen3-8b and qwen38-27b: proj vs cuBLAS per weight shape; the best tiles go to
+#        BLOOMERY_GEMV_CONFIGS for the benches below (GEMV_CONFIGS=<file> skips the sweep and uses that file)
+# q8     bench qwen3-dflash --shape qwen3-8b --profile (HF in the same run)
+# b8     bench qwen38-dflash2 --shape qwen38-27b --block 8 --hf --profile;  mtp: qwen38-mtp --mtp-width 3;
+# b16    qwen38-dflash2 --block 16.  Each step is cut to what is left of DEADLINE_S (default 570 s) and skipped
+#        when under 40 s remain. Records + logs: one tar in $OUT.
+set -uo pipefail
+T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
+source .ci/device-setup.sh || exit 2
+R=/tmp/speed && mkdir -p $R
+device_info "speed" | tee $R/device.txt
+left() { echo $(( DEADLINE - $(date +%s) )); }
+step() {  # name limit cmd...: run under min(limit, left - 10)
+  local name=$1 lim=$2; shift 2
+  local l; l=$(left); [ $l -lt 40 ] && { echo "$name skipped: ${l}s left"; return; }
+  [ $(( l - 10 )) -lt $lim ] && lim=$(( l - 10 ))
+  local t=$(date +%s)
+  timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
+}
+show() { grep -E "$2" $R/$1.log | cut -c1-260; }
+N=${N:-256}
+for s in ${STEPS:-tests gemv q8 b8 mtp b16}; do
+  case $s in
+    tests) step tests 150 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_bench.py \
+             tests/test_qwen38_fast.py tests/test_mtp_fast.py tests/test_dflash2_fast.py; tail -3 $R/tests.log ;;
+    gemv) if [ -n "${GEMV_CONFIGS:-}" ]; then export BLOOMERY_GEMV_CONFIGS=$PWD/$GEMV_CONFIGS; else
+            step gemv 200 python3 -P -m bloomery_cli.bench_gemv --shape qwen3-8b --shape qwen38-27b \
+              --json $R/gemv-cuda-bf16.json --write-configs $R/gemv-configs.json; show gemv "^(gemv|configs)"
+            [ -s $R/gemv-configs.json ] && export BLOOMERY_GEMV_CONFIGS=$R/gemv-configs.json; fi ;;
+    q8) step bench-qwen3-8b 150 python3 -P -m bloomery_cli.bench qwen3-dflash --shape qwen3-8b --device cuda -n $N \
+          --profile --json $R/bench-qwen3-8b-cuda-bf16.json
+        show bench-qwen3-8b "^(engine|plain|verify|draft|criterion|transformers|profile (plain|verify|draft))|Error" ;;
+    b8) step bench-qwen38-27b-dflash2-b8 200 python3 -P -m bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b \
+          --block 8 --hf --profile --device cuda -n $N --json $R/bench-qwen38-27b-dflash2-b8-cuda-bf16.json
+        show bench-qwen38-27b-dflash2-b8 "^(engine|plain|verify|draft|criterion|transformers|ids|profile (plain|verify|draft))|Error" ;;
+    mtp) step bench-qwen38-27b-mtp 150 python3 -P -m bloomery_cli.bench qwen38-mtp --shape qwen38-27b --mtp-width 3 \
+          --device cuda -n $N --json $R/bench-qwen38-27b-mtp-cuda-bf16.json
+        show bench-qwen38-27b-mtp "^(engine|plain|verify|draft|criterion|ids)|Error" ;;
+    b16) step bench-qwen38-27b-dflash2-b16 150 python3 -P -m bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b \
+          --block 16 --device cuda -n $N --json $R/bench-qwen38-27b-dflash2-b16-cuda-bf16.json
+        show bench-qwen38-27b-dflash2-b16 "^(engine|plain|verify|draft|criterion|ids)|Error" ;;
+  esac
+done
+tar -C /tmp -cf $OUT/speed.tar speed

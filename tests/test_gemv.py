@@ -1,0 +1,76 @@
+"""``kernels.triton.gemv.proj`` (RMSNorm prologue + few-row matrix product + residual, one kernel) against the
+torch version ``kernels.graphs.proj``: f32 and bf16, every (norm, residual) combination, widths 1..16, shapes that do
+and do not divide the tiles; a row's numbers independent of the pass's width (bit for bit); a prompt's rows handed
+to cuBLAS; and the comparison seeing a dropped residual or gain. Runs on CUDA, or on CPU with TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bloomery_gates.kernels import triton as ktriton
+from bloomery_gates.kernels.graphs import proj as torch_proj
+from bloomery_gates.kernels.graphs import rows_pad
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
+    f"the Triton projection needs CUDA and triton (or TRITON_INTERPRET=1): {ktriton.why_unavailable(DEV)}"))
+
+TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+
+
+def _case(n: int, k: int, r: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, k, generator=gen).to(DEV, dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(DEV, dtype)
+    g = (torch.rand(k, generator=gen) + 0.5).to(DEV)
+    res = torch.randn(r, n, generator=gen).to(DEV, dtype)
+    return x, w, g, res
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(48, 64), (64, 1024), (40, 520)])
+def test_proj_matches_torch(dtype, n, k):
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    for r in (1, 5, 16):
+        x, w, g, res = _case(n, k, r, dtype, seed=r)
+        for gain in (None, g):
+            for rs in (None, res):
+                torch.testing.assert_close(proj(x, w, gain, 1e-6, rs, rp=16), torch_proj(x, w, gain, 1e-6, rs),
+                                           **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype):
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    x, w, g, res = _case(72, 1024, 16, dtype)
+    wide = proj(x, w, g, 1e-6, res, rp=16)
+    for r in (1, 3, 8):
+        assert torch.equal(proj(x[:r], w, g, 1e-6, res[:r], rp=16), wide[:r])
+
+
+def test_out_buffer_with_row_stride_and_prompt_fallback():
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    x, w, g, _ = _case(48, 64, 4, torch.float32)
+    buf = torch.zeros(6, 80, device=DEV)
+    proj(x, w, g, 1e-6, out=buf[2:, :48], rp=16)
+    torch.testing.assert_close(buf[2:, :48], torch_proj(x, w, g, 1e-6), **TOL[torch.float32])
+    assert buf[:2].abs().sum() == 0 and buf[:, 48:].abs().sum() == 0
+    xp, wp, gp, rp_ = _case(48, 64, 40, torch.float32)                    # 40 rows: a prompt, cuBLAS
+    assert torch.equal(proj(xp, wp, gp, 1e-6, rp_), torch_proj(xp, wp, gp, 1e-6, rp_))
+    assert rows_pad(1) == 16 and rows_pad(16) == 16 and rows_pad(17) == 32
+
+
+def test_the_comparison_sees_a_dropped_residual_or_gain():
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    x, w, g, res = _case(48, 64, 2, torch.bfloat16)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(proj(x, w, g, 1e-6, None, rp=16), torch_proj(x, w, g, 1e-6, res),
+                                   **TOL[torch.bfloat16])
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(proj(x, w, None, 1e-6, res, rp=16), torch_proj(x, w, g, 1e-6, res),
+                                   **TOL[torch.bfloat16])
