@@ -8,8 +8,9 @@ that together overflow L2, so every call reads its weight from HBM).
 Per weight [N, K] (the norm prologue / residual epilogue as the engine uses it at that shape) and rows R: cuBLAS
 (``kernels.graphs.proj``: rms kernel + mm, or addmm) and each candidate (BN, BK, warps, stages) of ``proj``, in us
 per call and GB/s of weight read, as a fraction of the copy bandwidth. ``--write-configs`` writes the best
-candidate at R = 1 per shape as JSON ({"NxK": [BN, BK, warps, stages]}): ``kernels.triton.gemv.config`` reads such
-a file from ``BLOOMERY_GEMV_CONFIGS`` (the measured table itself lives in ``config``). CUDA only.
+candidate at R = 1 per shape as JSON ({"NxK": [BN, BK, warps, stages]}, or null where cuBLAS was faster):
+``kernels.triton.gemv.config`` reads such a file from ``BLOOMERY_GEMV_CONFIGS`` (the measured table itself lives
+in ``config``). CUDA only.
 """
 
 from __future__ import annotations
@@ -124,13 +125,14 @@ def main(argv: list[str] | None = None) -> None:
             for i, r in enumerate(a.rows or [1, 16]):      # the first width sweeps; the others check its best
                 from bloomery_gates.kernels.triton.gemv import config
 
-                cands = None if i == 0 else list(dict.fromkeys(
-                    [tuple(best[f"{n}x{k}"])] * (f"{n}x{k}" in best) + [config(n, k)]))
+                mine = best.get(f"{n}x{k}")
+                cands = None if i == 0 else list(dict.fromkeys([tuple(c) for c in (mine, config(n, k)) if c]))
                 row = measure(n, k, norm, res, r, bw, print, cands)
                 row["shape"] = shape
                 rec["rows"].append(row)
-                if i == 0 and row["best"]:
-                    best[f"{n}x{k}"] = row["best"]["cfg"]
+                if i == 0:                  # cuBLAS where no candidate beats it (config None: the torch path)
+                    b = row["best"]
+                    best[f"{n}x{k}"] = b["cfg"] if b and b["us"] < row["cublas"]["us"] else None
                 if a.json:
                     write_atomic(a.json, rec)
     if a.write_configs:

@@ -79,18 +79,20 @@ def _measured() -> dict[str, tuple[int, int, int, int]]:
     --write-configs``), read once; empty when unset."""
     if not _TABLE:
         path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
-        _TABLE.append({k: tuple(v) for k, v in json.loads(Path(path).read_text()).items()} if path else {})
+        _TABLE.append({k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()}
+                      if path else {})
     return _TABLE[0]
 
 
-_TABLE: list[dict[str, tuple[int, int, int, int]]] = []
+_TABLE: list[dict[str, tuple[int, int, int, int] | None]] = []
 
 
-def config(n: int, k: int) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule."""
-    hit = _measured().get(f"{n}x{k}")
-    if hit is not None:
-        return hit
+def config(n: int, k: int) -> tuple[int, int, int, int] | None:
+    """(BN, BK, num_warps, num_stages) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
+    None: cuBLAS reads this shape faster (measured), the torch version runs."""
+    table = _measured()
+    if f"{n}x{k}" in table:
+        return table[f"{n}x{k}"]
     if n <= 8192:                       # few output features: small slabs, so that every SM has several
         return 16, 512, 4, 4
     return 64, 256, 4, 4
@@ -107,11 +109,14 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     rp = rp or rows_pad(r)
     if r > rp or rp > MAX_ROWS:             # a prefill: many rows, compute-bound, cuBLAS's
         return torch_proj(x, w, g32, eps, res, out)
+    cfg = cfg or config(n, k)
+    if cfg is None:
+        return torch_proj(x, w, g32, eps, res, out)
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
-    bn, bk, warps, stages = cfg or config(n, k)
+    bn, bk, warps, stages = cfg
     even = n % bn == 0 and k % bk == 0
     f32dot = interpreting() or w.dtype == torch.float32
     _proj_kernel[(triton.cdiv(n, bn),)](
