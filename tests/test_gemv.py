@@ -16,6 +16,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
     f"the Triton projection needs CUDA and triton (or TRITON_INTERPRET=1): {ktriton.why_unavailable(DEV)}"))
 
+CFG = (16, 128, 4, 2)                 # tiles that fit every test shape (the rule sends wide weights to cuBLAS)
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
@@ -37,8 +38,11 @@ def test_proj_matches_torch(dtype, n, k):
         x, w, g, res = _case(n, k, r, dtype, seed=r)
         for gain in (None, g):
             for rs in (None, res):
-                torch.testing.assert_close(proj(x, w, gain, 1e-6, rs, rp=16), torch_proj(x, w, gain, 1e-6, rs),
-                                           **TOL[dtype])
+                torch.testing.assert_close(proj(x, w, gain, 1e-6, rs, rp=16, cfg=CFG),
+                                           torch_proj(x, w, gain, 1e-6, rs), **TOL[dtype])
+        gu = torch.randn(r, 2 * k, generator=torch.Generator().manual_seed(9)).to(DEV, dtype)
+        torch.testing.assert_close(proj(gu, w, None, 1e-6, res, rp=16, cfg=CFG, silu=True),
+                                   torch_proj(gu, w, None, 1e-6, res, silu=True), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,9 +50,9 @@ def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype):
     from bloomery_gates.kernels.triton.gemv import proj
 
     x, w, g, res = _case(72, 1024, 16, dtype)
-    wide = proj(x, w, g, 1e-6, res, rp=16)
+    wide = proj(x, w, g, 1e-6, res, rp=16, cfg=CFG)
     for r in (1, 3, 8):
-        assert torch.equal(proj(x[:r], w, g, 1e-6, res[:r], rp=16), wide[:r])
+        assert torch.equal(proj(x[:r], w, g, 1e-6, res[:r], rp=16, cfg=CFG), wide[:r])
 
 
 def test_out_buffer_with_row_stride_and_prompt_fallback():
@@ -56,7 +60,7 @@ def test_out_buffer_with_row_stride_and_prompt_fallback():
 
     x, w, g, _ = _case(48, 64, 4, torch.float32)
     buf = torch.zeros(6, 80, device=DEV)
-    proj(x, w, g, 1e-6, out=buf[2:, :48], rp=16)
+    proj(x, w, g, 1e-6, out=buf[2:, :48], rp=16, cfg=CFG)
     torch.testing.assert_close(buf[2:, :48], torch_proj(x, w, g, 1e-6), **TOL[torch.float32])
     assert buf[:2].abs().sum() == 0 and buf[:, 48:].abs().sum() == 0
     xp, wp, gp, rp_ = _case(48, 64, 40, torch.float32)                    # 40 rows: a prompt, cuBLAS
@@ -69,8 +73,15 @@ def test_the_comparison_sees_a_dropped_residual_or_gain():
 
     x, w, g, res = _case(48, 64, 2, torch.bfloat16)
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(proj(x, w, g, 1e-6, None, rp=16), torch_proj(x, w, g, 1e-6, res),
+        torch.testing.assert_close(proj(x, w, g, 1e-6, None, rp=16, cfg=CFG), torch_proj(x, w, g, 1e-6, res),
                                    **TOL[torch.bfloat16])
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(proj(x, w, None, 1e-6, res, rp=16), torch_proj(x, w, g, 1e-6, res),
+        torch.testing.assert_close(proj(x, w, None, 1e-6, res, rp=16, cfg=CFG), torch_proj(x, w, g, 1e-6, res),
                                    **TOL[torch.bfloat16])
+
+
+def test_the_rule_keeps_wide_weights_on_cublas():
+    from bloomery_gates.kernels.triton.gemv import config
+
+    assert config(4096, 12288) is not None and config(5120, 6144) is not None
+    assert config(24576, 4096) is None and config(248320, 5120) is None

@@ -1,22 +1,25 @@
-"""The decode projection as one Triton kernel: an RMSNorm prologue, the matrix product of a few rows, a residual
-epilogue (``proj``; the torch version is ``kernels.graphs.proj``, same signature and rule):
+"""The decode projection as one Triton kernel: a SiLU-gate or RMSNorm prologue, the matrix product of a few
+rows, a residual epilogue (``proj``; the torch version is ``kernels.graphs.proj``, same signature and rule):
 
-    proj(x [R, K], w [N, K], g32 [K] | None, eps, res [R, N] | None, out [R, N] | None) -> y [R, N]
-        a = rms(x) * g rounded to x's dtype      (g given: RMSNorm as ``kernels.graphs.rms``, f32 statistics)
-        a = x                                    (g None)
-        y = (a @ w^T  [+ res])  f32 accumulation, one rounding to the output dtype
+    proj(x [R, K] | [R, 2K], w [N, K], g32 [K] | None, eps, res [R, N] | None, out [R, N] | None, silu=False)
+        a = silu(x[:, :K]) * x[:, K:] rounded to x's dtype       (silu: the MLP's gate, as ``silu_mul``)
+        g given: y = rstd(a) * ((a * g) @ w^T), rstd = 1 / sqrt(mean(a^2) + eps), a * g rounded to x's dtype
+        g None:  y = a @ w^T
+        y (+ res), f32 accumulation, one rounding to the output dtype
 
-Why: at decode (R = 1..16 rows) a projection is a read of w. cuBLAS reads the large ones at the copy rate but
-the ones with few output rows (o_proj, down_proj: N = H) at 0.55-0.8 of it, through split-K plus a reduce
-kernel, and ``addmm``'s residual costs a copy kernel before it (profile: ``bloomery bench --profile``). Here
-program i owns BN output features and reads its [BN, K] slab of w once, streaming K in BK chunks; the rows
-are the narrow side of the product: acc[BN, RP] += w_tile [BN, BK] @ a_tile^T [BK, RP] on the tensor cores
-(RP = rows padded to a power of two >= 16, fixed per engine, never per pass). There is no split-K, so each
-output is one sum in one order: a row's numbers do not depend on R or on the other rows (a verify row equals
-the plain step's row bit for bit), and runs are deterministic. The RMSNorm prologue reads the rows once
-first (from L2: R x K x 2 bytes) for their sums of squares, so the norm kernel and its store disappear.
+RMSNorm(a) @ w^T = rstd * ((a * g) @ w^T) exactly; the rounding point moves (the stored operand is a * g, the
+scale by rstd is applied in f32 after the sum), which is why the sum of squares can ride along the K loop and
+no pass over the rows precedes the weight stream.
 
-Tile sizes: ``config(N, K)`` (measured on the H200 by ``bloomery_cli.bench_gemv``).
+Why: at decode (R = 1..16 rows) a projection is a read of w. cuBLAS reads the wide ones at the copy rate but the
+narrow ones (o_proj, down_proj, out_proj: N = H) at 0.55-0.88 of it, through split-K plus a reduce kernel, and
+``addmm``'s residual costs a copy kernel before it (``bloomery bench --profile``). Here program i owns BN output
+features and reads its [BN, K] slab of w once, streaming K in BK chunks; the rows are the narrow side of the
+product: acc[BN, RP] += w_tile [BN, BK] @ a_tile^T [BK, RP] on the tensor cores (RP = rows padded to a power of
+two >= 16, fixed per engine). There is no split-K: each output is one sum in one order, the same for every R (a
+verify row equals the plain step's row bit for bit: tests/test_gemv.py), and runs are deterministic.
+
+Which shapes run here: ``config(N, K)`` (cuBLAS keeps the wide ones).
 """
 
 from __future__ import annotations
@@ -33,26 +36,20 @@ from ..graphs import proj as torch_proj
 from ..graphs import rows_pad
 from . import interpreting
 
+SMALL_N = 8192                          # wider weights stay with cuBLAS (config)
 MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: compute-bound there
 
 
 @triton.jit
 def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K: tl.constexpr,
-                 NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
-                 EVEN: tl.constexpr, F32DOT: tl.constexpr):
+                 NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr):
     pid = tl.program_id(0)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
     rows = tl.arange(0, RP)
     rmask = rows < R
     nmask = n < N
-    if NORM:
-        ss = tl.zeros([RP], tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + tl.arange(0, BK)
-            xv = tl.load(x_ptr + rows[:, None] * sx + kk[None, :], mask=rmask[:, None] & (kk[None, :] < K),
-                         other=0.0).to(tl.float32)
-            ss += tl.sum(xv * xv, axis=1)
-        rstd = tl.rsqrt(ss / K + eps)
+    ss = tl.zeros([RP], tl.float32)
     acc = tl.zeros([BN, RP], tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
@@ -60,14 +57,23 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :])
         else:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :], mask=nmask[:, None] & (kk[None, :] < K), other=0.0)
-        a = tl.load(x_ptr + rows[None, :] * sx + kk[:, None], mask=rmask[None, :] & (kk[:, None] < K), other=0.0)
-        if NORM:
+        xm = rmask[None, :] & (kk[:, None] < K)
+        a = tl.load(x_ptr + rows[None, :] * sx + kk[:, None], mask=xm, other=0.0)          # [BK, RP]
+        if SILU:                        # x = [gate | up] of width 2K: a = silu(gate) * up, rounded as stored
+            gt = a.to(tl.float32)
+            up = tl.load(x_ptr + rows[None, :] * sx + K + kk[:, None], mask=xm, other=0.0).to(tl.float32)
+            a = (gt * tl.sigmoid(gt) * up).to(x_ptr.dtype.element_ty)
+        if NORM:                        # rms(x) * g = rstd * (x * g): the sum of squares rides along
+            xf = a.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=0)
             gk = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
-            a = (a.to(tl.float32) * rstd[None, :] * gk[:, None]).to(x_ptr.dtype.element_ty)
+            a = (xf * gk[:, None]).to(x_ptr.dtype.element_ty)
         if F32DOT:                      # f32 engines (and the CPU interpreter): exact f32 products
             acc += tl.dot(w.to(tl.float32), a.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(w, a.to(w.dtype))
+    if NORM:
+        acc = acc * tl.rsqrt(ss / K + eps)[None, :]
     omask = nmask[:, None] & rmask[None, :]
     if RES:
         acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
@@ -89,29 +95,34 @@ _TABLE: list[dict[str, tuple[int, int, int, int] | None]] = []
 
 def config(n: int, k: int) -> tuple[int, int, int, int] | None:
     """(BN, BK, num_warps, num_stages) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
-    None: cuBLAS reads this shape faster (measured), the torch version runs."""
+    None: cuBLAS (the torch version) runs it.
+
+    Rule, from the H200 profiles (results/h200/speed/NOTE.md): cuBLAS reads the wide matrices (N > 8192: gate/up,
+    the fused DeltaNet projection, the head) at 0.94-0.99 of the copy rate, and those keep it; the narrow ones
+    (N <= 8192: o_proj, down_proj, out_proj, the 8B q/k/v) it reads at 0.54-0.88 through split-K, and those run here
+    in slabs of 32 features."""
     table = _measured()
     if f"{n}x{k}" in table:
         return table[f"{n}x{k}"]
-    if n <= 8192:                       # few output features: small slabs, so that every SM has several
-        return 16, 512, 4, 4
-    return 64, 256, 4, 4
+    if n > SMALL_N:
+        return None
+    return 32, 512, 4, 4
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, int, int, int] | None = None
-         ) -> torch.Tensor:
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, int, int, int] | None = None,
+         silu: bool = False) -> torch.Tensor:
     """The module docstring's y; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes its
     widest pass's, so that every width runs the same kernel); ``cfg`` overrides ``config``. More rows than
     ``rp`` or ``MAX_ROWS`` (a prompt) run the torch version (cuBLAS)."""
-    r, k = x.shape
-    n = w.shape[0]
+    r = x.shape[0]
+    n, k = w.shape
+    if x.shape[1] != (2 * k if silu else k):
+        raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]{' (silu: 2K)' if silu else ''}")
     rp = rp or rows_pad(r)
-    if r > rp or rp > MAX_ROWS:             # a prefill: many rows, compute-bound, cuBLAS's
-        return torch_proj(x, w, g32, eps, res, out)
     cfg = cfg or config(n, k)
-    if cfg is None:
-        return torch_proj(x, w, g32, eps, res, out)
+    if r > rp or rp > MAX_ROWS or cfg is None:      # a prompt (compute-bound), or a shape cuBLAS reads best
+        return torch_proj(x, w, g32, eps, res, out, silu=silu)
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
@@ -119,9 +130,11 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     bn, bk, warps, stages = cfg
     even = n % bn == 0 and k % bk == 0
     f32dot = interpreting() or w.dtype == torch.float32
+    if w.element_size() > 2:            # f32 tiles are twice the bytes: keep them inside shared memory
+        stages = min(stages, 2)
     _proj_kernel[(triton.cdiv(n, bn),)](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), r, n, eps, K=k,
-        NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot,
+        NORM=g32 is not None, SILU=silu, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot,
         num_warps=warps, num_stages=stages)
     return out
