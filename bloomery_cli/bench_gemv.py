@@ -21,16 +21,14 @@ from pathlib import Path
 
 import torch
 
-# (N, K, norm, residual) of each projection of a decode step
+# (N, K, norm, residual, silu) of each narrow projection of a decode step (the wide ones stay on cuBLAS:
+# ``kernels.triton.gemv.config``)
 SHAPES = {
-    "qwen3-8b": [(6144, 4096, True, False), (4096, 4096, False, True), (24576, 4096, True, False),
-                 (4096, 12288, False, True), (151936, 4096, True, False)],
-    "qwen38-27b": [(16480, 5120, True, False), (14336, 5120, True, False), (5120, 6144, False, True),
-                   (34816, 5120, True, False), (5120, 17408, False, True), (248320, 5120, False, False)],
+    "qwen3-8b": [(6144, 4096, True, False, False), (4096, 4096, False, True, False),
+                 (4096, 12288, False, True, True)],
+    "qwen38-27b": [(5120, 6144, False, True, False), (5120, 17408, False, True, True)],
 }
-SMALL_N = 8192
-CANDIDATES_SMALL = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (256, 512) for (w, st) in ((4, 3), (4, 4))]
-CANDIDATES_LARGE = [(64, 256, 4, 4), (128, 128, 4, 4), (64, 512, 4, 3)]
+CANDIDATES = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (256, 512) for (w, st) in ((4, 3), (4, 4), (8, 4))]
 L2_SPAN = 512 << 20                   # the copies of one weight a graph walks over
 
 
@@ -62,32 +60,39 @@ def _us(graph, calls: int, reps: int = 10) -> float:
     return a.elapsed_time(b) * 1e3 / (reps * calls)
 
 
-def measure(n: int, k: int, norm: bool, res: bool, rows: int, copy_GBps: float, log, candidates=None) -> dict:
-    from bloomery_gates.kernels.graphs import proj as torch_proj
+def measure(n: int, k: int, norm: bool, res: bool, silu: bool, rows: int, copy_GBps: float, log,
+            candidates=None) -> dict:
+    from bloomery_gates.kernels.triton.decode import TritonOps
     from bloomery_gates.kernels.triton.gemv import proj
+
+    def cublas(x, w, g, r, out):      # the engines' path before proj: Triton rms / silu kernels, then mm / addmm
+        a = TritonOps.silu_mul(x) if silu else x
+        a = TritonOps.rms(a, g, 1e-6) if g is not None else a
+        return torch.mm(a, w.t(), out=out) if r is None else torch.addmm(r, a, w.t(), out=out)
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     wbytes = n * k * 2
     copies = max(2, min(16, -(-L2_SPAN // wbytes)))
     ws = [torch.randn(n, k, device=dev, dtype=dt) * k ** -0.5 for _ in range(copies)]
-    x = torch.randn(rows, k, device=dev, dtype=dt)
+    x = torch.randn(rows, 2 * k if silu else k, device=dev, dtype=dt)
     g = torch.rand(k, device=dev) + 0.5 if norm else None
     r = torch.randn(rows, n, device=dev, dtype=dt) if res else None
     out = torch.empty(rows, n, device=dev, dtype=dt)
-    row = {"weight": f"{n}x{k}", "rows": rows, "norm": norm, "res": res}
+    row = {"weight": f"{n}x{k}", "rows": rows, "norm": norm, "res": res, "silu": silu}
 
     def rate(us: float) -> tuple[float, float]:
         return wbytes / (us * 1e-6) / 1e9, wbytes / (us * 1e-6) / 1e9 / copy_GBps
 
-    us = _us(*_graphed(lambda i: torch_proj(x, ws[i], g, 1e-6, r, out=out), copies))
+    us = _us(*_graphed(lambda i: cublas(x, ws[i], g, r, out), copies))
     row["cublas"] = {"us": us, "GBps": rate(us)[0], "frac_copy": rate(us)[1]}
-    ref = torch_proj(x, ws[0], g, 1e-6, r)
+    ref = cublas(x, ws[0], g, r, None)
     row["candidates"] = []
-    for cfg in candidates or (CANDIDATES_SMALL if n <= SMALL_N else CANDIDATES_LARGE):
+    for cfg in candidates or CANDIDATES:
         try:
-            got = proj(x, ws[0], g, 1e-6, r, rp=16, cfg=cfg)
+            got = proj(x, ws[0], g, 1e-6, r, rp=16, cfg=cfg, silu=silu)
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            us = _us(*_graphed(lambda i, cfg=cfg: proj(x, ws[i], g, 1e-6, r, out=out, rp=16, cfg=cfg), copies))
+            us = _us(*_graphed(lambda i, cfg=cfg: proj(x, ws[i], g, 1e-6, r, out=out, rp=16, cfg=cfg,
+                                                                 silu=silu), copies))
             row["candidates"].append({"cfg": list(cfg), "us": us, "GBps": rate(us)[0], "frac_copy": rate(us)[1],
                                       "max_rel_vs_cublas": err})
         except Exception as e:  # noqa: BLE001  (a config that does not compile here is recorded)
@@ -95,7 +100,8 @@ def measure(n: int, k: int, norm: bool, res: bool, rows: int, copy_GBps: float, 
     ok = [c for c in row["candidates"] if "us" in c and c["max_rel_vs_cublas"] < 2e-2]
     best = min(ok, key=lambda c: c["us"]) if ok else None
     row["best"] = best
-    log(f"gemv weight={n}x{k} rows={rows} norm={int(norm)} res={int(res)} cublas_us={row['cublas']['us']:.1f} "
+    log(f"gemv weight={n}x{k} rows={rows} norm={int(norm)} res={int(res)} silu={int(silu)} "
+        f"cublas_us={row['cublas']['us']:.1f} "
         f"({row['cublas']['frac_copy']:.3f})" + (f" best={best['cfg']} us={best['us']:.1f} ({best['frac_copy']:.3f}) "
                                                   f"rel={best['max_rel_vs_cublas']:.1e}" if best else " best=none"))
     ws.clear()
@@ -121,13 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     rec = {"conditions": conditions(dev) | {"dtype": "bf16"}, "copy_GBps": bw, "rows": []}
     best: dict[str, list[int]] = {}
     for shape in a.shape or sorted(SHAPES):
-        for n, k, norm, res in SHAPES[shape]:
+        for n, k, norm, res, silu in SHAPES[shape]:
             for i, r in enumerate(a.rows or [1, 16]):      # the first width sweeps; the others check its best
                 from bloomery_gates.kernels.triton.gemv import config
 
                 mine = best.get(f"{n}x{k}")
                 cands = None if i == 0 else list(dict.fromkeys([tuple(c) for c in (mine, config(n, k)) if c]))
-                row = measure(n, k, norm, res, r, bw, print, cands)
+                row = measure(n, k, norm, res, silu, r, bw, print, cands)
                 row["shape"] = shape
                 rec["rows"].append(row)
                 if i == 0:                  # cuBLAS where no candidate beats it (config None: the torch path)
