@@ -25,8 +25,8 @@ import torch
 # ``kernels.triton.gemv.config``)
 SHAPES = {
     "qwen3-8b": [(6144, 4096, True, False, False), (4096, 4096, False, True, False),
-                 (4096, 12288, False, True, True)],
-    "qwen38-27b": [(5120, 6144, False, True, False), (5120, 17408, False, True, True)],
+                 (4096, 12288, False, True, False)],
+    "qwen38-27b": [(5120, 6144, False, True, False), (5120, 17408, False, True, False)],
 }
 CANDIDATES = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (256, 512) for (w, st) in ((4, 3), (4, 4), (8, 4))]
 L2_SPAN = 512 << 20                   # the copies of one weight a graph walks over
@@ -65,7 +65,7 @@ def measure(n: int, k: int, norm: bool, res: bool, silu: bool, rows: int, copy_G
     from bloomery_gates.kernels.triton.decode import TritonOps
     from bloomery_gates.kernels.triton.gemv import proj
 
-    def cublas(x, w, g, r, out):      # the engines' path before proj: Triton rms / silu kernels, then mm / addmm
+    def cublas(x, w, g, r, out):      # the engines' path before proj: Triton rms (/ silu) kernel, then mm / addmm
         a = TritonOps.silu_mul(x) if silu else x
         a = TritonOps.rms(a, g, 1e-6) if g is not None else a
         return torch.mm(a, w.t(), out=out) if r is None else torch.addmm(r, a, w.t(), out=out)
@@ -89,10 +89,10 @@ def measure(n: int, k: int, norm: bool, res: bool, silu: bool, rows: int, copy_G
     row["candidates"] = []
     for cfg in candidates or CANDIDATES:
         try:
-            got = proj(x, ws[0], g, 1e-6, r, rp=16, cfg=cfg, silu=silu)
+            got = proj(x, ws[0], g, 1e-6, r, rp=16, cfg=cfg)
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            us = _us(*_graphed(lambda i, cfg=cfg: proj(x, ws[i], g, 1e-6, r, out=out, rp=16, cfg=cfg,
-                                                                 silu=silu), copies))
+            us = _us(*_graphed(lambda i, cfg=cfg: proj(x, ws[i], g, 1e-6, r, out=out, rp=16, cfg=cfg),
+                               copies))
             row["candidates"].append({"cfg": list(cfg), "us": us, "GBps": rate(us)[0], "frac_copy": rate(us)[1],
                                       "max_rel_vs_cublas": err})
         except Exception as e:  # noqa: BLE001  (a config that does not compile here is recorded)

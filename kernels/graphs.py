@@ -20,9 +20,8 @@ torch versions (same signatures, same rule, more launches):
     attention(qkv, nq, nkv, d, kc, vc, p0, causal) -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
                                                 k <= p0+R-1 (a bidirectional block), over the whole static cache
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
-    proj(x [R, K], w [N, K], g32 | None, eps, res | None, out | None, silu=False)
-                                                -> (rms(x, g32) if g32 else x) @ w^T (+ res), into out when given;
-                                                silu: x = [gate | up] [R, 2K] and a = silu_mul(x) first
+    proj(x [R, K], w [N, K], g32 | None, eps, res | None, out | None)
+                                                -> (rms(x, g32) if g32 else x) @ w^T (+ res), into out when given
                                                 (Triton: ``kernels.triton.gemv``, one kernel, no split-K)
 """
 
@@ -175,11 +174,10 @@ def rows_pad(r: int) -> int:
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, silu: bool = False) -> torch.Tensor:
-    """a @ w^T, plus res when given, into out when given; a = silu_mul(x) with ``silu`` (x = [gate | up]), then
-    rms(a, g32, eps) when g32 is given (``rp`` is the Triton kernel's padding; unused here)."""
-    a = silu_mul(x) if silu else x
-    a = a if g32 is None else rms(a, g32, eps)
+         out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
+    """(rms(x, g32, eps) if g32 is given else x) @ w^T, plus res when given, into out when given (``rp`` is the
+    Triton kernel's padding; unused here)."""
+    a = x if g32 is None else rms(x, g32, eps)
     if res is None:
         return torch.mm(a, w.t()) if out is None else torch.mm(a, w.t(), out=out)
     return torch.addmm(res, a, w.t()) if out is None else torch.addmm(res, a, w.t(), out=out)

@@ -331,7 +331,7 @@ class FastQwen3Target:
                          res=h, rp=rp)
             gu = ops.proj(h, w.wgu, w.ln_post, eps, rp=rp)
             out = taps[keep[i + 1]] if taps is not None and i + 1 in keep else None
-            h = ops.proj(gu, w.wd, None, eps, res=h, out=out, rp=rp, silu=True)
+            h = ops.proj(ops.silu_mul(gu), w.wd, None, eps, res=h, out=out, rp=rp)
         ops.proj(h, self.head, self.final32, eps, out=logits, rp=rp)
         torch.argmax(logits, dim=-1, out=argmax)
 

@@ -1,13 +1,12 @@
-"""The decode projection as one Triton kernel: a SiLU-gate or RMSNorm prologue, the matrix product of a few
-rows, a residual epilogue (``proj``; the torch version is ``kernels.graphs.proj``, same signature and rule):
+"""The decode projection as one Triton kernel: an RMSNorm folded in, the matrix product of a few rows, a
+residual epilogue (``proj``; the torch version is ``kernels.graphs.proj``, same signature and rule):
 
-    proj(x [R, K] | [R, 2K], w [N, K], g32 [K] | None, eps, res [R, N] | None, out [R, N] | None, silu=False)
-        a = silu(x[:, :K]) * x[:, K:] rounded to x's dtype       (silu: the MLP's gate, as ``silu_mul``)
-        g given: y = rstd(a) * ((a * g) @ w^T), rstd = 1 / sqrt(mean(a^2) + eps), a * g rounded to x's dtype
-        g None:  y = a @ w^T
+    proj(x [R, K], w [N, K], g32 [K] | None, eps, res [R, N] | None, out [R, N] | None)
+        g given: y = rstd(x) * ((x * g) @ w^T), rstd = 1 / sqrt(mean(x^2) + eps), x * g rounded to x's dtype
+        g None:  y = x @ w^T
         y (+ res), f32 accumulation, one rounding to the output dtype
 
-RMSNorm(a) @ w^T = rstd * ((a * g) @ w^T) exactly; the rounding point moves (the stored operand is a * g, the
+RMSNorm(x) @ w^T = rstd * ((x * g) @ w^T) exactly; the rounding point moves (the stored operand is x * g, the
 scale by rstd is applied in f32 after the sum), which is why the sum of squares can ride along the K loop and
 no pass over the rows precedes the weight stream.
 
@@ -19,7 +18,9 @@ product: acc[BN, RP] += w_tile [BN, BK] @ a_tile^T [BK, RP] on the tensor cores 
 two >= 16, fixed per engine). There is no split-K: each output is one sum in one order, the same for every R (a
 verify row equals the plain step's row bit for bit: tests/test_gemv.py), and runs are deterministic.
 
-Which shapes run here: ``config(N, K)`` (cuBLAS keeps the wide ones).
+Which shapes run here: ``config(N, K)`` (cuBLAS keeps the wide ones). Tried and dropped: the MLP's SiLU gate as
+a prologue of down_proj (every program recomputed silu over all of K x RP: 58 us against 33 us for the Triton
+silu kernel + cuBLAS at 4096x12288 on the H200).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 
 @triton.jit
 def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K: tl.constexpr,
-                 NORM: tl.constexpr, SILU: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr):
     pid = tl.program_id(0)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -59,10 +60,6 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :], mask=nmask[:, None] & (kk[None, :] < K), other=0.0)
         xm = rmask[None, :] & (kk[:, None] < K)
         a = tl.load(x_ptr + rows[None, :] * sx + kk[:, None], mask=xm, other=0.0)          # [BK, RP]
-        if SILU:                        # x = [gate | up] of width 2K: a = silu(gate) * up, rounded as stored
-            gt = a.to(tl.float32)
-            up = tl.load(x_ptr + rows[None, :] * sx + K + kk[:, None], mask=xm, other=0.0).to(tl.float32)
-            a = (gt * tl.sigmoid(gt) * up).to(x_ptr.dtype.element_ty)
         if NORM:                        # rms(x) * g = rstd * (x * g): the sum of squares rides along
             xf = a.to(tl.float32)
             ss += tl.sum(xf * xf, axis=0)
@@ -106,23 +103,28 @@ def config(n: int, k: int) -> tuple[int, int, int, int] | None:
         return table[f"{n}x{k}"]
     if n > SMALL_N:
         return None
-    return 32, 512, 4, 4
+    return MEASURED.get((n, k), (32, 512, 4, 4))
+
+
+# best of 12 candidates at R = 1 (and kept at R = 16), H200 bf16 (bench_gemv; results/h200/speed/gemv-cuda-bf16.json)
+MEASURED = {(6144, 4096): (64, 256, 4, 4), (4096, 4096): (32, 512, 4, 4), (4096, 12288): (32, 512, 4, 4),
+            (5120, 6144): (64, 256, 4, 4), (5120, 17408): (64, 256, 4, 4)}
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, int, int, int] | None = None,
-         silu: bool = False) -> torch.Tensor:
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, int, int, int] | None = None
+         ) -> torch.Tensor:
     """The module docstring's y; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes its
     widest pass's, so that every width runs the same kernel); ``cfg`` overrides ``config``. More rows than
     ``rp`` or ``MAX_ROWS`` (a prompt) run the torch version (cuBLAS)."""
     r = x.shape[0]
     n, k = w.shape
-    if x.shape[1] != (2 * k if silu else k):
-        raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]{' (silu: 2K)' if silu else ''}")
+    if x.shape[1] != k:
+        raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]")
     rp = rp or rows_pad(r)
     cfg = cfg or config(n, k)
     if r > rp or rp > MAX_ROWS or cfg is None:      # a prompt (compute-bound), or a shape cuBLAS reads best
-        return torch_proj(x, w, g32, eps, res, out, silu=silu)
+        return torch_proj(x, w, g32, eps, res, out)
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
@@ -135,6 +137,6 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     _proj_kernel[(triton.cdiv(n, bn),)](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), r, n, eps, K=k,
-        NORM=g32 is not None, SILU=silu, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot,
+        NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot,
         num_warps=warps, num_stages=stages)
     return out
