@@ -123,8 +123,9 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]")
     rp = rp or rows_pad(r)
     cfg = cfg or config(n, k)
-    if r > rp or rp > MAX_ROWS or cfg is None:      # a prompt (compute-bound), or a shape cuBLAS reads best
-        return torch_proj(x, w, g32, eps, res, out)
+    if r > rp or rp > MAX_ROWS or cfg is None:      # a prompt (compute-bound), or a shape cuBLAS reads best:
+        from .decode import TritonOps  # the Triton rms kernel (one launch), then cuBLAS
+        return torch_proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
