@@ -61,7 +61,8 @@ def test_out_buffer_with_row_stride_and_prompt_fallback():
     torch.testing.assert_close(buf[2:, :48], torch_proj(x, w, g, 1e-6), **TOL[torch.float32])
     assert buf[:2].abs().sum() == 0 and buf[:, 48:].abs().sum() == 0
     xp, wp, gp, rp_ = _case(48, 64, 40, torch.float32)                    # 40 rows: a prompt, cuBLAS
-    assert torch.equal(proj(xp, wp, gp, 1e-6, rp_), torch_proj(xp, wp, gp, 1e-6, rp_))
+    from bloomery_gates.kernels.triton.decode import TritonOps  # cuBLAS after the Triton rms kernel
+    assert torch.equal(proj(xp, wp, gp, 1e-6, rp_), torch_proj(TritonOps.rms(xp, gp, 1e-6), wp, None, 1e-6, rp_))
     assert rows_pad(1) == 16 and rows_pad(16) == 16 and rows_pad(17) == 32
 
 
