@@ -223,6 +223,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         rec["verify"] = _verify_costs(target, prompt, b, iters, log)
         step("draft cost")
         rec["draft"] = _draft_costs(target, draft, prompt, b, iters, rec["verify"][0]["ms"], log)
+        head = tspec.head_weight()
+        rec["bound"] = criterion_bound(rec["verify"], b, weight_bytes(dspec.tensors) + head.numel() *
+                                       head.element_size(), roof["copy_GBps"], log)
         if profile:
             from .bench_profile import profile_engine
 
@@ -254,6 +257,28 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
     rec["complete"] = True
     save(rec)
     return rec
+
+
+def criterion_bound(verify: list[dict[str, Any]], rows: int, draft_read: int, copy_GBps: float, log=None
+                    ) -> dict[str, Any]:
+    """The best drafted / (accept_mean x plain) any draft could reach on this target and this verify: a window is
+    at least a verify of ``rows`` rows plus the draft reading its bytes once at the copy rate (``draft_read``: its
+    weights and the head per head pass), with no host time at all:
+
+        frac_max = t_plain / (t_verify(rows) + draft_read / copy_bandwidth)
+
+    Below ``CRITERION`` the criterion cannot be met by any draft of that size, however fast its kernels."""
+    plain_ms = verify[0]["ms"]
+    v = next(x for x in verify if x["rows"] == rows)
+    read_ms = draft_read / (copy_GBps * 1e9) * 1e3
+    frac = plain_ms / (v["ms"] + read_ms)
+    out = {"frac_max": frac, "attainable": frac >= CRITERION, "verify_rel": v["rel_plain"], "rows": rows,
+           "draft_read_bytes": draft_read, "draft_read_ms": read_ms, "draft_read_rel": read_ms / plain_ms}
+    if log:
+        log(f"bound frac_max={frac:.3f} needed={CRITERION} attainable={out['attainable']} (verify R{rows} "
+            f"{v['rel_plain']:.3f} + draft reads {draft_read / 1e9:.2f} GB at the copy rate = {read_ms:.3f} ms = "
+            f"{out['draft_read_rel']:.3f} of a plain step)")
+    return out
 
 
 def guarded(rec: dict, key: str, log, fn) -> None:

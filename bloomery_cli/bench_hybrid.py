@@ -34,6 +34,7 @@ from .bench import (
     TAUS,
     ReplayDraft,
     accept_for_tau,
+    criterion_bound,
     guarded,
     hf_compare,
     stages,
@@ -153,6 +154,9 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         rec["verify"] = _verify_costs(target, prompt, max(16, b), iters, log)
         step("draft cost")
         rec["draft"] = _draft_cost(target, draft, prompt, iters, rec["verify"][0]["ms"], mtp, log)
+        head = tspec.head_weight().numel() * tspec.head_weight().element_size()
+        passes = mtp_width if mtp else 1                 # MTP: each chained draft runs its layer and the head
+        rec["bound"] = criterion_bound(rec["verify"], b, passes * (draft_b + head), roof["copy_GBps"], log)
         save(rec)
         if profile:
             from .bench_profile import profile_engine

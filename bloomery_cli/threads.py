@@ -12,8 +12,8 @@ numpy's BLAS (the float64 reference) keeps its own setting (``OPENBLAS_NUM_THREA
 With the engine on a card (``--device cuda...``) and neither set, torch keeps its own default (one thread per
 core): the host's torch work is then the reference's weight conversions (``t.double()`` of every stored tensor,
 each pass), large ops where threads pay and nothing small stalls. Measured on the H200 host (16 cores), the
-real-layout Qwen3-8B gate's host reference took 211.5 s with one thread against 110 s with torch's default
-(results/h200/real/NOTE.md).
+real-layout Qwen3.8-27B-width gate (16 layers) with the host reference: cut at 260 s with one thread (0892af1),
+134.3 s with torch's default (d0869cb; results/h200/speed/NOTE.md).
 """
 
 from __future__ import annotations
