@@ -5,7 +5,8 @@
   plain tok/s, tau x plain (a free draft and a verify as cheap as a step), the plain roofline and tau x it.
   The roofline drawn is the bytes-read one (bandwidth / bytes a step reads) where the record has it, else
   the copy-rate one (bandwidth / all weight bytes).
-- ``plot-shape-<shape>-<device>-<dtype>.png``: per shape (and device, dtype), every bench record's drafted
+- ``plot-shape-<shape>-<device>-<dtype>.png``: per shape (and device, dtype), every bench record's drafted (records
+  under a ``speed/`` folder, one session's experiments, are left out)
   curve on one plot (e.g. DFlash2 B=8, B=16 and MTP at qwen38-27b), each record's plain tok/s, and the
   shape's roofline with tau x roofline: the most any drafter can reach at that acceptance.
 """
@@ -50,6 +51,7 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         fig.savefig(results_dir / "kept-histograms.png", dpi=110)
         plt.close(fig)
         names.append("kept-histograms.png")
+    stems = plot_stems([p for p, r in records if "bench" in r and r.get("sweep")])
     for path, r in records:
         sweep = r.get("sweep") if "bench" in r else None
         if not sweep:
@@ -70,12 +72,26 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
                      f"prompt {c.get('prompt_len')}", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        name = f"plot-{path.stem}.png"
+        name = f"plot-{stems[path]}.png"
         fig.savefig(results_dir / name, dpi=110)
         plt.close(fig)
         names.append(name)
     names += shape_plots(results_dir, records, plt)
     return names
+
+
+def plot_stems(paths: list[Path]) -> dict[Path, str]:
+    """A unique plot name per record: its file stem; where stems repeat (the same bench in several folders) the
+    shallowest record keeps it and the others are prefixed with their folder's name."""
+    out: dict[Path, str] = {}
+    by_stem: dict[str, list[Path]] = {}
+    for p in paths:
+        by_stem.setdefault(p.stem, []).append(p)
+    for stem, ps in by_stem.items():
+        ps = sorted(ps, key=lambda p: (len(p.parts), p.as_posix()))
+        out[ps[0]] = stem
+        out.update({p: f"{_slug(p.parent.name)}-{stem}" for p in ps[1:]})
+    return out
 
 
 def roofline(r: dict[str, Any]) -> tuple[float | None, str]:
@@ -97,6 +113,8 @@ def shape_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]], p
     """One plot per (shape, device, dtype) over every bench record with a sweep."""
     groups: dict[tuple[str, str, str], list[tuple[Path, dict[str, Any]]]] = {}
     for path, r in records:
+        if "speed" in path.parts:            # one session's experiments (results/h200/speed): their own plots only
+            continue
         if "bench" in r and r.get("sweep") and r.get("plain"):
             c = r.get("conditions", {})
             key = (str(r.get("shape")), str(c.get("device_name", c.get("device", "?"))), str(c.get("dtype", "")))

@@ -1,0 +1,53 @@
+"""``bench --profile`` (bloomery_cli.bench_profile), the drafted criterion's bound (``bench.criterion_bound``) and the
+thread rule with the engine on a card, on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from bloomery_cli.bench import CRITERION, criterion_bound
+from bloomery_cli.bench_hybrid import bench_hybrid
+from bloomery_cli.threads import apply_threads, thread_count
+
+
+def test_profile_records_each_pass_and_its_ops():
+    lines: list[str] = []
+    rec = bench_hybrid("qwen38-dflash2", "qwen38-tiny", "cpu", "f32", prompt_len=16, n=8, block=4, iters=1,
+                       emit=lines.append, quiet=True, profile=True)
+    prof = rec["profile"]
+    assert set(prof) == {"plain", "verify16", "draft"}
+    for label in ("plain", "verify16"):
+        k = prof[label]["kernels"]
+        assert k["kernels"] > 10 and k["kernel_ms"] > 0 and k["top"] and prof[label]["gemm"]
+        assert all(g["weight"].count("x") == 1 and g["us"] > 0 for g in prof[label]["gemm"])
+    assert any(line.startswith("profile plain wall_ms=") for line in lines)
+    assert any(line.startswith("profile gemm weight=") for line in lines)
+    assert rec["bound"]["rows"] == 4 and 0 < rec["bound"]["frac_max"] < 1
+
+
+def test_criterion_bound_is_plain_over_verify_plus_the_drafts_read():
+    verify = [{"rows": 1, "ms": 10.0, "rel_plain": 1.0}, {"rows": 8, "ms": 11.0, "rel_plain": 1.1}]
+    b = criterion_bound(verify, 8, 4 * 10 ** 9, 4000.0)                # 4 GB at 4000 GB/s: 1 ms
+    assert b["draft_read_ms"] == pytest.approx(1.0) and b["draft_read_rel"] == pytest.approx(0.1)
+    assert b["frac_max"] == pytest.approx(10.0 / 12.0) and not b["attainable"]
+    free = criterion_bound(verify, 8, 0, 4000.0)                        # a draft that reads nothing
+    assert free["frac_max"] == pytest.approx(10.0 / 11.0) and free["frac_max"] >= CRITERION and free["attainable"]
+    with pytest.raises(StopIteration):                                 # a width the bench did not measure
+        criterion_bound(verify, 4, 0, 4000.0)
+
+
+def test_thread_rule_keeps_torchs_default_with_the_engine_on_a_card():
+    assert thread_count(None, {}, "cpu") == 1 and thread_count(None, {}) == 1
+    assert thread_count(None, {}, "cuda") is None and thread_count(None, {}, "cuda:1") is None
+    assert thread_count(None, {"OMP_NUM_THREADS": "3"}, "cuda") == 3 and thread_count(2, {}, "cuda") == 2
+    before = torch.get_num_threads()
+    try:
+        apply_threads(1, "cpu")
+        assert torch.get_num_threads() == 1
+        if "OMP_NUM_THREADS" not in os.environ:                       # the card's rule: torch's own count back
+            assert apply_threads(None, "cuda") == torch.get_num_threads() >= 1
+    finally:
+        torch.set_num_threads(before)
