@@ -6,7 +6,9 @@
 #        BLOOMERY_GEMV_CONFIGS for the benches below (GEMV_CONFIGS=<file> skips the sweep and uses that file)
 # q8     bench qwen3-dflash --shape qwen3-8b --profile (HF in the same run)
 # b8     bench qwen38-dflash2 --shape qwen38-27b --block 8 --hf --profile;  mtp: qwen38-mtp --mtp-width 3;
-# b16    qwen38-dflash2 --block 16.  Each step is cut to what is left of DEADLINE_S (default 570 s) and skipped
+# b16    qwen38-dflash2 --block 16.
+# ab     the plain step and verify at both shapes (-n 64, no HF) with BLOOMERY_GEMV=off (cuBLAS for every
+#        projection) right after the same with the default: the projection kernel's effect, measured in one call.  Each step is cut to what is left of DEADLINE_S (default 570 s) and skipped
 #        when under 40 s remain. Records + logs: one tar in $OUT.
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
@@ -43,6 +45,15 @@ for s in ${STEPS:-tests gemv q8 b8 mtp b16}; do
     b16) step bench-qwen38-27b-dflash2-b16 150 python3 -P -m bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b \
           --block 16 --device cuda -n $N --json $R/bench-qwen38-27b-dflash2-b16-cuda-bf16.json
         show bench-qwen38-27b-dflash2-b16 "^(engine|plain|verify|draft|criterion|ids)|Error" ;;
+    ab) for g in on off; do
+          BLOOMERY_GEMV=$([ $g = off ] && echo off || echo auto) step ab-qwen3-8b-$g 90 python3 -P -m bloomery_cli.bench \
+            qwen3-dflash --shape qwen3-8b --device cuda -n 64 --json $R/ab-qwen3-8b-gemv-$g-cuda-bf16.json
+          show ab-qwen3-8b-$g "^(plain|verify)"
+          BLOOMERY_GEMV=$([ $g = off ] && echo off || echo auto) step ab-qwen38-27b-$g 120 python3 -P -m \
+            bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b --block 8 --device cuda -n 64 \
+            --json $R/ab-qwen38-27b-gemv-$g-cuda-bf16.json
+          show ab-qwen38-27b-$g "^(plain|verify)"
+        done ;;
   esac
 done
 tar -C /tmp -cf $OUT/speed.tar speed

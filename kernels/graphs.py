@@ -20,6 +20,9 @@ torch versions (same signatures, same rule, more launches):
     attention(qkv, nq, nkv, d, kc, vc, p0, causal) -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
                                                 k <= p0+R-1 (a bidirectional block), over the whole static cache
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
+    norm_rope(x [R, heads, d], w32, eps, cos, sin, kc=None, pos=None)
+                                                -> rms per head, RoPE on the first rot channels (partial rotary);
+                                                with kc: stored into the cache at pos instead of returned
     proj(x [R, K], w [N, K], g32 | None, eps, res | None, out | None)
                                                 -> (rms(x, g32) if g32 else x) @ w^T (+ res), into out when given
                                                 (Triton: ``kernels.triton.gemv``, one kernel, no split-K)
@@ -168,6 +171,22 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return (F.silu(g) * u).to(gu.dtype)
 
 
+def norm_rope(x: torch.Tensor, w32: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+              kc: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [R, heads, d] (a view; unit stride within a head) -> rms(x) * w rounded to x's dtype, then RoPE on the
+    first rot channels (cos / sin [R, 1, rot], gathered at the rows' positions; the rest pass through). With ``kc``
+    [heads, cap, d] the result is stored at kc[:, pos[r]] (pos [R] on the device) and None is returned."""
+    from .ops.rope import apply_rope
+
+    y = rms(x, w32, eps)
+    r = cos.shape[-1]
+    out = torch.cat([apply_rope(y[..., :r], cos, sin), y[..., r:]], dim=-1)
+    if kc is None:
+        return out
+    kc.index_copy_(1, pos, out.transpose(0, 1))
+    return None
+
+
 def rows_pad(r: int) -> int:
     """The padded row count of a projection over r rows (a power of two >= 16: the tensor cores' narrow side)."""
     return max(16, 1 << (max(r, 1) - 1).bit_length())
@@ -186,6 +205,7 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
 class TorchOps:
     name = "torch"
     proj = staticmethod(proj)
+    norm_rope = staticmethod(norm_rope)
     rms = staticmethod(rms)
     qk_rope_store = staticmethod(qk_rope_store)
     attention = staticmethod(attention)

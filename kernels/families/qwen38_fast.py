@@ -38,10 +38,9 @@ import torch
 
 from bloomery_cli.spec import Qwen38Spec
 
-from ..graphs import rms
 from ..ops.attention import attend
 from ..ops.gated_deltanet import delta_chunked
-from ..ops.rope import apply_rope, rope_tables
+from ..ops.rope import rope_tables
 from ..triton import delta_dims_ok, delta_impl, resolve_impl
 from .qwen3 import stack_rows
 from .qwen38 import PREFILL_CHUNK, Qwen38Pass, fused_ops, norm_gain
@@ -129,9 +128,8 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
     r = h.shape[0]
     x = ops.proj(h, w.w_qgkv, w.ln_in, eps, rp=rp)                                  # [R, 2 nh d + 2 nkv d]
     qg = x[:, :2 * nh * d].view(r, nh, 2 * d)
-    q = norm_rope_heads(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
-    kr = norm_rope_heads(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin)
-    kc.index_copy_(1, pos, kr.transpose(0, 1))
+    q = ops.norm_rope(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
+    ops.norm_rope(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin, kc=kc, pos=pos)
     vc.index_copy_(1, pos, x[:, (2 * nh + nkv) * d:].view(r, nkv, d).transpose(0, 1))
     if allowed is not None:
         o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
@@ -145,13 +143,6 @@ def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None, rp: int | 
     """h + swiglu(rms(h, post_attention_layernorm)), into ``out`` when given (``rp``: ``ops.proj``'s padding)."""
     gu = ops.proj(h, m.wgu, m.ln_post, eps, rp=rp)
     return ops.proj(ops.silu_mul(gu), m.wd, None, eps, res=h, out=out, rp=rp)
-
-
-def norm_rope_heads(x: T, w32: T, eps: float, cos: T, sin: T) -> T:
-    """x [R, heads, d] (a view) -> rms(x) * w, then RoPE on channels [0, rot) (cos/sin [R, 1, rot]), x's dtype."""
-    y = rms(x, w32, eps)
-    r = cos.shape[-1]
-    return torch.cat([apply_rope(y[..., :r], cos, sin), y[..., r:]], dim=-1)
 
 
 class FastQwen38Target:

@@ -153,9 +153,54 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+@triton.jit
+def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, sor, soh, eps,
+                      D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr, AT_POS: tl.constexpr):
+    r = tl.program_id(0)
+    hd = tl.program_id(1)
+    src = x_ptr + r.to(tl.int64) * sxr + hd * sxh
+    c = tl.arange(0, BD)
+    half = tl.arange(0, ROT // 2)
+    xf = tl.load(src + c, mask=c < D, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    dt = x_ptr.dtype.element_ty
+    y = (xf * rstd * tl.load(w_ptr + c, mask=c < D, other=0.0)).to(dt)            # the normed head, rounded once
+    y1 = (tl.load(src + half).to(tl.float32) * rstd * tl.load(w_ptr + half)).to(dt).to(tl.float32)
+    y2 = (tl.load(src + ROT // 2 + half).to(tl.float32) * rstd * tl.load(w_ptr + ROT // 2 + half)).to(dt)
+    y2 = y2.to(tl.float32)
+    c1 = tl.load(cos_ptr + r * ROT + half)
+    s1 = tl.load(sin_ptr + r * ROT + half)
+    c2 = tl.load(cos_ptr + r * ROT + ROT // 2 + half)
+    s2 = tl.load(sin_ptr + r * ROT + ROT // 2 + half)
+    row = tl.load(pos_ptr + r) if AT_POS else r
+    dst = out_ptr + row.to(tl.int64) * sor + hd * soh
+    tl.store(dst + c, y, mask=(c >= ROT) & (c < D))                                # channels past rot: as normed
+    tl.store(dst + half, (y1 * c1 - y2 * s1).to(out_ptr.dtype.element_ty))
+    tl.store(dst + ROT // 2 + half, (y2 * c2 + y1 * s2).to(out_ptr.dtype.element_ty))
+
+
 class TritonOps:
     name = "triton"
     proj = staticmethod(proj)
+
+    @staticmethod
+    def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None):
+        """``kernels.graphs.norm_rope`` in one launch: per (row, head) the RMSNorm, the partial RoPE, and the store
+        (into a new [R, heads, d] tensor, or the cache kc [heads, cap, d] at pos[r])."""
+        r, heads, d = x.shape
+        rot = cos.shape[-1]
+        if x.stride(2) != 1 or rot % 2 or rot & (rot - 1) or rot > d:
+            from ..graphs import norm_rope
+            return norm_rope(x, w32, eps, cos, sin, kc, pos)
+        c, s = cos.reshape(r, rot).contiguous(), sin.reshape(r, rot).contiguous()
+        if kc is None:
+            out = torch.empty(r, heads, d, device=x.device, dtype=x.dtype)
+            sor, soh, at_pos = out.stride(0), out.stride(1), False
+        else:
+            out, sor, soh, at_pos = kc, kc.stride(1), kc.stride(0), True
+        _norm_rope_kernel[(r, heads)](x, x.stride(0), x.stride(1), w32, c, s, pos if at_pos else c, out, sor, soh,
+                                      eps, D=d, ROT=rot, BD=_pow2(d), AT_POS=at_pos, num_warps=1)
+        return None if at_pos else out
 
     @staticmethod
     def rms(x: torch.Tensor, w32: torch.Tensor, eps: float) -> torch.Tensor:

@@ -92,12 +92,14 @@ _TABLE: list[dict[str, tuple[int, int, int, int] | None]] = []
 
 def config(n: int, k: int) -> tuple[int, int, int, int] | None:
     """(BN, BK, num_warps, num_stages) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
-    None: cuBLAS (the torch version) runs it.
+    None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
 
     Rule, from the H200 profiles (results/h200/speed/NOTE.md): cuBLAS reads the wide matrices (N > 8192: gate/up,
     the fused DeltaNet projection, the head) at 0.94-0.99 of the copy rate, and those keep it; the narrow ones
     (N <= 8192: o_proj, down_proj, out_proj, the 8B q/k/v) it reads at 0.54-0.88 through split-K, and those run here
     in slabs of 32 features."""
+    if os.environ.get("BLOOMERY_GEMV") == "off":     # every shape on cuBLAS: the A/B of .ci/device-speed.sh
+        return None
     table = _measured()
     if f"{n}x{k}" in table:
         return table[f"{n}x{k}"]
