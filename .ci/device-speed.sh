@@ -46,10 +46,11 @@ for s in ${STEPS:-tests gemv q8 b8 mtp b16}; do
           --block 16 --device cuda -n $N --json $R/bench-qwen38-27b-dflash2-b16-cuda-bf16.json
         show bench-qwen38-27b-dflash2-b16 "^(engine|plain|verify|draft|criterion|ids)|Error" ;;
     ab) for g in on off; do
-          BLOOMERY_GEMV=$([ $g = off ] && echo off || echo auto) step ab-qwen3-8b-$g 90 python3 -P -m bloomery_cli.bench \
+          v=$([ $g = off ] && echo off || echo auto)
+          step ab-qwen3-8b-$g 90 env BLOOMERY_GEMV=$v python3 -P -m bloomery_cli.bench \
             qwen3-dflash --shape qwen3-8b --device cuda -n 64 --json $R/ab-qwen3-8b-gemv-$g-cuda-bf16.json
           show ab-qwen3-8b-$g "^(plain|verify)"
-          BLOOMERY_GEMV=$([ $g = off ] && echo off || echo auto) step ab-qwen38-27b-$g 120 python3 -P -m \
+          step ab-qwen38-27b-$g 120 env BLOOMERY_GEMV=$v python3 -P -m \
             bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b --block 8 --device cuda -n 64 \
             --json $R/ab-qwen38-27b-gemv-$g-cuda-bf16.json
           show ab-qwen38-27b-$g "^(plain|verify)"
