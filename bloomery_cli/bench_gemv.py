@@ -21,12 +21,11 @@ from pathlib import Path
 
 import torch
 
-# (N, K, norm, residual, silu) of each narrow projection of a decode step (the wide ones stay on cuBLAS:
+# (N, K, norm, residual) of each narrow projection of a decode step (the wide ones stay on cuBLAS:
 # ``kernels.triton.gemv.config``)
 SHAPES = {
-    "qwen3-8b": [(6144, 4096, True, False, False), (4096, 4096, False, True, False),
-                 (4096, 12288, False, True, False)],
-    "qwen38-27b": [(5120, 6144, False, True, False), (5120, 17408, False, True, False)],
+    "qwen3-8b": [(6144, 4096, True, False), (4096, 4096, False, True), (4096, 12288, False, True)],
+    "qwen38-27b": [(5120, 6144, False, True), (5120, 17408, False, True)],
 }
 CANDIDATES = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (256, 512) for (w, st) in ((4, 3), (4, 4), (8, 4))]
 L2_SPAN = 512 << 20                   # the copies of one weight a graph walks over
@@ -60,25 +59,23 @@ def _us(graph, calls: int, reps: int = 10) -> float:
     return a.elapsed_time(b) * 1e3 / (reps * calls)
 
 
-def measure(n: int, k: int, norm: bool, res: bool, silu: bool, rows: int, copy_GBps: float, log,
-            candidates=None) -> dict:
+def measure(n: int, k: int, norm: bool, res: bool, rows: int, copy_GBps: float, log, candidates=None) -> dict:
     from bloomery_gates.kernels.triton.decode import TritonOps
     from bloomery_gates.kernels.triton.gemv import proj
 
-    def cublas(x, w, g, r, out):      # the engines' path before proj: Triton rms (/ silu) kernel, then mm / addmm
-        a = TritonOps.silu_mul(x) if silu else x
-        a = TritonOps.rms(a, g, 1e-6) if g is not None else a
+    def cublas(x, w, g, r, out):      # the engines' path before proj: the Triton rms kernel, then mm / addmm
+        a = TritonOps.rms(x, g, 1e-6) if g is not None else x
         return torch.mm(a, w.t(), out=out) if r is None else torch.addmm(r, a, w.t(), out=out)
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     wbytes = n * k * 2
     copies = max(2, min(16, -(-L2_SPAN // wbytes)))
     ws = [torch.randn(n, k, device=dev, dtype=dt) * k ** -0.5 for _ in range(copies)]
-    x = torch.randn(rows, 2 * k if silu else k, device=dev, dtype=dt)
+    x = torch.randn(rows, k, device=dev, dtype=dt)
     g = torch.rand(k, device=dev) + 0.5 if norm else None
     r = torch.randn(rows, n, device=dev, dtype=dt) if res else None
     out = torch.empty(rows, n, device=dev, dtype=dt)
-    row = {"weight": f"{n}x{k}", "rows": rows, "norm": norm, "res": res, "silu": silu}
+    row = {"weight": f"{n}x{k}", "rows": rows, "norm": norm, "res": res}
 
     def rate(us: float) -> tuple[float, float]:
         return wbytes / (us * 1e-6) / 1e9, wbytes / (us * 1e-6) / 1e9 / copy_GBps
@@ -100,7 +97,7 @@ def measure(n: int, k: int, norm: bool, res: bool, silu: bool, rows: int, copy_G
     ok = [c for c in row["candidates"] if "us" in c and c["max_rel_vs_cublas"] < 2e-2]
     best = min(ok, key=lambda c: c["us"]) if ok else None
     row["best"] = best
-    log(f"gemv weight={n}x{k} rows={rows} norm={int(norm)} res={int(res)} silu={int(silu)} "
+    log(f"gemv weight={n}x{k} rows={rows} norm={int(norm)} res={int(res)} "
         f"cublas_us={row['cublas']['us']:.1f} "
         f"({row['cublas']['frac_copy']:.3f})" + (f" best={best['cfg']} us={best['us']:.1f} ({best['frac_copy']:.3f}) "
                                                   f"rel={best['max_rel_vs_cublas']:.1e}" if best else " best=none"))
@@ -127,13 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     rec = {"conditions": conditions(dev) | {"dtype": "bf16"}, "copy_GBps": bw, "rows": []}
     best: dict[str, list[int]] = {}
     for shape in a.shape or sorted(SHAPES):
-        for n, k, norm, res, silu in SHAPES[shape]:
+        for n, k, norm, res in SHAPES[shape]:
             for i, r in enumerate(a.rows or [1, 16]):      # the first width sweeps; the others check its best
                 from bloomery_gates.kernels.triton.gemv import config
 
                 mine = best.get(f"{n}x{k}")
                 cands = None if i == 0 else list(dict.fromkeys([tuple(c) for c in (mine, config(n, k)) if c]))
-                row = measure(n, k, norm, res, silu, r, bw, print, cands)
+                row = measure(n, k, norm, res, r, bw, print, cands)
                 row["shape"] = shape
                 rec["rows"].append(row)
                 if i == 0:                  # cuBLAS where no candidate beats it (config None: the torch path)
