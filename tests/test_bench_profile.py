@@ -51,3 +51,18 @@ def test_thread_rule_keeps_torchs_default_with_the_engine_on_a_card():
             assert apply_threads(None, "cuda") == torch.get_num_threads() >= 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_results_derive_the_bound_of_older_records_and_not_of_eager_engines():
+    from bloomery_cli.results_table import bound_of
+
+    verify = [{"rows": 1, "ms": 10.0, "rel_plain": 1.0}, {"rows": 8, "ms": 11.0, "rel_plain": 1.1}]
+    rec = {"bench": "qwen38-dflash2", "shape": "qwen38-27b", "verify": verify, "bandwidth": {"copy_GBps": 4000.0},
+           "shape_facts": {"vocab": 1000, "hidden": 500}, "lines": ["weights bytes=1 draft_bytes=3999000000"],
+           "conditions": {"verify_rows": 8, "dtype": "bf16", "engine": "qwen38 fast ops=triton graphs=on"}}
+    b = bound_of(rec)                               # 3.999 GB + a 1000 x 500 bf16 head = 4 GB: 1 ms at 4000 GB/s
+    assert b["frac_max"] == pytest.approx(10.0 / 12.0)
+    mtp = rec | {"bench": "qwen38-mtp", "lines": ["weights draft_bytes=3999000000 mtp_width=3"]}
+    assert bound_of(mtp)["draft_read_ms"] == pytest.approx(3.0)            # the layer and the head, per chained draft
+    assert bound_of(rec | {"conditions": rec["conditions"] | {"engine": "qwen38 eager delta=triton"}}) is None
+    assert bound_of(rec | {"bound": {"frac_max": 0.5}}) == {"frac_max": 0.5}
