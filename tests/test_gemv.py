@@ -83,3 +83,17 @@ def test_the_rule_keeps_wide_weights_on_cublas():
 
     assert config(4096, 12288) is not None and config(5120, 6144) is not None
     assert config(24576, 4096) is None and config(248320, 5120) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_its_place_in_the_pass(dtype):
+    """The drafted run's row j must equal the plain run's row 0 (a verify's rows are a plain step's rows moved):
+    proj of the rows permuted is proj of the rows, permuted, bit for bit."""
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    x, w, g, res = _case(72, 1024, 16, dtype)
+    perm = torch.tensor([3, 0, 7, 1, 15, 2, 9, 4, 5, 6, 8, 10, 11, 12, 13, 14], device=DEV)
+    want = proj(x, w, g, 1e-6, res, rp=16, cfg=CFG)[perm]
+    assert torch.equal(proj(x[perm], w, g, 1e-6, res[perm], rp=16, cfg=CFG), want)
+    one = proj(x[5:6], w, g, 1e-6, res[5:6], rp=16, cfg=CFG)            # the plain step: that row alone, at place 0
+    assert torch.equal(one[0], proj(x, w, g, 1e-6, res, rp=16, cfg=CFG)[5])
