@@ -31,8 +31,15 @@ Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads for 
 
 
 def on_card(device: str | None) -> bool:
-    """Whether ``device`` names a card (cuda, cuda:1, ...): the engine's small ops are not on the host."""
-    return device is not None and not str(device).startswith("cpu")
+    """Whether ``device`` names a card (cuda, cuda:1, ..., or "auto" where CUDA is available): the engine's small
+    ops are not on the host."""
+    if device is None or str(device).startswith("cpu"):
+        return False
+    if str(device) == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return True
 
 
 def thread_count(flag: int | None = None, env: dict[str, str] | None = None,

@@ -43,6 +43,7 @@ def test_thread_rule_keeps_torchs_default_with_the_engine_on_a_card():
     assert thread_count(None, {}, "cpu") == 1 and thread_count(None, {}) == 1
     assert thread_count(None, {}, "cuda") is None and thread_count(None, {}, "cuda:1") is None
     assert thread_count(None, {"OMP_NUM_THREADS": "3"}, "cuda") == 3 and thread_count(2, {}, "cuda") == 2
+    assert thread_count(None, {}, "auto") == (None if torch.cuda.is_available() else 1)
     before = torch.get_num_threads()
     try:
         apply_threads(1, "cpu")
