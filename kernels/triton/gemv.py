@@ -108,7 +108,7 @@ def config(n: int, k: int) -> tuple[int, int, int, int] | None:
     return MEASURED.get((n, k), (32, 512, 4, 4))
 
 
-# the fastest candidate at R = 1 of bench_gemv's sweeps on the H200, bf16 (and no slower at R = 16): the two down
+# the fastest candidate at R = 1 of bench_gemv's sweeps on the H200, bf16 (within 3% of it at R = 16): the two down
 # shapes from results/h200/speed/d797c20-proj-all/gemv-cuda-bf16.json (12 candidates), the others from
 # results/h200/speed/946f50c-proj-silu/gemv-cuda-bf16.json (18; the same choice as the first sweep's)
 MEASURED = {(6144, 4096): (64, 256, 4, 4), (4096, 4096): (32, 512, 4, 4), (4096, 12288): (32, 512, 4, 4),
