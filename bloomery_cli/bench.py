@@ -132,6 +132,24 @@ def timed_generate(target, draft, prompt: list[int], n: int, width=None) -> tupl
     return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
 
 
+def first_engine(paths, build, label, dev: torch.device, log, what: str = "engine"):
+    """(target, draft, mode) of the first path in ``paths`` that runs: ``build(*path)`` builds, warms and captures
+    one and returns (target, draft, mode, capture seconds); a path that raises is logged with ``label(path)`` and
+    its reason, and the next is tried; none running is a RuntimeError naming ``what``."""
+    last = None
+    for path in dict.fromkeys(paths):
+        try:
+            t, d, mode, secs = build(*path)
+            log(f"engine {mode} capture_s={secs:.2f}")
+            return t, d, mode
+        except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
+            last = e
+            log(f"engine {label(path)} failed: {type(e).__name__}: {str(e)[:300]}")
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    raise RuntimeError(f"no {what} path ran: {last}")
+
+
 def build_engines(tspec, dspec, dev, dtype, max_len: int, b: int, log, graphs: bool = True, impl: str = "auto"):
     """(target, draft, mode) with the fastest path that runs: Triton ops + graphs, torch ops + graphs, eager."""
     from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft
@@ -139,30 +157,23 @@ def build_engines(tspec, dspec, dev, dtype, max_len: int, b: int, log, graphs: b
 
     taps = tuple(l + 1 for l in dspec.target_layer_ids) if dspec is not None else None
     tries = [(impl, graphs), ("torch", graphs), ("torch", False)] if dev.type == "cuda" else [("torch", False)]
-    last = None
-    for im, gr in dict.fromkeys(tries):
-        try:
-            t = FastQwen3Target(tspec, dev, dtype, max_len, max_width=b, tap_ids=taps, graphs=gr, impl=im)
-            d = FastDFlashDraft(dspec, t, max_len, graphs=gr) if dspec is not None else None
-            first = t.prefill([1, 2, 3])
-            if d is not None:
-                d.prompt(first.taps)
-            t0 = time.perf_counter()
-            t.capture(range(1, b + 1))
-            if d is not None:
-                d.capture(first.argmax[-1])
-                d.propose(first.argmax[-1])
-                d.accept(1, t.verify([first.argmax[-1]]).taps)
-            sync(dev)
-            mode = f"ops={t.ops.name} graphs={'on' if t.graphs.enabled else 'off'}"
-            log(f"engine {mode} capture_s={time.perf_counter() - t0:.2f}")
-            return t, d, mode
-        except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
-            last = e
-            log(f"engine ops={im} graphs={gr} failed: {type(e).__name__}: {str(e)[:300]}")
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-    raise RuntimeError(f"no engine path ran: {last}")
+
+    def build(im, gr):
+        t = FastQwen3Target(tspec, dev, dtype, max_len, max_width=b, tap_ids=taps, graphs=gr, impl=im)
+        d = FastDFlashDraft(dspec, t, max_len, graphs=gr) if dspec is not None else None
+        first = t.prefill([1, 2, 3])
+        if d is not None:
+            d.prompt(first.taps)
+        t0 = time.perf_counter()
+        t.capture(range(1, b + 1))
+        if d is not None:
+            d.capture(first.argmax[-1])
+            d.propose(first.argmax[-1])
+            d.accept(1, t.verify([first.argmax[-1]]).taps)
+        sync(dev)
+        return t, d, f"ops={t.ops.name} graphs={'on' if t.graphs.enabled else 'off'}", time.perf_counter() - t0
+
+    return first_engine(tries, build, lambda p: f"ops={p[0]} graphs={p[1]}", dev, log)
 
 
 def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str = "bf16", prompt_len: int = 512,
@@ -223,9 +234,8 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         rec["verify"] = _verify_costs(target, prompt, b, iters, log)
         step("draft cost")
         rec["draft"] = _draft_costs(target, draft, prompt, b, iters, rec["verify"][0]["ms"], log)
-        head = tspec.head_weight()
-        rec["bound"] = criterion_bound(rec["verify"], b, weight_bytes(dspec.tensors) + head.numel() *
-                                       head.element_size(), roof["copy_GBps"], log)
+        rec["bound"] = criterion_bound(rec["verify"], b, weight_bytes(dspec.tensors) +
+                                       weight_bytes({"head": tspec.head_weight()}), roof["copy_GBps"], log)
         if profile:
             from .bench_profile import profile_engine
 

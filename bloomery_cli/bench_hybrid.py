@@ -154,7 +154,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         rec["verify"] = _verify_costs(target, prompt, max(16, b), iters, log)
         step("draft cost")
         rec["draft"] = _draft_cost(target, draft, prompt, iters, rec["verify"][0]["ms"], mtp, log)
-        head = tspec.head_weight().numel() * tspec.head_weight().element_size()
+        head = weight_bytes({"head": tspec.head_weight()})
         passes = mtp_width if mtp else 1                 # MTP: each chained draft runs its layer and the head
         rec["bound"] = criterion_bound(rec["verify"], b, passes * (draft_b + head), roof["copy_GBps"], log)
         save(rec)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .bench import sync
+from .bench import first_engine, sync
 
 Path = tuple[str, str, bool]           # (impl, attention, graphs)
 
@@ -34,31 +34,25 @@ def build_hybrid_engines(tspec, dspec, mspec, dev: torch.device, dtype: torch.dt
     from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
     from bloomery_gates.kernels.families.qwen38_fast import FastQwen38Target
 
-    last = None
-    for im, att, gr in paths or engine_paths(dev):
-        try:
-            t = FastQwen38Target(tspec, dev, dtype, max_len, max_width=width, graphs=gr, impl=im, attention=att)
-            if mspec is not None:
-                d = FastMTPDraft(mspec, t, max_len, width=mtp_width, graphs=gr)
-            else:
-                d = FastDFlash2Draft(dspec, t, max_len, impl="torch" if im == "torch" else "auto", graphs=gr)
-            t0 = time.perf_counter()
-            first = t.prefill([1, 2, 3])
-            d.prompt(first.taps)
-            t.capture(range(1, width + 1))
-            d.capture()
-            anchor = first.argmax[-1]
-            v = t.verify([anchor, *d.propose(anchor).ids])
-            t.commit(1)
-            d.accept(1, v.taps)
-            sync(dev)
-            mode = (f"qwen38 fast ops={t.ops.name} delta_rule={t.impl} attention={t.attention} "
-                    f"graphs={'on' if t.graphs.enabled else 'off'}")
-            log(f"engine {mode} capture_s={time.perf_counter() - t0:.2f}")
-            return t, d, mode
-        except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
-            last = e
-            log(f"engine impl={im} attention={att} graphs={gr} failed: {type(e).__name__}: {str(e)[:300]}")
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-    raise RuntimeError(f"no hybrid engine path ran: {last}")
+    def build(im, att, gr):
+        t = FastQwen38Target(tspec, dev, dtype, max_len, max_width=width, graphs=gr, impl=im, attention=att)
+        if mspec is not None:
+            d = FastMTPDraft(mspec, t, max_len, width=mtp_width, graphs=gr)
+        else:
+            d = FastDFlash2Draft(dspec, t, max_len, impl="torch" if im == "torch" else "auto", graphs=gr)
+        t0 = time.perf_counter()
+        first = t.prefill([1, 2, 3])
+        d.prompt(first.taps)
+        t.capture(range(1, width + 1))
+        d.capture()
+        anchor = first.argmax[-1]
+        v = t.verify([anchor, *d.propose(anchor).ids])
+        t.commit(1)
+        d.accept(1, v.taps)
+        sync(dev)
+        mode = (f"qwen38 fast ops={t.ops.name} delta_rule={t.impl} attention={t.attention} "
+                f"graphs={'on' if t.graphs.enabled else 'off'}")
+        return t, d, mode, time.perf_counter() - t0
+
+    return first_engine(paths or engine_paths(dev), build, lambda p: f"impl={p[0]} attention={p[1]} graphs={p[2]}",
+                        dev, log, what="hybrid engine")

@@ -176,11 +176,9 @@ def norm_rope(x: torch.Tensor, w32: torch.Tensor, eps: float, cos: torch.Tensor,
     """x [R, heads, d] (a view; unit stride within a head) -> rms(x) * w rounded to x's dtype, then RoPE on the
     first rot channels (cos / sin [R, 1, rot], gathered at the rows' positions; the rest pass through). With ``kc``
     [heads, cap, d] the result is stored at kc[:, pos[r]] (pos [R] on the device) and None is returned."""
-    from .ops.rope import apply_rope
+    from .families.qwen38 import partial_rope
 
-    y = rms(x, w32, eps)
-    r = cos.shape[-1]
-    out = torch.cat([apply_rope(y[..., :r], cos, sin), y[..., r:]], dim=-1)
+    out = partial_rope(rms(x, w32, eps), cos, sin)
     if kc is None:
         return out
     kc.index_copy_(1, pos, out.transpose(0, 1))

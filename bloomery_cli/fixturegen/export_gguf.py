@@ -95,13 +95,9 @@ def gguf_header(path: Path, arch: str, name: str, blocks: int, shape) -> gguf.GG
     return w
 
 
-def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
-                      name: str = "qwen3-tiny") -> Path:
-    w = gguf_header(path, ARCH, name, shape.num_layers, shape)
-    w.add_layer_norm_rms_eps(float(shape.rms_eps))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # tokenizer (byte-level BPE, as convert_hf_to_gguf writes a Qwen2/3 vocab)
+def write_tokenizer(w: gguf.GGUFWriter, tok: Tokenizer, pad: bool = True) -> None:
+    """The byte-level BPE tokenizer as convert_hf_to_gguf writes a Qwen2/3 vocab: model gpt2, the pre-tokenizer, the
+    token list with the specials as CONTROL, the merges, and <|endoftext|> as bos, eos and (``pad``) pad."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(GGUF_PRE)
     tokens = vocab_list(tok)
@@ -112,7 +108,17 @@ def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch
     eot = tok.token_to_id(SPECIALS[0])
     w.add_bos_token_id(eot)
     w.add_eos_token_id(eot)
-    w.add_pad_token_id(eot)
+    if pad:
+        w.add_pad_token_id(eot)
+
+
+def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
+                      name: str = "qwen3-tiny") -> Path:
+    w = gguf_header(path, ARCH, name, shape.num_layers, shape)
+    w.add_layer_norm_rms_eps(float(shape.rms_eps))
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tokenizer(w, tok)
     w.add_add_bos_token(False)
     for hf in _ordered(params, shape):
         t = params[hf].detach().to("cpu")

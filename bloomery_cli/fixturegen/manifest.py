@@ -87,6 +87,13 @@ class Manifest:
                    format=d.get("format", ""))
 
 
+def verified(out_dir: Path, after: str) -> None:
+    """``verify`` that must come back clean: a RuntimeError naming the build step ``after`` otherwise."""
+    problems = verify(out_dir)
+    if problems:
+        raise RuntimeError(f"fixtures do not verify after the {after}: " + "; ".join(problems))
+
+
 def verify(out_dir: Path) -> list[str]:
     """Problems with ``out_dir`` against its manifest: missing, resized or changed files, files the
     manifest does not list (hidden files and caches ignored), an unreadable manifest."""

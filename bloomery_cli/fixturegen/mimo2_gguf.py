@@ -36,9 +36,9 @@ from tokenizers import Tokenizer
 
 from bloomery_cli.spec import Mimo2Spec
 
-from . import tokenizer_train
+from .export_gguf import write_tokenizer
 from .install import MAX_FIXTURE_BYTES
-from .manifest import Manifest, verify
+from .manifest import Manifest, verified
 
 TARGET, GGUF = "mimo2-tiny", "mimo2-tiny.gguf"
 ARCH = "mimo2"
@@ -106,19 +106,6 @@ def _keys(w: gguf.GGUFWriter, spec: Mimo2Spec, name: str, mtp: int) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _tokenizer(w: gguf.GGUFWriter, tok: Tokenizer) -> None:
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_train.GGUF_PRE)
-    vocab = tokenizer_train.vocab_list(tok)
-    w.add_token_list(vocab)
-    w.add_token_types([int(gguf.TokenType.CONTROL) if t in tokenizer_train.SPECIALS else int(gguf.TokenType.NORMAL)
-                       for t in vocab])
-    w.add_token_merges(tokenizer_train.merges_list(tok))
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    w.add_bos_token_id(eot)
-    w.add_eos_token_id(eot)
-
-
 def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
     t = t.detach().to("cpu")
     if f32 or t.ndim < 2:
@@ -137,7 +124,7 @@ def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TA
     m, L, mtp = spec.mimo, spec.num_layers, spec.mimo.mtp_layers
     w = gguf.GGUFWriter(str(path), ARCH)
     _keys(w, spec, name, mtp)
-    _tokenizer(w, tok)
+    write_tokenizer(w, tok, pad=False)
     T = spec.tensors
     _put(w, "output.weight", T["lm_head.weight" if "lm_head.weight" in T else "model.embed_tokens.weight"], False)
     _put(w, "token_embd.weight", T["model.embed_tokens.weight"], False)
@@ -220,9 +207,7 @@ def export_gguf(fixtures: Path, out: Path | None = None, qkv: str = "fused") -> 
                             "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "
                                       "(the MiMo-V2.5 layout llama.cpp's MTP graph requires), 3 MTP blocks"}
     man.write(fixtures)
-    problems = verify(fixtures)
-    if problems:
-        raise RuntimeError("fixtures do not verify after the mimo2 GGUF export: " + "; ".join(problems))
+    verified(fixtures, "mimo2 GGUF export")
     return dst
 
 

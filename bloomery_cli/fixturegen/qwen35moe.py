@@ -41,7 +41,7 @@ from . import corpus as corpus_mod
 from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
-from .manifest import Manifest, verify
+from .manifest import Manifest, verified
 from .qwen38_drafts import _stream, eval_mtp, train_mtp
 from .qwen38_target import Qwen38Shape, hf_config, init_qwen38, write_qwen38_gguf, write_qwen38_target
 from .train import (
@@ -278,9 +278,7 @@ def export_gguf(fixtures: Path, out: Path | None = None) -> Path:
     entry["gguf_export"] = {"command": "python -m bloomery_cli.fixturegen.qwen35moe --out fixtures --gguf-only",
                             "from": f"{TARGET}/model.safetensors (the trained weights unchanged)"}
     man.write(fixtures)
-    problems = verify(fixtures)
-    if problems:
-        raise RuntimeError("fixtures do not verify after the qwen35moe GGUF export: " + "; ".join(problems))
+    verified(fixtures, "qwen35moe GGUF export")
     return dst
 
 
@@ -370,9 +368,7 @@ def build_qwen35moe(out_dir: Path, device: str = "cpu", quick: bool = False, pro
         export_gguf(out_dir)
     except RuntimeError as e:                     # over the fixtures' size cap: the HF layout stands alone
         rep.log(f"{GGUF} not bundled: {e}")
-    problems = verify(out_dir)
-    if problems:
-        raise RuntimeError("fixtures do not verify after the qwen35moe build: " + "; ".join(problems))
+    verified(out_dir, "qwen35moe build")
     return man
 
 

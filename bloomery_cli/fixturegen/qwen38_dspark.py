@@ -33,7 +33,7 @@ from . import tokenizer_train
 from .build import _determinism, _device_info, _versions
 from .export_hf import write_safetensors
 from .install import clean_work, fresh_work, install_model
-from .manifest import Manifest, verify
+from .manifest import Manifest, verified
 from .qwen38_dflash2 import _rows, draft_setup
 from .qwen38_drafts import DFLASH, TARGET
 from .speculators_layout import MAX_TOTAL_BYTES, speculators_config
@@ -106,9 +106,7 @@ def build_qwen38_dspark(out_dir: Path, device: str = "cpu", progress=None, steps
              "made_by": made_by}
     man = install_model(work, out_dir, DSPARK, files, entry, MAX_TOTAL_BYTES)
     clean_work(work)
-    problems = verify(out_dir)
-    if problems:
-        raise RuntimeError("fixtures do not verify after the qwen38 DSpark build: " + "; ".join(problems))
+    verified(out_dir, "qwen38 DSpark build")
     ev = stats.get("eval", {})
     print(f"{DSPARK}: {stats['training']['seconds']} s training, final loss {stats['final_train_loss']}, held-out "
           f"greedy tf accept {ev.get('mean_accept_len_tf')}; fixtures total {man.total_bytes} bytes, "

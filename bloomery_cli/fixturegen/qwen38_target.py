@@ -38,7 +38,7 @@ from bloomery_gates.kernels.families.qwen38 import forward_train
 
 from . import corpus as corpus_mod
 from . import tokenizer_train
-from .export_gguf import gguf_header
+from .export_gguf import gguf_header, write_tokenizer
 from .export_hf import write_safetensors
 from .train import Reporter, Schedule, TrainConfig, _autocast, _optimizer, descend, round_bf16, sample_windows
 
@@ -284,16 +284,7 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
         w.add_nextn_predict_layers(mtp_layers)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_train.GGUF_PRE)
-    vocab = tokenizer_train.vocab_list(tok)
-    w.add_token_list(vocab)
-    w.add_token_types([int(gguf.TokenType.CONTROL) if t in tokenizer_train.SPECIALS else int(gguf.TokenType.NORMAL)
-                       for t in vocab])
-    w.add_token_merges(tokenizer_train.merges_list(tok))
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    for add in (w.add_bos_token_id, w.add_eos_token_id, w.add_pad_token_id):
-        add(eot)
+    write_tokenizer(w, tok)
     w.add_add_bos_token(False)
     def order(hf: str) -> tuple:
         g = gguf_name(hf, L).split(".")
