@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
     f"the Triton projection needs CUDA and triton (or TRITON_INTERPRET=1): {ktriton.why_unavailable(DEV)}"))
 
 CFG = (16, 128, 4, 2)                 # tiles that fit every test shape (the rule sends wide weights to cuBLAS)
+SPLIT = (16, 128, 4, 2, 3)            # the same, K summed in 3 splits (uneven ones too: 520 and 1024 are not 3 x 128 m)
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
@@ -29,27 +30,51 @@ def _case(n: int, k: int, r: int, dtype: torch.dtype, seed: int = 0):
     return x, w, g, res
 
 
+@pytest.mark.parametrize("cfg", [CFG, SPLIT], ids=["one-sum", "split-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(48, 64), (64, 1024), (40, 520)])
-def test_proj_matches_torch(dtype, n, k):
+def test_proj_matches_torch(dtype, n, k, cfg):
     from bloomery_gates.kernels.triton.gemv import proj
 
     for r in (1, 5, 16):
         x, w, g, res = _case(n, k, r, dtype, seed=r)
         for gain in (None, g):
             for rs in (None, res):
-                torch.testing.assert_close(proj(x, w, gain, 1e-6, rs, rp=16, cfg=CFG),
+                torch.testing.assert_close(proj(x, w, gain, 1e-6, rs, rp=16, cfg=cfg),
                                            torch_proj(x, w, gain, 1e-6, rs), **TOL[dtype])
 
 
+@pytest.mark.parametrize("cfg", [CFG, SPLIT], ids=["one-sum", "split-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype):
+def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype, cfg):
+    """Bit for bit, and run to run (split-K: the splits are added in one order whichever arrives last)."""
     from bloomery_gates.kernels.triton.gemv import proj
 
     x, w, g, res = _case(72, 1024, 16, dtype)
-    wide = proj(x, w, g, 1e-6, res, rp=16, cfg=CFG)
+    wide = proj(x, w, g, 1e-6, res, rp=16, cfg=cfg)
     for r in (1, 3, 8):
-        assert torch.equal(proj(x[:r], w, g, 1e-6, res[:r], rp=16, cfg=CFG), wide[:r])
+        assert torch.equal(proj(x[:r], w, g, 1e-6, res[:r], rp=16, cfg=cfg), wide[:r])
+    for _ in range(3):
+        assert torch.equal(proj(x, w, g, 1e-6, res, rp=16, cfg=cfg), wide)
+
+
+def test_fail_first_split_k_with_a_stale_counter_is_seen(monkeypatch):
+    """Plant: a tile's arrival counter left at 1 by a call before (the reset skipped): a split that is not the last
+    adds the partials, one of them missing; the comparison sees it."""
+    from bloomery_gates.kernels.triton import gemv
+
+    monkeypatch.setattr(gemv, "_WORK", {})             # the planted counters stay in this test's scratch
+    x, w, g, res = _case(48, 1024, 4, torch.float32)
+    want = torch_proj(x, w, g, 1e-6, res)
+    torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, rp=16, cfg=SPLIT), want, **TOL[torch.float32])
+    real = gemv._workspace
+
+    def stale(*args):
+        ws, cnt = real(*args)
+        return ws.zero_(), cnt.fill_(1)
+    monkeypatch.setattr(gemv, "_workspace", stale)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, rp=16, cfg=SPLIT), want, **TOL[torch.float32])
 
 
 def test_out_buffer_with_row_stride_and_prompt_fallback():

@@ -42,18 +42,19 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 
 
 @triton.jit
-def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K: tl.constexpr,
+def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps, K: tl.constexpr,
                  NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr):
+                 RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr):
     pid = tl.program_id(0)
+    sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
     rows = tl.arange(0, RP)
     rmask = rows < R
     nmask = n < N
     ss = tl.zeros([RP], tl.float32)
     acc = tl.zeros([BN, RP], tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
+    for k0 in range(0, KS, BK):
+        kk = sid * KS + k0 + tl.arange(0, BK)
         if EVEN:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :])
         else:
@@ -69,16 +70,36 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, R, N, eps, K
             acc += tl.dot(w.to(tl.float32), a.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(w, a.to(w.dtype))
-    if NORM:
-        acc = acc * tl.rsqrt(ss / K + eps)[None, :]
-    omask = nmask[:, None] & rmask[None, :]
-    if RES:
-        acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
-    tl.store(o_ptr + rows[None, :] * so + n[:, None], acc.to(o_ptr.dtype.element_ty), mask=omask)
+    last = True
+    if S > 1:                           # park the partial sums; the tile's last split to arrive adds them all
+        nt = tl.num_programs(0)
+        tile = ws_ptr + (sid * nt + pid).to(tl.int64) * (RP * (BN + 1))
+        pm = rmask[None, :] & nmask[:, None]
+        tl.store(tile + rows[None, :] * BN + tl.arange(0, BN)[:, None], acc, mask=pm)
+        tl.store(tile + RP * BN + rows, ss, mask=rmask)
+        tl.debug_barrier()              # every thread's partials written before the one release below
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        last = arrived == S - 1
+        if last:                        # splits added in the order 0..S-1 whichever came last: one order
+            acc = tl.zeros([BN, RP], tl.float32)
+            ss = tl.zeros([RP], tl.float32)
+            for s in tl.static_range(S):
+                part = ws_ptr + (s * nt + pid).to(tl.int64) * (RP * (BN + 1))
+                acc += tl.load(part + rows[None, :] * BN + tl.arange(0, BN)[:, None], mask=pm, other=0.0,
+                               volatile=True)
+                ss += tl.load(part + RP * BN + rows, mask=rmask, other=0.0, volatile=True)
+            tl.atomic_xchg(cnt_ptr + pid, 0)        # the counter ready for the next call
+    if last:
+        if NORM:
+            acc = acc * tl.rsqrt(ss / K + eps)[None, :]
+        omask = nmask[:, None] & rmask[None, :]
+        if RES:
+            acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rows[None, :] * so + n[:, None], acc.to(o_ptr.dtype.element_ty), mask=omask)
 
 
-def _measured() -> dict[str, tuple[int, int, int, int]]:
-    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages]} (``bloomery_cli.bench_gemv
+def _measured() -> dict[str, tuple[int, ...]]:
+    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits)]} (``bloomery_cli.bench_gemv
     --write-configs``), read once; empty when unset."""
     if not _TABLE:
         path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
@@ -87,11 +108,11 @@ def _measured() -> dict[str, tuple[int, int, int, int]]:
     return _TABLE[0]
 
 
-_TABLE: list[dict[str, tuple[int, int, int, int] | None]] = []
+_TABLE: list[dict[str, tuple[int, ...] | None]] = []
 
 
-def config(n: int, k: int) -> tuple[int, int, int, int] | None:
-    """(BN, BK, num_warps, num_stages) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
+def config(n: int, k: int) -> tuple[int, ...] | None:
+    """(BN, BK, num_warps, num_stages[, splits]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
     None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
 
     Rule, from the H200 profiles (results/h200/speed/NOTE.md): cuBLAS reads the wide matrices (N > 8192: gate/up,
@@ -116,7 +137,7 @@ MEASURED = {(6144, 4096): (64, 256, 4, 4), (4096, 4096): (32, 512, 4, 4), (4096,
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, int, int, int] | None = None
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None
          ) -> torch.Tensor:
     """The module docstring's y; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes its
     widest pass's, so that every width runs the same kernel); ``cfg`` overrides ``config``. More rows than
@@ -134,14 +155,33 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
-    bn, bk, warps, stages = cfg
-    even = n % bn == 0 and k % bk == 0
+    bn, bk, warps, stages, splits = (*cfg, 1)[:5]
+    ks = triton.cdiv(triton.cdiv(k, bk), splits) * bk                 # each split's K span, whole BK chunks
+    even = n % bn == 0 and ks * splits == k
     f32dot = interpreting() or w.dtype == torch.float32
     if w.element_size() > 2:            # f32 tiles are twice the bytes: keep them inside shared memory
         stages = min(stages, 2)
-    _proj_kernel[(triton.cdiv(n, bn),)](
+    grid = (triton.cdiv(n, bn), splits)
+    ws, cnt = _workspace(x.device, grid, rp, bn) if splits > 1 else (out, out)
+    _proj_kernel[grid](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
-        res.stride(0) if res is not None else 0, out, out.stride(0), r, n, eps, K=k,
-        NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot,
-        num_warps=warps, num_stages=stages)
+        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
+        NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
+        KS=ks, num_warps=warps, num_stages=stages)
     return out
+
+
+_WORK: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, grid: tuple[int, int], rp: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K scratch for a (tiles, splits) grid: f32 partial sums [S, tiles, RP, BN + 1] (the + 1: each row's
+    partial sum of squares) and the tiles' arrival counters (int32, zero between calls: the last split of a tile
+    resets its own). One per shape and device, made on first use: calls of a stream run one after another, so the
+    engines' projections of one shape share it. Make it before a CUDA graph capture (the engines' warm-up pass
+    does): a buffer made inside a capture would belong to that graph's pool."""
+    key = (str(device), grid, rp, bn)
+    if key not in _WORK:
+        _WORK[key] = (torch.empty(grid[1] * grid[0] * rp * (bn + 1), device=device, dtype=torch.float32),
+                      torch.zeros(grid[0], device=device, dtype=torch.int32))
+    return _WORK[key]
