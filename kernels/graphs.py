@@ -153,7 +153,7 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, nkv: int, d: int, qn32: torch.Tens
 
 
 def attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, kc: torch.Tensor, vc: torch.Tensor, p0: torch.Tensor,
-              causal: bool = True) -> torch.Tensor:
+              causal: bool = True, gate: torch.Tensor | None = None) -> torch.Tensor:
     r, g = qkv.shape[0], nq // nkv
     pos = p0 + torch.arange(r, device=qkv.device)
     lim = pos if causal else (p0 + r - 1).expand(r)
@@ -162,7 +162,8 @@ def attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, kc: torch.Tensor, vc
     q = qkv[:, : nq * d].reshape(r, nkv, g, d).permute(1, 2, 0, 3).reshape(1, nkv, g * r, d)
     o = F.scaled_dot_product_attention(q, kc[None], vc[None], attn_mask=bias.repeat(g, 1)[None, None],
                                        scale=1.0 / math.sqrt(d))
-    return o.view(nkv, g, r, d).permute(2, 0, 1, 3).reshape(r, nq * d)
+    o = o.view(nkv, g, r, d).permute(2, 0, 1, 3).reshape(r, nq * d)
+    return o if gate is None else o * torch.sigmoid(gate.reshape(r, nq * d))
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
@@ -172,16 +173,20 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 def norm_rope(x: torch.Tensor, w32: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-              kc: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor | None:
+              kc: torch.Tensor | None = None, pos: torch.Tensor | None = None, v: torch.Tensor | None = None,
+              vc: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [R, heads, d] (a view; unit stride within a head) -> rms(x) * w rounded to x's dtype, then RoPE on the
     first rot channels (cos / sin [R, 1, rot], gathered at the rows' positions; the rest pass through). With ``kc``
-    [heads, cap, d] the result is stored at kc[:, pos[r]] (pos [R] on the device) and None is returned."""
+    [heads, cap, d] the result is stored at kc[:, pos[r]] (pos [R] on the device) and None is returned; with ``v``
+    [R, heads, d] and ``vc`` like kc, v is stored into vc at the same places."""
     from .families.qwen38 import partial_rope
 
     out = partial_rope(rms(x, w32, eps), cos, sin)
     if kc is None:
         return out
     kc.index_copy_(1, pos, out.transpose(0, 1))
+    if v is not None:
+        vc.index_copy_(1, pos, v.transpose(0, 1))
     return None
 
 

@@ -185,6 +185,13 @@ def test_triton_decode_ops_match_torch(dtype):
         # compiled Triton dots of f32 operands run in tf32 (the interpreter's in f32)
         attn_tol = {"atol": 5e-3, "rtol": 5e-3} if dev == "cuda" and dtype == torch.float32 else tol
         torch.testing.assert_close(outs[0][3], outs[1][3], **attn_tol)
+        # qwen38's sigmoid gate, a strided [R, nq, d] view, applied in the attention's combine kernel
+        gate = torch.randn(r, nq, 2 * d, generator=gen).to(dev, dtype)[..., d:]
+        gated = [ops.attention(outs[0][0], nq, nkv, d, outs[0][1], outs[0][2], p, causal, gate=gate)
+                 for ops in (TritonOps, TorchOps)]
+        torch.testing.assert_close(gated[0], gated[1], **attn_tol)
+        torch.testing.assert_close(gated[1], outs[1][3] * torch.sigmoid(gate.reshape(r, nq * d)), **tol)
+        assert not torch.allclose(gated[0], outs[0][3], **attn_tol)        # the gate is applied, not dropped
 
 
 def test_stack_rows_copies_neighbours_from_different_storages():

@@ -58,23 +58,26 @@ def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype, cfg):
         assert torch.equal(proj(x, w, g, 1e-6, res, rp=16, cfg=cfg), wide)
 
 
-def test_fail_first_split_k_with_a_stale_counter_is_seen(monkeypatch):
-    """Plant: a tile's arrival counter left at 1 by a call before (the reset skipped): a split that is not the last
-    adds the partials, one of them missing; the comparison sees it."""
+def test_fail_first_split_k_without_the_counter_reset_is_seen(monkeypatch):
+    """Plant: the tiles' arrival counters not reset by the call before (left at S, as a skipped reset leaves them):
+    no split sees itself last, nothing is written; the comparison sees it (out starts at zero)."""
     from bloomery_gates.kernels.triton import gemv
 
     monkeypatch.setattr(gemv, "_WORK", {})             # the planted counters stay in this test's scratch
     x, w, g, res = _case(48, 1024, 4, torch.float32)
     want = torch_proj(x, w, g, 1e-6, res)
-    torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, rp=16, cfg=SPLIT), want, **TOL[torch.float32])
+    out = torch.zeros_like(want)
+    torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, out=out, rp=16, cfg=SPLIT), want, **TOL[torch.float32])
     real = gemv._workspace
 
-    def stale(*args):
+    def not_reset(*args):
         ws, cnt = real(*args)
-        return ws.zero_(), cnt.fill_(1)
-    monkeypatch.setattr(gemv, "_workspace", stale)
+        return ws, cnt.fill_(SPLIT[4])
+    monkeypatch.setattr(gemv, "_workspace", not_reset)
+    out.zero_()
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, rp=16, cfg=SPLIT), want, **TOL[torch.float32])
+        torch.testing.assert_close(gemv.proj(x, w, g, 1e-6, res, out=out, rp=16, cfg=SPLIT), want,
+                                   **TOL[torch.float32])
 
 
 def test_out_buffer_with_row_stride_and_prompt_fallback():

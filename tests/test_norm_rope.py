@@ -41,6 +41,12 @@ def test_norm_rope_matches_torch(dtype, rot):
         norm_rope(x, w, 1e-6, cos, sin, kc=kc_r, pos=pos)
         torch.testing.assert_close(kc_t, kc_r, **TOL[dtype])
         assert kc_t[:, 0].abs().sum() == 0                                    # only the rows' positions written
+        v = torch.randn(r, 4, 64, device=DEV).to(dtype)[..., 32:]            # a strided view, as qwen38's
+        vc_t, vc_r = (torch.zeros(4, 40, 32, device=DEV, dtype=dtype) for _ in range(2))
+        TritonOps.norm_rope(x, w, 1e-6, cos, sin, kc=kc_t, pos=pos, v=v, vc=vc_t)
+        norm_rope(x, w, 1e-6, cos, sin, kc=kc_r, pos=pos, v=v, vc=vc_r)
+        assert torch.equal(vc_t, vc_r) and torch.equal(vc_t[:, pos].transpose(0, 1), v)    # V heads copied as they are
+        torch.testing.assert_close(kc_t, kc_r, **TOL[dtype])
 
 
 def test_the_comparison_sees_a_dropped_gain():

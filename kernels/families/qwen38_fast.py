@@ -129,13 +129,13 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
     x = ops.proj(h, w.w_qgkv, w.ln_in, eps, rp=rp)                                  # [R, 2 nh d + 2 nkv d]
     qg = x[:, :2 * nh * d].view(r, nh, 2 * d)
     q = ops.norm_rope(qg[..., :d], w.q_norm, eps, cos, sin).reshape(r, nh * d)
-    ops.norm_rope(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin, kc=kc, pos=pos)
-    vc.index_copy_(1, pos, x[:, (2 * nh + nkv) * d:].view(r, nkv, d).transpose(0, 1))
+    ops.norm_rope(x[:, 2 * nh * d:(2 * nh + nkv) * d].view(r, nkv, d), w.k_norm, eps, cos, sin, kc=kc, pos=pos,
+                  v=x[:, (2 * nh + nkv) * d:].view(r, nkv, d), vc=vc)
     if allowed is not None:
         o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
-    else:
-        o = ops.attention(q, nh, nkv, d, kc, vc, p0)
-    o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
+        o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
+    else:                               # the sigmoid gate applied in the attention's last kernel
+        o = ops.attention(q, nh, nkv, d, kc, vc, p0, gate=qg[..., d:])
     return ops.proj(o, w.wo, None, eps, res=h, rp=rp)
 
 

@@ -127,8 +127,8 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, s
 
 
 @triton.jit
-def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, RG_PAD, n_split,
-                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, n_split,
+                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
     d = tl.arange(0, D)
@@ -146,7 +146,12 @@ def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, RG_PAD, n_split,
         acc += w * tl.load(o_ptr + part * D + d)
     r = row // G
     dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
-    tl.store(dst, (acc / den).to(out_ptr.dtype.element_ty))
+    dt = out_ptr.dtype.element_ty
+    o = (acc / den).to(dt)
+    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
+        gt = tl.load(g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d).to(tl.float32)
+        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
+    tl.store(dst, o)
 
 
 def _pow2(n: int) -> int:
@@ -154,8 +159,9 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, sor, soh, eps,
-                      D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr, AT_POS: tl.constexpr):
+def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, sor, soh, v_ptr, svr, svh, vc_ptr,
+                      eps, D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr, AT_POS: tl.constexpr,
+                      V: tl.constexpr):
     r = tl.program_id(0)
     hd = tl.program_id(1)
     src = x_ptr + r.to(tl.int64) * sxr + hd * sxh
@@ -177,6 +183,9 @@ def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr
     tl.store(dst + c, y, mask=(c >= ROT) & (c < D))                                # channels past rot: as normed
     tl.store(dst + half, (y1 * c1 - y2 * s1).to(out_ptr.dtype.element_ty))
     tl.store(dst + ROT // 2 + half, (y2 * c2 + y1 * s2).to(out_ptr.dtype.element_ty))
+    if V:                               # the row's V head beside its K head (the same cache layout)
+        vv = tl.load(v_ptr + r.to(tl.int64) * svr + hd * svh + c, mask=c < D, other=0.0)
+        tl.store(vc_ptr + row.to(tl.int64) * sor + hd * soh + c, vv, mask=c < D)
 
 
 class TritonOps:
@@ -184,22 +193,26 @@ class TritonOps:
     proj = staticmethod(proj)
 
     @staticmethod
-    def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None):
+    def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None):
         """``kernels.graphs.norm_rope`` in one launch: per (row, head) the RMSNorm, the partial RoPE, and the store
-        (into a new [R, heads, d] tensor, or the cache kc [heads, cap, d] at pos[r])."""
+        (into a new [R, heads, d] tensor, or the cache kc [heads, cap, d] at pos[r]; with v [R, heads, d] and vc
+        like kc, the V heads stored at the same places)."""
         r, heads, d = x.shape
         rot = cos.shape[-1]
-        if x.stride(2) != 1 or rot % 2 or rot & (rot - 1) or rot > d:
+        if (x.stride(2) != 1 or rot % 2 or rot & (rot - 1) or rot > d
+                or (v is not None and (v.stride(2) != 1 or vc.stride() != kc.stride()))):
             from ..graphs import norm_rope
-            return norm_rope(x, w32, eps, cos, sin, kc, pos)
+            return norm_rope(x, w32, eps, cos, sin, kc, pos, v, vc)
         c, s = cos.reshape(r, rot).contiguous(), sin.reshape(r, rot).contiguous()
         if kc is None:
             out = torch.empty(r, heads, d, device=x.device, dtype=x.dtype)
             sor, soh, at_pos = out.stride(0), out.stride(1), False
         else:
             out, sor, soh, at_pos = kc, kc.stride(1), kc.stride(0), True
+        vs = (v, v.stride(0), v.stride(1), vc) if v is not None and at_pos else (x, 0, 0, out)
         _norm_rope_kernel[(r, heads)](x, x.stride(0), x.stride(1), w32, c, s, pos if at_pos else c, out, sor, soh,
-                                      eps, D=d, ROT=rot, BD=_pow2(d), AT_POS=at_pos, num_warps=1)
+                                      *vs, eps, D=d, ROT=rot, BD=_pow2(d), AT_POS=at_pos, V=v is not None and at_pos,
+                                      num_warps=1)
         return None if at_pos else out
 
     @staticmethod
@@ -217,7 +230,8 @@ class TritonOps:
                                             p0, kc, vc, kc.shape[1], eps, NQ=nq, NKV=nkv, D=d, num_warps=1)
 
     @staticmethod
-    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True) -> torch.Tensor:
+    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
         rg = r * g
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
@@ -230,7 +244,12 @@ class TritonOps:
             qkv, qkv.stride(0), kc, vc, p0, r, cap, chunk, 1.0 / math.sqrt(d), m, l, o, rg,
             NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), num_warps=4)
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
-        _attn_combine_kernel[(rg, nkv)](m, l, o, out, rg, n_split, NKV=nkv, G=g, D=d, num_warps=1)
+        if gate is not None and gate.stride(2) != 1:
+            gate = gate.contiguous()
+        _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
+                                        gate.stride(0) if gate is not None else 0,
+                                        gate.stride(1) if gate is not None else 0, rg, n_split, NKV=nkv, G=g, D=d,
+                                        GATE=gate is not None, num_warps=1)
         return out
 
     @staticmethod

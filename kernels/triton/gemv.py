@@ -115,25 +115,29 @@ def config(n: int, k: int) -> tuple[int, ...] | None:
     """(BN, BK, num_warps, num_stages[, splits]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
     None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
 
-    Rule, from the H200 profiles (results/h200/speed/NOTE.md): cuBLAS reads the wide matrices (N > 8192: gate/up,
-    the fused DeltaNet projection, the head) at 0.94-0.99 of the copy rate, and those keep it; the narrow ones
-    (N <= 8192: o_proj, down_proj, out_proj, the 8B q/k/v) it reads at 0.54-0.88 through split-K, and those run here
-    in slabs of 32 features."""
+    Rule, from the H200 profiles (results/h200/speed/NOTE.md): the shapes measured (``MEASURED``) take their tiles;
+    otherwise cuBLAS keeps the wide matrices (N > 8192: gate/up, the head), which it reads at 0.94-0.99 of the copy
+    rate, and the narrow ones (N <= 8192: o_proj, down_proj, out_proj, q/k/v; cuBLAS 0.54-0.88 through split-K and
+    a reduce kernel) run here in slabs of 64 features."""
     if os.environ.get("BLOOMERY_GEMV") == "off":     # every shape on cuBLAS: the A/B of .ci/device-speed.sh
         return None
     table = _measured()
     if f"{n}x{k}" in table:
         return table[f"{n}x{k}"]
-    if n > SMALL_N:
-        return None
-    return MEASURED.get((n, k), (32, 512, 4, 4))
+    if (n, k) in MEASURED:
+        return MEASURED[(n, k)]
+    return None if n > SMALL_N else (64, 256, 4, 4, 1)
 
 
-# the fastest candidate at R = 1 of bench_gemv's sweeps on the H200, bf16 (within 3% of it at R = 16): the two down
-# shapes from results/h200/speed/d797c20-proj-all/gemv-cuda-bf16.json (12 candidates), the others from
-# results/h200/speed/946f50c-proj-silu/gemv-cuda-bf16.json (18; the same choice as the first sweep's)
-MEASURED = {(6144, 4096): (64, 256, 4, 4), (4096, 4096): (32, 512, 4, 4), (4096, 12288): (32, 512, 4, 4),
-            (5120, 6144): (64, 256, 4, 4), (5120, 17408): (64, 256, 4, 4)}
+# bench_gemv's fastest candidate at R = 1 on the H200, bf16 (within 3% of it at R = 16), from
+# results/h200/speed/00f2d64-splitk/gemv-cuda-bf16.json (14 candidates, split-K among them: it won only at
+# 4096x12288, by 1%; elsewhere the arrival counter costs more than the extra parallelism gives). The two wide ones
+# run here with their RMSNorm folded in: the DeltaNet in-projection and the attention q/g/k/v at 27B (0.97 / 0.94 of
+# the copy rate against cuBLAS's 0.91 / 0.94 in-step, and no rms kernel before them); gate/up stay on cuBLAS (0.87
+# here against its 0.95-0.99).
+MEASURED = {(6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 256, 4, 4, 1), (4096, 12288): (64, 256, 4, 4, 2),
+            (5120, 6144): (64, 256, 4, 4, 1), (5120, 17408): (64, 256, 4, 4, 1),
+            (16480, 5120): (128, 128, 4, 4, 1), (14336, 5120): (128, 128, 4, 4, 1)}
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
