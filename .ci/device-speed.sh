@@ -31,7 +31,7 @@ show() { grep -E "$2" $R/$1.log | cut -c1-260; }
 N=${N:-256}
 for s in ${STEPS:-tests gemv q8 b8 mtp b16}; do
   case $s in
-    tests) step tests 150 python3 -P -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gemv.py tests/test_bench.py \
+    tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -rf --tb=short -p no:cacheprovider ${TESTS:-tests/test_gemv.py tests/test_bench.py \
              tests/test_qwen38_fast.py tests/test_mtp_fast.py tests/test_dflash2_fast.py}; tail -3 $R/tests.log ;;
     diag) for g in auto off; do step diag-gemv-$g 60 env BLOOMERY_GEMV=$g python3 -P .ci/diag_rollback.py
             cat $R/diag-gemv-$g.log | cut -c1-200; done ;;
