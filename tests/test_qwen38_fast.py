@@ -95,7 +95,13 @@ def _patched(obj, name, value):
 def _drafted_vs_plain(spec, impl="torch", rows=4, plant=None, attention="auto"):
     """Per k: prefill, verify R rows, commit k, continue one row a pass, against the plain run (one real row a
     pass, padded to R): logits, DeltaNet states and conv tails bit-equal?"""
-    dev = DEVICE if impl == "triton" else "cpu"
+    return [all(part.values()) for part in drafted_vs_plain_parts(spec, impl, rows, plant, attention)]
+
+
+def drafted_vs_plain_parts(spec, impl="torch", rows=4, plant=None, attention="auto", dev=None):
+    """``_drafted_vs_plain`` per part: for each k a dict drafted / cont (logits), state, conv, kcache -> bit-equal?
+    (.ci/diag_rollback.py prints them on the H200)."""
+    dev = dev or (DEVICE if impl == "triton" else "cpu")
     prompt, window, after = IDS[:12], IDS[12:12 + rows], IDS[12 + rows:16 + rows]
 
     def engine():
@@ -120,9 +126,9 @@ def _drafted_vs_plain(spec, impl="torch", rows=4, plant=None, attention="auto"):
         for x in window[k:] + after:
             cont.append(eng.verify([x], logits=True).logits[0].clone())
             eng.commit(1)
-        res.append(torch.equal(drafted, pl[:k]) and torch.equal(torch.stack(cont), pl[k:])
-                   and torch.equal(eng.state, plain.state) and torch.equal(eng.conv_tail, plain.conv_tail)
-                   and torch.equal(eng.k_cache[:, :, :eng.length], plain.k_cache[:, :, :plain.length]))
+        res.append({"drafted": torch.equal(drafted, pl[:k]), "cont": torch.equal(torch.stack(cont), pl[k:]),
+                    "state": torch.equal(eng.state, plain.state), "conv": torch.equal(eng.conv_tail, plain.conv_tail),
+                    "kcache": torch.equal(eng.k_cache[:, :, :eng.length], plain.k_cache[:, :, :plain.length])})
     return res
 
 
