@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
     ap.add_argument("--rows", action="append", type=int)
     ap.add_argument("--wide", action="store_true", help="also the wide weights cuBLAS runs by default")
+    ap.add_argument("--weight", action="append", help="only these weights (NxK), of the shapes' lists")
+    ap.add_argument("--candidate", action="append", help="BN,BK,warps,stages,splits (repeatable): these instead "
+                    "of the built-in candidates")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--write-configs", type=Path)
     a = ap.parse_args(argv)
@@ -133,13 +136,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bandwidth copy_GBps={bw:.0f}")
     rec = {"conditions": conditions(dev) | {"dtype": "bf16"}, "copy_GBps": bw, "rows": []}
     best: dict[str, list[int]] = {}
+    mine_cands = [tuple(int(v) for v in c.split(",")) for c in a.candidate] if a.candidate else None
     for shape in a.shape or sorted(SHAPES):
         for n, k, norm, res in SHAPES[shape] + (WIDE[shape] if a.wide else []):
+            if a.weight and f"{n}x{k}" not in a.weight:
+                continue
             for i, r in enumerate(a.rows or [1, 16]):      # the first width sweeps; the others check its best
                 from bloomery_gates.kernels.triton.gemv import config
 
                 mine = best.get(f"{n}x{k}")
-                cands = None if i == 0 else list(dict.fromkeys([tuple(c) for c in (mine, config(n, k)) if c]))
+                cands = (mine_cands if i == 0 else
+                         list(dict.fromkeys([tuple(c) for c in (mine, config(n, k)) if c])))
                 row = measure(n, k, norm, res, r, bw, print, cands)
                 row["shape"] = shape
                 rec["rows"].append(row)
