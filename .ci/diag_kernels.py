@@ -6,13 +6,17 @@ import torch
 
 from bloomery_gates.kernels.graphs import rows_pad
 from bloomery_gates.kernels.ops.attention import attend
+from bloomery_gates.kernels.triton import deltanet
 from bloomery_gates.kernels.triton.decode import TritonOps
 from bloomery_gates.kernels.triton.deltanet import delta_recurrent
 from bloomery_gates.kernels.triton.gemv import config, proj
 
 dev = "cuda"
 torch.manual_seed(0)
-for nv, dk, dv in ((4, 8, 8), (4, 16, 16)):
+RULE = deltanet.recurrent_warps
+for nv, dk, dv, warps in ((4, 8, 8, None), (4, 8, 8, 4), (4, 16, 16, None), (4, 16, 16, 4)):
+    # the launch's warps forced (None: recurrent_warps' rule)
+    deltanet.recurrent_warps = (lambda dk, bv, w=warps: w) if warps else RULE
     q, k = (torch.nn.functional.normalize(torch.randn(1, 4, nv, dk, device=dev), dim=-1) for _ in range(2))
     v = torch.randn(1, 4, nv, dv, device=dev)
     g, b = -torch.rand(1, 4, nv, device=dev), torch.rand(1, 4, nv, device=dev)
@@ -23,8 +27,9 @@ for nv, dk, dv in ((4, 8, 8), (4, 16, 16)):
         for i in range(t):
             o, s = delta_recurrent(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], g[:, i:i + 1], b[:, i:i + 1], s)
             outs.append(o)
-        print(f"recurrence nv={nv} dk={dk} T={t}: outputs {torch.equal(o_all, torch.cat(outs, 1))} "
-              f"state {torch.equal(s_all, s)}")
+        print(f"recurrence nv={nv} dk={dk} warps={warps or 'rule'} T={t}: outputs "
+              f"{torch.equal(o_all, torch.cat(outs, 1))} state {torch.equal(s_all, s)}")
+deltanet.recurrent_warps = RULE
 for dt in (torch.float32, torch.bfloat16):
     for n, kk in ((32, 32), (64, 32), (32, 64), (97, 32), (48, 32)):
         x = torch.randn(4, kk, device=dev).to(dt)

@@ -52,10 +52,11 @@ def _one_row_at_a_time(fn, q, k, v, g, b, s0):
     return torch.cat(outs, 1), s
 
 
+@pytest.mark.parametrize("dk,dv", [(16, 64), (8, 8)])      # 8 x 8: the rollback tests' tiny heads
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=triton_only)])
-def test_recurrence_matches_f64_reference_and_replays_bit_exactly(impl):
+def test_recurrence_matches_f64_reference_and_replays_bit_exactly(impl, dk, dv):
     fn = ktriton.delta_impl(impl)
-    x = _inputs(device=DEVICE if impl == "triton" else "cpu")
+    x = _inputs(dk=dk, dv=dv, device=DEVICE if impl == "triton" else "cpu")
     o, s = fn(*x)
     ref_o, ref_s = _reference(*x)
     assert _rel(o, ref_o) < 1e-5 and _rel(s, ref_s) < 1e-5
@@ -64,6 +65,19 @@ def test_recurrence_matches_f64_reference_and_replays_bit_exactly(impl):
     prefix, sp = fn(*(t[:, :3] for t in x[:5]), x[5])         # a replay of the kept prefix of 3 rows
     assert torch.equal(prefix, o[:, :3])
     assert torch.equal(fn(*(t[:, 3:] for t in x[:5]), sp)[1], s)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the replicated layout's effect shows in compiled code")
+def test_fail_first_replicated_state_block_breaks_the_replay(monkeypatch):
+    """Plant: an 8 x 8 state block launched with 4 warps (128 threads for 64 elements, each held twice), as before
+    ``recurrent_warps``: on the H200 T rows in one launch then differ from one row a launch."""
+    from bloomery_gates.kernels.triton import deltanet
+
+    monkeypatch.setattr(deltanet, "recurrent_warps", lambda dk, bv: 4)
+    x = _inputs(dk=8, dv=8, device="cuda")
+    o, s = deltanet.delta_recurrent(*x)
+    o1, s1 = _one_row_at_a_time(deltanet.delta_recurrent, *x)
+    assert not (torch.equal(o1, o) and torch.equal(s1, s))
 
 
 def test_torch_recurrence_is_the_scan():

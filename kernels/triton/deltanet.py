@@ -55,6 +55,14 @@ def block_v(dv: int) -> int:
     return min(dv, 32)
 
 
+def recurrent_warps(dk: int, bv: int) -> int:
+    """Warps for a [dk, bv] state block: no more threads than elements. A block smaller than the program's threads
+    is held twice over (replicated layout), and on the H200 that made the rows' results depend on how many rows one
+    launch walks (dk = dv = 8 at 4 warps: T rows at once != one row a launch, .ci/diag_kernels.py); the real shapes
+    (dk 128, bv 32: 4 warps) are unchanged."""
+    return max(1, min(4, dk * bv // 128))
+
+
 def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
                     state: torch.Tensor, s_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k [N, T, nv, dk], v [N, T, nv, dv], g/b [N, T, nv], state [N, nv, dk, dv] (float32)
@@ -71,5 +79,5 @@ def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     o = torch.empty(n, t, nv, dv, device=q.device, dtype=torch.float32)
     bv = block_v(dv)
     _recurrent_kernel[(n * nv, dv // bv)](q, k, v, g, b, state, o, s_out, t, NV=nv, DK=dk, DV=dv, BV=bv,
-                                          num_warps=4)
+                                          num_warps=recurrent_warps(dk, bv))
     return o, s_out
