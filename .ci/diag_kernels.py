@@ -9,7 +9,7 @@ from bloomery_gates.kernels.ops.attention import attend
 from bloomery_gates.kernels.triton import deltanet
 from bloomery_gates.kernels.triton.decode import TritonOps
 from bloomery_gates.kernels.triton.deltanet import delta_recurrent
-from bloomery_gates.kernels.triton.gemv import config, proj
+from bloomery_gates.kernels.triton.gemv import config
 
 dev = "cuda"
 torch.manual_seed(0)
@@ -36,12 +36,12 @@ for dt in (torch.float32, torch.bfloat16):
         w = (torch.randn(n, kk, device=dev) / kk ** 0.5).to(dt)
         gn = torch.rand(kk, device=dev) + 0.5
         res = torch.randn(4, n, device=dev).to(dt)
-        full = proj(x, w, gn, 1e-6, res, rp=rows_pad(4))
+        full = TritonOps.proj(x, w, gn, 1e-6, res, rp=rows_pad(4))
         ok = []
         for j in range(4):
             xs = torch.cat([x[j:j + 1], torch.zeros(3, kk, device=dev, dtype=dt)])
             rs = torch.cat([res[j:j + 1], torch.zeros(3, n, device=dev, dtype=dt)])
-            ok.append(torch.equal(proj(xs, w, gn, 1e-6, rs, rp=rows_pad(4))[0], full[j]))
+            ok.append(torch.equal(TritonOps.proj(xs, w, gn, 1e-6, rs, rp=rows_pad(4))[0], full[j]))
         print(f"proj {dt} {n}x{kk} cfg={config(n, kk)}: row place 0..3 equal {ok}")
 for d in (8, 16):
     nq, nkv, cap, p0 = 4, 2, 64, 12

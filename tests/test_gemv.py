@@ -90,7 +90,12 @@ def test_out_buffer_with_row_stride_and_prompt_fallback():
     assert buf[:2].abs().sum() == 0 and buf[:, 48:].abs().sum() == 0
     xp, wp, gp, rp_ = _case(48, 64, 40, torch.float32)                    # 40 rows: a prompt, cuBLAS
     from bloomery_gates.kernels.triton.decode import TritonOps  # cuBLAS after the Triton rms kernel
-    assert torch.equal(proj(xp, wp, gp, 1e-6, rp_), torch_proj(TritonOps.rms(xp, gp, 1e-6), wp, None, 1e-6, rp_))
+    assert torch.equal(TritonOps.proj(xp, wp, gp, 1e-6, rp_),
+                       torch_proj(TritonOps.rms(xp, gp, 1e-6), wp, None, 1e-6, rp_))
+    with pytest.raises(ValueError, match="not a decode projection"):      # the kernel itself refuses a prompt
+        proj(xp, wp, gp, 1e-6, rp_)
+    x4, w4, g4, _ = _case(48, 64, 4, torch.float32)                       # a decode width: the kernel's rows
+    torch.testing.assert_close(TritonOps.proj(x4, w4, g4, 1e-6, rp=16), proj(x4, w4, g4, 1e-6, rp=16), rtol=0, atol=0)
     assert rows_pad(1) == 16 and rows_pad(16) == 16 and rows_pad(17) == 32
 
 

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
-from .gemv import proj
+from ..graphs import proj as torch_proj
+from ..graphs import rows_pad
+from . import gemv, interpreting
 
 BM, BN, SPLITS = 64, 64, 16
 
@@ -190,7 +191,16 @@ def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr
 
 class TritonOps:
     name = "triton"
-    proj = staticmethod(proj)
+
+    @staticmethod
+    def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
+             out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
+        """``kernels.graphs.proj``'s y: one launch of ``gemv.proj`` where it runs (``gemv.runs_here``: decode widths,
+        the shapes with tiles), else the Triton rms kernel and cuBLAS (a prompt; gate/up and the head)."""
+        rp = rp or rows_pad(x.shape[0])
+        if gemv.runs_here(x.shape[0], rp, *w.shape):
+            return gemv.proj(x, w, g32, eps, res, out, rp)
+        return torch_proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
 
     @staticmethod
     def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None):

@@ -33,7 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..graphs import proj as torch_proj
 from ..graphs import rows_pad
 from . import interpreting
 
@@ -140,21 +139,28 @@ MEASURED = {(6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 256, 4, 4, 1), 
             (16480, 5120): (128, 128, 4, 4, 1), (14336, 5120): (128, 128, 4, 4, 1)}
 
 
+def runs_here(r: int, rp: int, n: int, k: int) -> bool:
+    """Whether ``proj`` takes R rows (padded to rp) of an [n, k] weight: a decode width and tiles for the shape
+    (``config``). ``TritonOps.proj`` sends the rest to the Triton rms kernel and cuBLAS: a prompt (compute-bound)
+    and the shapes cuBLAS reads best."""
+    return r <= rp <= MAX_ROWS and config(n, k) is not None
+
+
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
          out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None
          ) -> torch.Tensor:
-    """The module docstring's y; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes its
-    widest pass's, so that every width runs the same kernel); ``cfg`` overrides ``config``. More rows than
-    ``rp`` or ``MAX_ROWS`` (a prompt) run the torch version (cuBLAS)."""
+    """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
+    its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
+    Where it runs is ``TritonOps.proj``'s choice (``runs_here``)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
         raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]")
     rp = rp or rows_pad(r)
     cfg = cfg or config(n, k)
-    if r > rp or rp > MAX_ROWS or cfg is None:      # a prompt (compute-bound), or a shape cuBLAS reads best:
-        from .decode import TritonOps  # the Triton rms kernel (one launch), then cuBLAS
-        return torch_proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
+    if r > rp or rp > MAX_ROWS or cfg is None:
+        raise ValueError(f"proj: {r} rows (padded to {rp}) of a [{n}, {k}] weight are not a decode projection here "
+                         f"(at most {MAX_ROWS} rows, tiles {cfg}): TritonOps.proj runs those on cuBLAS")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
