@@ -51,7 +51,6 @@ NAMES = ("qwen38-dflash2", "qwen38-mtp")
 MTP_ACCEPTS = (0.5, 0.7, 0.8, 0.9, 1.0)
 
 
-
 def check_args(name: str, shape: str, layers: int | None, block: int | None, mtp_width: int) -> None:
     """Named ValueErrors (the CLI turns them into exit 2) before any device work."""
     if name not in NAMES:

@@ -31,11 +31,13 @@ TOP = 14
 GEMM_OPS = ("aten::mm", "aten::addmm")
 
 
-def _dev_us(evt: Any, cuda: bool) -> float:
-    """An event's own device time in us (torch renamed cuda_* to device_* in 2.4; both are read)."""
+def _dev_us(evt: Any, cuda: bool, own: bool = True) -> float:
+    """An event's device time in us, its own (``own``) or with its children's (an op's kernels); CPU time on a CPU.
+    torch renamed cuda_* to device_* in 2.4; both are read."""
+    pre = "self_" if own else ""
     if not cuda:
-        return float(evt.self_cpu_time_total)
-    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        return float(getattr(evt, f"{pre}cpu_time_total"))
+    for attr in (f"{pre}device_time_total", f"{pre}cuda_time_total"):
         v = getattr(evt, attr, None)
         if v is not None:
             return float(v)
@@ -101,9 +103,7 @@ def gemm_table(fn: Callable[[], None], dev: torch.device, steps: int, copy_GBps:
         w = _weight_shape(evt.input_shapes or [])
         if w is None:
             continue
-        us = evt.device_time_total if cuda and hasattr(evt, "device_time_total") else (
-            getattr(evt, "cuda_time_total", 0.0) if cuda else evt.cpu_time_total)
-        rows[w][0] += float(us)
+        rows[w][0] += _dev_us(evt, cuda, own=False)
         rows[w][1] += evt.count
     out = []
     for (k, n), (us, c) in sorted(rows.items(), key=lambda kv: -kv[1][0]):

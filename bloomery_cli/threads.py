@@ -18,6 +18,7 @@ real-layout Qwen3.8-27B-width gate (16 layers) with the host reference: cut at 2
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Annotated
 
@@ -62,7 +63,12 @@ def thread_count(flag: int | None = None, env: dict[str, str] | None = None,
     return n
 
 
-_TORCH_DEFAULT: list[int] = []        # torch's own count, read before the first change
+@functools.cache
+def _torch_default() -> int:
+    """torch's own thread count (read once, by the first ``apply_threads``: before any change)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def apply_threads(flag: int | None = None, device: str | None = None) -> int:
@@ -70,11 +76,10 @@ def apply_threads(flag: int | None = None, device: str | None = None) -> int:
     returns the count."""
     import torch
 
-    if not _TORCH_DEFAULT:
-        _TORCH_DEFAULT.append(torch.get_num_threads())
+    default = _torch_default()
     n = thread_count(flag, device=device)
     if n is None:
-        n = _TORCH_DEFAULT[0]
+        n = default
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

@@ -17,15 +17,19 @@ torch versions (same signatures, same rule, more launches):
     rms(x [R, H], w32 [H], eps)                 -> x / sqrt(mean(x^2) + eps) * w, f32 arithmetic, x's dtype
     qk_rope_store(qkv [R, (nq+2nkv)*d], ...)    q heads: rms(q, qn) -> rope, written back in place;
                                                 k heads: rms(k, kn) -> rope -> kc[:, p0+r]; v heads -> vc[:, p0+r]
-    attention(qkv, nq, nkv, d, kc, vc, p0, causal) -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
-                                                k <= p0+R-1 (a bidirectional block), over the whole static cache
+    attention(qkv, nq, nkv, d, kc, vc, p0, causal, gate=None)
+                                                -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
+                                                k <= p0+R-1 (a bidirectional block), over the whole static cache;
+                                                times sigmoid(gate [R, nq, d]) when given (``sigmoid_gate``)
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
-    norm_rope(x [R, heads, d], w32, eps, cos, sin, kc=None, pos=None)
+    norm_rope(x [R, heads, d], w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None)
                                                 -> rms per head, RoPE on the first rot channels (partial rotary);
-                                                with kc: stored into the cache at pos instead of returned
+                                                with kc: stored into the cache at pos instead of returned (and v
+                                                into vc beside it)
     proj(x [R, K], w [N, K], g32 | None, eps, res | None, out | None)
                                                 -> (rms(x, g32) if g32 else x) @ w^T (+ res), into out when given
-                                                (Triton: ``kernels.triton.gemv``, one kernel, no split-K)
+                                                (Triton: ``kernels.triton.gemv``, one kernel; a row's sum in
+                                                one order at every pass width)
 """
 
 from __future__ import annotations
@@ -163,7 +167,13 @@ def attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, kc: torch.Tensor, vc
     o = F.scaled_dot_product_attention(q, kc[None], vc[None], attn_mask=bias.repeat(g, 1)[None, None],
                                        scale=1.0 / math.sqrt(d))
     o = o.view(nkv, g, r, d).permute(2, 0, 1, 3).reshape(r, nq * d)
-    return o if gate is None else o * torch.sigmoid(gate.reshape(r, nq * d))
+    return o if gate is None else sigmoid_gate(o, gate)
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """o [R, nq*d] * sigmoid(gate [R, nq, d]) (qwen38's gated attention), each op rounded to o's dtype (the Triton
+    combine kernel's GATE epilogue rounds the same way)."""
+    return o * torch.sigmoid(gate.reshape(o.shape))
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ import torch
 
 from bloomery_cli.spec import Qwen38Spec
 
+from ..graphs import sigmoid_gate
 from ..ops.attention import attend
 from ..ops.gated_deltanet import delta_chunked
 from ..ops.rope import rope_tables
@@ -133,7 +134,7 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
                   v=x[:, (2 * nh + nkv) * d:].view(r, nkv, d), vc=vc)
     if allowed is not None:
         o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
-        o = o * torch.sigmoid(qg[..., d:].reshape(r, nh * d))
+        o = sigmoid_gate(o, qg[..., d:])
     else:                               # the sigmoid gate applied in the attention's last kernel
         o = ops.attention(q, nh, nkv, d, kc, vc, p0, gate=qg[..., d:])
     return ops.proj(o, w.wo, None, eps, res=h, rp=rp)

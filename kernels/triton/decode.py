@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..graphs import proj as torch_proj
-from ..graphs import rows_pad
+from .. import graphs
 from . import gemv, interpreting
 
 BM, BN, SPLITS = 64, 64, 16
@@ -195,12 +194,13 @@ class TritonOps:
     @staticmethod
     def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
              out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
-        """``kernels.graphs.proj``'s y: one launch of ``gemv.proj`` where it runs (``gemv.runs_here``: decode widths,
-        the shapes with tiles), else the Triton rms kernel and cuBLAS (a prompt; gate/up and the head)."""
-        rp = rp or rows_pad(x.shape[0])
-        if gemv.runs_here(x.shape[0], rp, *w.shape):
-            return gemv.proj(x, w, g32, eps, res, out, rp)
-        return torch_proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
+        """``kernels.graphs.proj``'s y: one launch of ``gemv.proj`` where it takes the rows (``gemv.tiles``: decode
+        widths, the shapes with tiles), else the Triton rms kernel and cuBLAS (a prompt; gate/up and the head)."""
+        rp = rp or graphs.rows_pad(x.shape[0])
+        cfg = gemv.tiles(x.shape[0], rp, *w.shape)
+        if cfg is not None:
+            return gemv.proj(x, w, g32, eps, res, out, rp, cfg)
+        return graphs.proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
 
     @staticmethod
     def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None):
@@ -211,8 +211,7 @@ class TritonOps:
         rot = cos.shape[-1]
         if (x.stride(2) != 1 or rot % 2 or rot & (rot - 1) or rot > d
                 or (v is not None and (v.stride(2) != 1 or vc.stride() != kc.stride()))):
-            from ..graphs import norm_rope
-            return norm_rope(x, w32, eps, cos, sin, kc, pos, v, vc)
+            return graphs.norm_rope(x, w32, eps, cos, sin, kc, pos, v, vc)
         c, s = cos.reshape(r, rot).contiguous(), sin.reshape(r, rot).contiguous()
         if kc is None:
             out = torch.empty(r, heads, d, device=x.device, dtype=x.dtype)

@@ -15,8 +15,9 @@ narrow ones (o_proj, down_proj, out_proj: N = H) at 0.55-0.88 of it, through spl
 ``addmm``'s residual costs a copy kernel before it (``bloomery bench --profile``). Here program i owns BN output
 features and reads its [BN, K] slab of w once, streaming K in BK chunks; the rows are the narrow side of the
 product: acc[BN, RP] += w_tile [BN, BK] @ a_tile^T [BK, RP] on the tensor cores (RP = rows padded to a power of
-two >= 16, fixed per engine). There is no split-K: each output is one sum in one order, the same for every R (a
-verify row equals the plain step's row bit for bit: tests/test_gemv.py), and runs are deterministic.
+two >= 16, fixed per engine). K may be cut into a fixed number of splits per shape (split-K: the tile's last split
+to arrive adds the partials in the order 0..S-1). Either way each output is one sum in one order, the same for every
+R (a verify row equals the plain step's row bit for bit: tests/test_gemv.py), and runs are deterministic.
 
 Which shapes run here: ``config(N, K)`` (cuBLAS keeps the wide ones). Tried and dropped: the MLP's SiLU gate as
 a prologue of down_proj (every program recomputed silu over all of K x RP: 58 us against 33 us for the Triton
@@ -25,6 +26,7 @@ silu kernel + cuBLAS at 4096x12288 on the H200).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -97,17 +99,12 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_
         tl.store(o_ptr + rows[None, :] * so + n[:, None], acc.to(o_ptr.dtype.element_ty), mask=omask)
 
 
-def _measured() -> dict[str, tuple[int, ...]]:
+@functools.cache
+def _measured() -> dict[str, tuple[int, ...] | None]:
     """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits)]} (``bloomery_cli.bench_gemv
     --write-configs``), read once; empty when unset."""
-    if not _TABLE:
-        path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
-        _TABLE.append({k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()}
-                      if path else {})
-    return _TABLE[0]
-
-
-_TABLE: list[dict[str, tuple[int, ...] | None]] = []
+    path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
+    return {k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()} if path else {}
 
 
 def config(n: int, k: int) -> tuple[int, ...] | None:
@@ -139,11 +136,11 @@ MEASURED = {(6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 256, 4, 4, 1), 
             (16480, 5120): (128, 128, 4, 4, 1), (14336, 5120): (128, 128, 4, 4, 1)}
 
 
-def runs_here(r: int, rp: int, n: int, k: int) -> bool:
-    """Whether ``proj`` takes R rows (padded to rp) of an [n, k] weight: a decode width and tiles for the shape
-    (``config``). ``TritonOps.proj`` sends the rest to the Triton rms kernel and cuBLAS: a prompt (compute-bound)
-    and the shapes cuBLAS reads best."""
-    return r <= rp <= MAX_ROWS and config(n, k) is not None
+def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
+    """``proj``'s tiles for R rows (padded to rp) of an [n, k] weight, or None where it does not take them: a
+    prompt (compute-bound) and the shapes cuBLAS reads best (``config`` None). ``TritonOps.proj`` sends those to
+    the Triton rms kernel and cuBLAS."""
+    return config(n, k) if r <= rp <= MAX_ROWS else None
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
@@ -151,7 +148,7 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
          ) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
     its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
-    Where it runs is ``TritonOps.proj``'s choice (``runs_here``)."""
+    Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
