@@ -216,7 +216,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         reference_selection(reference_device, reference_compare)
     except InputError as e:
         fail_input(e)
-    rows, worst = [], 0
+    rows, worst, marginal = [], 0, []
     for g in registry().values():
         t0 = time.perf_counter()
         moved = draft_device if draft_device is not None and draft_device_ok(g) else None
@@ -230,24 +230,42 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
             code, rep = run_gate(g, opts)
         except InputError as e:
             err.print(f"[bold red]error:[/] {g.name}: {escape(str(e))}", highlight=False, soft_wrap=True)
-            rows.append((g.name, "ERROR", "-", "-", "-", f"{time.perf_counter() - t0:.1f}s"))
+            rows.append((g.name, "ERROR", "-", "-", "-", "-", f"{time.perf_counter() - t0:.1f}s"))
             worst = max(worst, EXIT_INPUT)
             continue
         acc = rep.facts.get("acceptance", {})
         same = str(rep.facts["n"]) if any(line.startswith("ids identical") for line in rep.lines) else "no"
+        use = rep.worst_margin()
         rows.append((g.name, "PASSED" if code == 0 else "FAILED", same, f"{acc.get('accept_mean', 0):.3f}",
-                     f"{acc.get('draft_share', 0):.3f}", f"{time.perf_counter() - t0:.1f}s"))
+                     f"{acc.get('draft_share', 0):.3f}", "-" if use is None else f"{use:.2f}",
+                     f"{time.perf_counter() - t0:.1f}s"))
+        marginal += [(g.name, line, m) for line, m in rep.marginal()]
         worst = max(worst, code)
     table = Table(title=f"gates on {device} {dtype}" + (f" at T={sampling.temperature:g}" if sampling else "")
                   + f", {n_threads} CPU thread(s) (bloomery_cli.threads)",
-                  caption="ids: ids identical per prompt, accept: accept_mean, share: draft_share")
-    for col in ("gate", "verdict", "ids", "accept", "share", "wall"):
+                  caption="ids: ids identical per prompt, accept: accept_mean, share: draft_share, "
+                          "band: the largest statistic / band of the gate's banded lines")
+    for col in ("gate", "verdict", "ids", "accept", "share", "band", "wall"):
         table.add_column(col, no_wrap=True, justify="left" if col in ("gate", "verdict") else "right")
     for r in rows:
         style = "green" if r[1] == "PASSED" else "red"
         table.add_row(*r, style=style)
     out.print(table)
+    print_marginal(marginal)
     raise typer.Exit(1 if worst == 1 else worst)
+
+
+def print_marginal(marginal: list[tuple[str, str, float]]) -> None:
+    """The passing lines that use more than MARGINAL of their band: the next edge case, seen before it flips."""
+    from .contract import MARGINAL
+
+    if not marginal:
+        out.print(f"marginal: no passing line uses more than {MARGINAL:g} of its band", highlight=False)
+        return
+    out.print(f"marginal: {len(marginal)} passing line(s) use more than {MARGINAL:g} of their band:", highlight=False)
+    for gate, line, m in sorted(marginal, key=lambda x: -x[2]):
+        what = line.split(" vs ")[0]
+        out.print(f"  {m:.2f} {gate}: {escape(what)}", highlight=False, soft_wrap=True)
 
 
 @app.command("bands")

@@ -15,10 +15,20 @@ from .metrics import Tally, macro_accept_mean
 
 PASS, FAIL = "PASS", "FAIL"
 PASSED_HEAD, FAILED_LINE = "PASSED:", "FAILED: one or more checks above did not pass"
+MARGINAL = 0.8      # a banded line whose statistic uses more than this share of its band is listed as marginal
 
 
 def verdict(ok: bool) -> str:
     return PASS if ok else FAIL
+
+
+def share(stat: float, band: float) -> float:
+    """stat / band: how much of its band a statistic uses (0 for a zero statistic, inf past a zero band or a NaN)."""
+    if stat != stat:
+        return float("inf")
+    if stat == 0:
+        return 0.0
+    return stat / band if band > 0 else float("inf")
 
 
 def fmt_list(xs: list[float] | list[int]) -> str:
@@ -43,11 +53,25 @@ class Report:
         self.lines.append(text)
         self.emit(text)
 
-    def check(self, text: str, ok: bool) -> bool:
+    def check(self, text: str, ok: bool, margin: float | None = None) -> bool:
+        """One check line; ``margin`` (a banded line's statistic / band, the larger of its two) goes to the record."""
         self.line(f"{text} {verdict(ok)}")
         self.failed += 0 if ok else 1
-        self.facts.setdefault("checks", []).append({"line": text, "ok": ok})
+        entry: dict[str, Any] = {"line": text, "ok": ok}
+        if margin is not None:
+            entry["margin"] = round(margin, 4) if margin != float("inf") else "inf"
+        self.facts.setdefault("checks", []).append(entry)
         return ok
+
+    def marginal(self, above: float = MARGINAL) -> list[tuple[str, float]]:
+        """The banded check lines that passed with more than ``above`` of their band used: (line, margin)."""
+        return [(c["line"], float(c["margin"])) for c in self.facts.get("checks", [])
+                if c["ok"] and "margin" in c and float(c["margin"]) > above]
+
+    def worst_margin(self) -> float | None:
+        """The largest statistic / band over the banded lines (None when the run printed none)."""
+        got = [float(c["margin"]) for c in self.facts.get("checks", []) if "margin" in c]
+        return max(got) if got else None
 
     # --- the contract's lines, in order ---
     def header(self, target: str, draft: str, device: str, dtype: str, n: int, prompts: int) -> None:
@@ -72,10 +96,12 @@ class Report:
         statistics must sit inside their bands."""
         text = f"{tag} {what} vs {ref}: {checked} checked, worst rel {worst:.3e} (band {band:.3e})"
         ok = worst <= band
+        use = [share(worst, band)]
         if rms is not None and rms_band is not None:
             text += f", rms rel {rms:.3e} (band {rms_band:.3e})"
             ok = ok and rms <= rms_band
-        return self.check(text, ok)
+            use.append(share(rms, rms_band))
+        return self.check(text, ok, margin=max(use))
 
     def integer_match(self, what: str, checked: int, differ: int, excused: int, tag: str = "(r)",
                       ref: str = "host f64") -> bool:

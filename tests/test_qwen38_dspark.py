@@ -99,3 +99,20 @@ def test_fail_first_markov_prev_one_row_late():
     planted = replace(gate_mod.GATE, make_draft=lambda s, e, m, confidence_cut=0.0: LaggedDraft(s, e, m))
     code, rep, lines = _run(planted)
     assert code == 1 and any(k.startswith("(r) dspark logits+markov") for k in _failed(lines)), "\n".join(rep.lines)
+
+
+@needs_fixture
+@pytest.mark.parametrize("name", ["qwen38-dspark", "qwen3-dspark"])
+def test_emulation_stores_the_markov_logits_where_the_kernel_does(name):
+    """Issue 30: the emulated run must round where the kernel stores. The kernel stores the Markov term W2 W1[prev]
+    and then base + term in bf16; an emulation that kept both in float64 under-counted two roundings of every
+    logit, so a correct kernel's rms rel sat at 1.8-2.0x the emulated one and the line at 0.9-1.02 of its band,
+    passing or failing with the CPU's bf16 paths. On CPU the emulation reproduces torch's bf16 rounding almost bit
+    for bit, so kernel / emulated rms must be near 1 (it was 1.81 on the line that failed)."""
+    from bloomery_cli.bands import M_RMS
+
+    code, rep = run_gate(GATES[name], GateOptions(dtype="bf16", n=16, max_prompts=1), emit=lambda _: None)
+    assert code == 0, "\n".join(rep.lines)
+    (b,) = [b for b in rep.facts["bands"] if b["what"].startswith("dspark logits+markov")]
+    emulated = b["rms_band"] / M_RMS          # the emulated rms rel plus e_acc (~1e-6 here, float32 sums)
+    assert 0.7 < b["rel_rms"] / emulated < 1.3, b

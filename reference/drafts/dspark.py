@@ -10,6 +10,7 @@ block rows y = [x_s, m, ..., m] (B rows) at positions s..s+B-1, bidirectional at
     prev_0 = x_s (the anchor);  prev_k = d_{k-1} for k >= 1     serial over the rows
     e_k   = W1[prev_k]                                          markov_w1 [V, r] row            [r]
     logits_k = base_k + W2 e_k                                  markov_w2 [V, r]                [V]
+                (stored as the engine stores them: st(base_k + st(W2 e_k)), ``markov_logits``)
     d_k   = argmax logits_k (lowest index on ties)              row k predicts the token at s+k+1
     z_k   = proj . [h_k ; e_k] + bias,  c_k = sigmoid(z_k)      confidence head (when enabled)
 
@@ -97,10 +98,15 @@ def markov_rows(draft: DSparkSpec, prev: Sequence[int]) -> np.ndarray:
 
 
 def markov_term(draft: DSparkSpec, e: np.ndarray) -> np.ndarray:
-    """W2 e_k for rows e [n, r] -> [n, V] (zeros when r = 0)."""
+    """st(W2 e_k) for rows e [n, r] -> [n, V] (zeros when r = 0): a stored projection, as the engine's F.linear."""
     if draft.markov_rank == 0:
         return ns(e).zeros((len(e), draft.vocab_size))
-    return e @ as_f64(draft)["markov_head.markov_w2.weight"].T
+    return as_f64(draft).project("markov_head.markov_w2.weight", e)
+
+
+def markov_logits(base: np.ndarray, term: np.ndarray) -> np.ndarray:
+    """logits = st(base + st(W2 e)): the engine stores the Markov term and then the sum, each in its dtype."""
+    return st(base + term)
 
 
 def cut_length(confidence: np.ndarray, threshold: float) -> int:
@@ -136,16 +142,16 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     if prev is None:
         chain = [anchor_id]
         for k in range(b - 1):
-            row = base[k] + markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0]
+            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
             chain.append(int(xp.argmax(row)))
         prev = chain
     prev = np.asarray(to_host(prev), dtype=np.int64)
     e = markov_rows(draft, prev)
-    logits = base + markov_term(draft, e)
+    logits = markov_logits(base, markov_term(draft, e))
     conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
         z = xp.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]
-        conf_logits = z + w["confidence_head.proj.bias"][0]
+        conf_logits = st(z + w["confidence_head.proj.bias"][0])       # one stored linear with its bias
         confidence = 1.0 / (1.0 + xp.exp(-conf_logits))
     return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=xp.argmax(logits, axis=-1), prev=prev,
                         confidence=confidence, conf_logits=conf_logits, u=u, final=final)
