@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .engine_cli import engine_app
 from .errors import EXIT_INPUT, InputError
 from .threads import Threads, apply_threads
 
@@ -26,6 +27,7 @@ fixtures_app = typer.Typer(help="Build or verify the bundled fixtures (small tra
                            no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
 app.add_typer(fixtures_app, name="fixtures")
+app.add_typer(engine_app, name="engine")
 err = Console(stderr=True)
 out = Console()
 
@@ -99,6 +101,15 @@ Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against tra
                                       "tier 3.")]
 
 
+Engine = Annotated[str, typer.Option("--engine", help="Which engine runs the pair: ours (default) or llama.cpp "
+                                      "(its own speculative decoding, judged against the float64 reference).")]
+LlamaCpp = Annotated[Path | None, typer.Option("--llama-cpp", help="With --engine llama.cpp: a `bloomery engine "
+                                               "build --out DIR` folder (default: $BLOOMERY_LLAMA_CPP, else "
+                                               "~/.cache/bloomery/llama.cpp).")]
+RecordOut = Annotated[Path | None, typer.Option("--record", help="With --engine llama.cpp: also write the "
+                                                "engine-agnostic record (JSONL, docs/ENGINES.md) here.")]
+
+
 @gate_app.command("run")
 def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery gate list`).")],
              target: Target = None, draft: DraftOpt = None, device: Device = "cpu", dtype: Dtype = "f32",
@@ -130,11 +141,29 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
              draft_device: DraftDevice = None,
              tp: Annotated[int, typer.Option(
                  "--tp", help="Split the target over N processes (tensor parallel: gloo on the CPU, NCCL over "
-                 "cuda:<i>..cuda:<i+N-1>); qwen3 family targets.")] = 1
+                 "cuda:<i>..cuda:<i+N-1>); qwen3 family targets.")] = 1,
+             engine: Engine = "ours", llama_cpp: LlamaCpp = None, record: RecordOut = None,
              ) -> None:
-    """Run one gate and print the contract lines; the exit code is the verdict."""
+    """Run one gate and print the contract lines; the exit code is the verdict.
+
+    With --engine llama.cpp the pair runs in llama.cpp's own speculative decoding (built by `bloomery engine
+    build`) and is judged against the float64 reference: (w) ids identical, (e) plain ids vs f64, (a) drafts and
+    acceptance vs an f64 replay of the same windows (docs/ENGINES.md)."""
     from .gate import GateOptions, run_gate
     from .sampling import sampling_options
+
+    if engine != "ours":
+        others = {"--target": target, "--draft": draft, "--oracle": oracle or None, "--temperature": temperature,
+                  "--confidence-cut": confidence_cut, "--mtp-hidden": mtp_hidden, "--draft-policy": draft_policy,
+                  "--gpu-mem": gpu_mem, "--draft-device": draft_device, "--tp": tp if tp != 1 else None,
+                  "--width": width if width != "fixed" else None,
+                  "--reference-device": reference_device if reference_device != "cpu" else None}
+        from .engine_cli import engine_gate_run
+        engine_gate_run(lookup(name), engine, llama_cpp, record, device, dtype, n, prompts, json, threads,
+                        [k for k, v in others.items() if v is not None])
+        return
+    if llama_cpp is not None or record is not None:
+        fail_input(InputError("--llama-cpp / --record", "only with --engine llama.cpp"))
 
     try:
         sampling = sampling_options(temperature, top_p, top_k, seed, draft_temperature, draft_top_k)
@@ -185,10 +214,23 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
               threads: Threads = None,
               temperature: Temperature = None, top_p: TopP = None, top_k: TopK = None, seed: Seed = None,
               reference_device: RefDevice = "cpu", reference_compare: RefCompare = False,
-              draft_device: DraftDevice = None
+              draft_device: DraftDevice = None,
+              engine: Engine = "ours", llama_cpp: LlamaCpp = None,
+              expect: Annotated[Path | None, typer.Option(
+                  "--expect", help="With --engine llama.cpp: a JSON file of the verdicts the engine is known to get "
+                  "({gate: {verdict, failing: [line prefixes]}}); exit 0 when every verdict and failing line is "
+                  "the expected one (a known engine discrepancy stays visible and cannot change unseen).")] = None,
               ) -> None:
-    """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed."""
+    """Run every registered gate in turn on its fixtures, then a summary table; exit 1 if any failed.
+
+    With --engine llama.cpp: every pair llama.cpp runs, in llama.cpp, judged against the float64 reference;
+    the pairs it cannot run are listed with the reason."""
     import importlib.util
+
+    if engine != "ours":
+        from .engine_cli import engine_gates
+        engine_gates(registry(), engine, llama_cpp, device, dtype, n, results, threads, expect)
+        return
 
     from .gate import GateOptions, run_gate
 

@@ -1,0 +1,73 @@
+"""``bloomery engine build``: llama.cpp's tools for the engine gate, from the tree vendored in the PyPI sdist of
+llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the user names.
+
+    DIR/src/llama_cpp_python-0.3.36/vendor/llama.cpp     the tree (pip download of the sdist; PyPI is the only
+                                                         network use, and only here)
+    DIR/build/bloomery-llama-spec                        our driver (engines/llamacpp), linked statically against
+                                                         that tree's libllama, ggml and llama-common
+CPU: about 8-15 min on 2 busy cores; CUDA (``--cuda``, sm_90 by default): about 6 min on the H200 machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from ..errors import InputError
+
+VERSION = "0.3.36"
+SDIST = f"llama_cpp_python-{VERSION}"
+DRIVER = "bloomery-llama-spec"
+SOURCE = Path(__file__).resolve().parents[2] / "engines" / "llamacpp"
+
+
+def tree(out: Path) -> Path:
+    return out / "src" / SDIST / "vendor" / "llama.cpp"
+
+
+def driver(out: Path) -> Path:
+    return out / "build" / DRIVER
+
+
+def _run(cmd: list[str], log, what: str) -> None:
+    t0 = time.perf_counter()
+    print(f"engine build: {what} ...", flush=True)
+    r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        raise InputError(cmd[0], f"{what} failed (exit {r.returncode}); its output is in {log.name}")
+    print(f"engine build: {what} took {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def fetch(out: Path, log) -> Path:
+    """The sdist's llama.cpp tree under out/src (downloaded once)."""
+    if (tree(out) / "CMakeLists.txt").is_file():
+        return tree(out)
+    src = out / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(src),
+          f"llama-cpp-python=={VERSION}"], log, f"pip download llama-cpp-python=={VERSION} (sdist)")
+    with tarfile.open(src / f"{SDIST}.tar.gz") as tar:
+        tar.extractall(src, filter="data")
+    return tree(out)
+
+
+def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2) -> Path:
+    """Configure and build the driver; returns its path. Output of pip / cmake goes to out/build.log."""
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise InputError(tool, "not found on PATH; the llama.cpp build needs cmake and a C++17 compiler")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "build.log", "a") as log:
+        llama = fetch(out, log)
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        flags = [f"-DLLAMA_CPP_DIR={llama}", "-DCMAKE_BUILD_TYPE=Release"]
+        if cuda:
+            flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+        _run(["cmake", "-S", str(SOURCE), "-B", str(out / "build"), *gen, *flags], log, "cmake configure")
+        _run(["cmake", "--build", str(out / "build"), "--target", DRIVER, "-j", str(jobs)], log,
+             f"cmake build {DRIVER} ({'CUDA sm_' + arch if cuda else 'CPU'}, {jobs} jobs)")
+    return driver(out)

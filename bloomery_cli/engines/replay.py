@@ -1,0 +1,97 @@
+"""The float64 reference replaying an engine's speculative loop, window by window, on the engine's own windows.
+
+For one prompt the engine emitted ``seq`` = prompt + ids. A window that started after e emitted ids has its anchor
+(the last committed id) at position s = len(prompt) - 1 + e and proposed p ids for positions s+1 .. s+p. The
+reference, given the same context:
+
+    taps      = the family's f64 forward over seq (causal: rows < s are the context's own)
+    g_{s+1+i} = argmax taps.logits[s+i]                      the f64 target's greedy id after position s+i
+    r         = the f64 drafter's proposal at (taps, s, anchor)   (dflash / dspark / dflash2 blocks, the MTP chain)
+    kept_ref  = 1 + #leading i < p with r_i = g_{s+1+i}     the window's kept rows had the reference run it
+
+so engine and reference are compared on the same windows (a paired comparison), not on two loops that drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bloomery_gates.reference.drafts import dflash as ref_dflash
+from bloomery_gates.reference.drafts import dflash2 as ref_dflash2
+from bloomery_gates.reference.drafts import dspark as ref_dspark
+from bloomery_gates.reference.drafts import mtp as ref_mtp
+from bloomery_gates.reference.xp import run
+
+# draft kind -> (draft spec, target spec, taps, seq, s, width) -> (ids [>= width], logits [>= width, V])
+Propose = Callable[[Any, Any, Any, Sequence[int], int, int], tuple[np.ndarray, np.ndarray]]
+
+
+def _block(module) -> Propose:
+    def propose(d, t, taps, seq, s, width):
+        out = module.forward(d, t, taps, int(seq[s]), s)
+        return np.asarray(out.ids), np.asarray(out.logits)
+    return propose
+
+
+def _mtp(d, t, taps, seq, s, width):
+    out = ref_mtp.draft(d, t, list(seq[:s]), np.asarray(taps.final)[:s], int(seq[s]), max(width, 1))
+    return np.asarray(out.ids), np.asarray(out.logits)
+
+
+PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark),
+                               "dflash2": _block(ref_dflash2), "mtp": _mtp}
+
+
+@dataclass
+class WindowRef:
+    """One engine window beside the reference's: s (the anchor's position), the engine's proposal and kept rows,
+    the reference's proposal (first p ids) and kept rows, and where the two proposals first differ (or None)."""
+
+    prompt: int
+    s: int
+    engine_ids: list[int]
+    engine_kept: int
+    ref_ids: list[int]
+    ref_kept: int
+    first_diff: int | None
+
+
+def leading(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading entries of a and b agree."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if int(x) != int(y):
+            break
+        n += 1
+    return n
+
+
+def replay_prompt(kind: str, draft_spec: Any, target_spec: Any, forward: Callable, prompt: Sequence[int],
+                  emitted: Sequence[int], windows: Sequence[tuple[int, int, list[int]]], index: int,
+                  ) -> tuple[list[WindowRef], Any]:
+    """windows: per engine window (proposed p, kept rows, proposed ids). Returns the paired windows and the taps."""
+    seq = list(prompt) + list(emitted)
+    taps = run(lambda: forward(target_spec, seq))
+    greedy = np.asarray(taps.logits).argmax(-1)
+    out, e = [], 0
+    for p, kept, ids in windows:
+        s = len(prompt) - 1 + e
+        if p > 0 and s + p < len(seq):
+            r_ids, _ = run(lambda s=s, p=p: PROPOSE[kind](draft_spec, target_spec, taps, seq, s, p))
+            r = [int(x) for x in r_ids[:p]]
+            g = [int(x) for x in greedy[s:s + p]]
+            k = leading(ids[:p], r)
+            out.append(WindowRef(index, s, list(ids[:p]), kept, r, 1 + leading(r, g), None if k >= p else k))
+        e += kept
+    return out, taps
+
+
+def ref_logits_row(kind: str, draft_spec: Any, target_spec: Any, taps: Any, seq: Sequence[int], s: int,
+                   width: int, row: int) -> np.ndarray:
+    """The reference drafter's logits row ``row`` of the window at s (for the near-tie test at a difference)."""
+    _, logits = run(lambda: PROPOSE[kind](draft_spec, target_spec, taps, seq, s, width))
+    return np.asarray(logits)[row]
