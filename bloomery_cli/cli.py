@@ -106,8 +106,9 @@ Engine = Annotated[str, typer.Option("--engine", help="Which engine runs the pai
 LlamaCpp = Annotated[Path | None, typer.Option("--llama-cpp", help="With --engine llama.cpp: a `bloomery engine "
                                                "build --out DIR` folder (default: $BLOOMERY_LLAMA_CPP, else "
                                                "~/.cache/bloomery/llama.cpp).")]
-RecordOut = Annotated[Path | None, typer.Option("--record", help="With --engine llama.cpp: also write the "
-                                                "engine-agnostic record (JSONL, docs/ENGINES.md) here.")]
+RecordOut = Annotated[Path | None, typer.Option("--record", help="Also write the engine's greedy runs as the "
+                                                "engine-agnostic record (JSONL, docs/ENGINES.md) here; `bloomery "
+                                                "engine judge` reads it.")]
 
 
 @gate_app.command("run")
@@ -162,8 +163,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         engine_gate_run(lookup(name), engine, llama_cpp, record, device, dtype, n, prompts, json, threads,
                         [k for k, v in others.items() if v is not None])
         return
-    if llama_cpp is not None or record is not None:
-        fail_input(InputError("--llama-cpp / --record", "only with --engine llama.cpp"))
+    if llama_cpp is not None:
+        fail_input(InputError("--llama-cpp", "only with --engine llama.cpp"))
 
     try:
         sampling = sampling_options(temperature, top_p, top_k, seed, draft_temperature, draft_top_k)
@@ -190,7 +191,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
                        draft_policy=draft_policy, gpu_mem=gpu_mem,
                        sampling=sampling, reference_device=reference_device, reference_compare=reference_compare,
-                       draft_device=draft_device, tp=tp)
+                       draft_device=draft_device, tp=tp, record=record)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:

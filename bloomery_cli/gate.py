@@ -73,6 +73,7 @@ class GateOptions:
     reference_compare: bool = False                               # also run it on the host; (r) line: worst rel
     draft_device: str | None = None                               # the draft on a device of its own (draft_device)
     tp: int = 1                                                   # the target split over tp processes (tp)
+    record: Path | None = None                                    # the engine-agnostic record (engines.record)
 
 
 @dataclass
@@ -170,6 +171,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
         draft_dev = parse_device("--draft-device", opts.draft_device)
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
+    check_output_file(opts.record, "--record")
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
     target_spec = load_target(target_path)
     if target_spec.family != gate.family:
@@ -223,7 +225,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     # (w) lossless: drafted ids == plain ids, per prompt
     per_prompt: list[Tally] = []
     all_same = True
-    plain_runs = []
+    plain_runs, runs = [], []
     with progress_bar(f"{gate.name}: plain + drafted runs", len(prompts)) as advance:
         for i, p in enumerate(prompts):
             plain = generate(engine, None, p, n)
@@ -238,10 +240,14 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
                 advance()
             all_same &= report.ids(i, plain.ids, drafted.ids)
             per_prompt.append(drafted.tally)
+            runs.append((p, plain, drafted))
     pooled = Tally()
     for t in per_prompt:
         pooled = pooled.merge(t)
     phases.lap("runs", device)
+    if opts.record is not None:
+        from .engines.record import own_record, write
+        write(own_record(gate.name, opts.dtype, opts.device, n, b - 1, runs), opts.record)
     report.branches(pooled)
     check_state(report, family, gate, engine, draft, target_spec, draft_spec, prompts[0], n,
                 width_policy(opts.width, b), opts.dtype)

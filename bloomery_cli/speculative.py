@@ -56,6 +56,7 @@ class Run:
     ids: list[int]        # the first n emitted ids (the prompt excluded)
     tally: Tally
     emitted: list[int] = field(default_factory=list)   # every emitted id; the cache holds prompt + emitted[:-1]
+    windows: list[tuple[list[int], int]] = field(default_factory=list)   # per verify pass: (proposed ids, kept)
 
 
 class FixedWidth:
@@ -85,6 +86,7 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
     if crossing is not None:
         crossing()
     tally = Tally()
+    windows: list[tuple[list[int], int]] = []
     sampled = sampler is not None
     first = target.prefill(prompt, logits=True) if sampled else target.prefill(prompt)
     if draft is not None:
@@ -118,6 +120,7 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
         out.extend(emitted)
         if draft is not None:
             policy.observe(len(proposals) + 1, kept, seconds)
+        windows.append((list(proposals), kept))
         if proposals:
             tally.add(len(proposals), kept)
         if stop is not None and stop(tally):
@@ -127,4 +130,4 @@ def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, wid
         c = crossing()
         tally.transfer_s, tally.transfer_bytes, tally.transfer_windows = c.seconds, c.bytes, c.windows
         tally.commit_s = max(tally.commit_s - c.seconds, 0.0)
-    return Run(out[:n], tally, out)
+    return Run(out[:n], tally, out, windows)

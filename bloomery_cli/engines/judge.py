@@ -35,7 +35,7 @@ from ..bands import emulated_band, flip_excused
 from ..contract import Report, fmt_list
 from ..metrics import Tally
 from .record import Record
-from .replay import WindowRef, ref_logits_row, replay_prompt
+from .replay import CONVENTIONS, WindowRef, ref_logits_row, replay_prompt
 
 ALPHA = 1e-3        # the (a) acceptance line's false-alarm rate
 
@@ -176,11 +176,29 @@ class Judge:
                 self.kind, self.d, self.t, self.emulated_taps(seq), seq, w.s, len(w.engine_ids), w.first_diff)))
             band = emulated_band(self.dtype, row[None], np.asarray(emu)[None], "draft logits row")
             excused += flip_excused(row, band)
+        self.convention(differ)
         unjudged = max(0, len(differ) - 64)
         note = f" ({unjudged} more not judged)" if unjudged else ""
         self.report.facts["engine_drafts"] = {"windows": len(exposed), "differ": len(differ), "excused": excused}
         return self.report.integer_match(what, len(exposed), len(differ), excused, tag="(a)",
                                          ref=f"host f64 drafter{note}")
+
+    def convention(self, differ: list[WindowRef]) -> None:
+        """Where an engine's drafts differ and a known engine convention exists for the kind, a note: how many of
+        the differing windows the f64 reference reproduces when it follows that convention (the cause, named)."""
+        if not differ or self.kind not in CONVENTIONS:
+            return
+        what, propose = CONVENTIONS[self.kind]
+        same = 0
+        for w in differ[:64]:
+            p = self.rec.prompts[w.prompt]
+            seq = list(p.prompt_ids) + list(p.drafted_ids)
+            ids, _ = run(lambda seq=seq, w=w: propose(self.d, self.t, self.taps(seq), seq, w.s, len(w.engine_ids)))
+            same += [int(x) for x in ids[:len(w.engine_ids)]] == list(w.engine_ids)
+        self.report.facts["engine_convention"] = {"convention": what, "checked": min(len(differ), 64),
+                                                  "reproduced": same}
+        self.report.note(f"(a) with {what}, the f64 reference reproduces the engine's drafts in {same} of "
+                         f"{min(len(differ), 64)} differing windows")
 
     def acceptance(self, j: Judged) -> bool:
         fewer = sum(1 for w in j.windows if w.engine_ids and w.engine_kept < w.ref_kept)

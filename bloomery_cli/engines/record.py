@@ -130,3 +130,17 @@ def read(path: Path, vocab: int | None = None) -> Record:
         prompts.append(PromptRun(_int(obj, "prompt", where), ids["prompt_ids"], ids["plain_ids"],
                                  ids["drafted_ids"], windows, dict(obj.get("counters") or {})))
     return Record(header, prompts)
+
+
+def own_record(gate: str, dtype: str, device: str, n: int, width: int, runs: list) -> Record:
+    """Our own engine's greedy runs as a record (``bloomery gate run NAME --record PATH``): runs = per prompt
+    (prompt ids, plain Run, drafted Run) from ``speculative.generate``; windows are its verify passes, after the
+    prefill's own id."""
+    prompts = []
+    for i, (ids, plain, drafted) in enumerate(runs):
+        # the prefill emits the first id (no verify pass): a window of 0 proposals, 1 id, so that positions align
+        wins = [Window(0, 0, 1)] + [Window(len(prop), kept - 1, kept, list(prop)) for prop, kept in drafted.windows]
+        prompts.append(PromptRun(i, list(ids), list(plain.ids), list(drafted.ids), wins))
+    return Record(Header("bloomery (ours: eager torch engine)", gate, dtype, device, n, width,
+                         "ours: accept_mean = mean kept rows per window, the bonus included (docs/CONTRACT.md)"),
+                  prompts)

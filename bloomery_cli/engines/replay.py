@@ -42,6 +42,27 @@ def _mtp(d, t, taps, seq, s, width):
     return np.asarray(out.ids), np.asarray(out.logits)
 
 
+def mtp_zero_first(d, t, taps, seq, s, width):
+    """The MTP chain as llama.cpp's draft-mtp driver stores it (common/speculative.cpp): its MTP store also holds a
+    row 0 that pairs token 0 with a ZERO hidden at position 0, which every later MTP query attends to; the
+    checkpoint's own math (HF / vLLM, ``_mtp``) has no such row. Used only to name the cause of a difference."""
+    from bloomery_gates.reference.families.qwen3 import embed_rows
+
+    fin = np.asarray(taps.final)
+    toks, hid = list(seq[:s + 1]), [np.zeros(fin.shape[1])] + list(fin[:s])
+    ids, logits = [], []
+    for _ in range(max(width, 1)):
+        out = ref_mtp.rows(d, t, embed_rows(t, toks), np.stack(hid), np.arange(len(toks)))
+        ids.append(int(np.asarray(out.ids)[-1]))
+        logits.append(np.asarray(out.logits)[-1])
+        toks.append(ids[-1])
+        hid.append(np.asarray(out.g)[-1])
+    return np.asarray(ids), np.stack(logits)
+
+
+CONVENTIONS: dict[str, tuple[str, Propose]] = {
+    "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first)}
+
 PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark),
                                "dflash2": _block(ref_dflash2), "mtp": _mtp}
 
