@@ -5,6 +5,7 @@ llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the u
                                                          network use, and only here)
     DIR/build/bloomery-llama-spec                        our driver (engines/llamacpp), linked statically against
                                                          that tree's libllama, ggml and llama-common
+    DIR/build/bin/llama-bench (or build/tools/llama-bench/) with ``--bench``: the bench's peer
 CPU: about 8-15 min on 2 busy cores; CUDA (``--cuda``, sm_90 by default): about 6 min on the H200 machine.
 """
 
@@ -55,8 +56,9 @@ def fetch(out: Path, log) -> Path:
     return tree(out)
 
 
-def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2) -> Path:
-    """Configure and build the driver; returns its path. Output of pip / cmake goes to out/build.log."""
+def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench: bool = False) -> Path:
+    """Configure and build the driver (and llama-bench with ``bench``); returns the driver's path. Output of pip /
+    cmake goes to out/build.log."""
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise InputError(tool, "not found on PATH; the llama.cpp build needs cmake and a C++17 compiler")
@@ -68,6 +70,7 @@ def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2) -> Pat
         if cuda:
             flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
         _run(["cmake", "-S", str(SOURCE), "-B", str(out / "build"), *gen, *flags], log, "cmake configure")
-        _run(["cmake", "--build", str(out / "build"), "--target", DRIVER, "-j", str(jobs)], log,
-             f"cmake build {DRIVER} ({'CUDA sm_' + arch if cuda else 'CPU'}, {jobs} jobs)")
+        targets = [DRIVER] + (["llama-bench"] if bench else [])
+        _run(["cmake", "--build", str(out / "build"), "--target", *targets, "-j", str(jobs)], log,
+             f"cmake build {' '.join(targets)} ({'CUDA sm_' + arch if cuda else 'CPU'}, {jobs} jobs)")
     return driver(out)

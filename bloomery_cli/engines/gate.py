@@ -83,8 +83,14 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width,
                 draft_gguf="in-file" if p.draft == "target" else "llama.cpp-converter", driver=str(drv))
     t0 = time.perf_counter()
-    record = llamacpp.run(gate, gate.target, gguf, gate.draft, [list(x) for x in prompts], n, opts.dtype,
-                          opts.device, width, drv, torch.get_num_threads(), progress=report.note)
+    try:
+        record = llamacpp.run(gate, gate.target, gguf, gate.draft, [list(x) for x in prompts], n, opts.dtype,
+                              opts.device, width, drv, torch.get_num_threads(), progress=report.note)
+    except llamacpp.EngineAborted as e:              # fails closed: nothing was judged
+        report.check(f"(w) {e}", False)
+        code = report.finish()
+        _write_json(report, opts.json)
+        return code, report
     engine_s = time.perf_counter() - t0
     if opts.record is not None:
         rec.write(record, opts.record)

@@ -32,6 +32,11 @@ ACCEPTANCE = ("llama.cpp's own: n_accept / n_drafted over the drafted run (llama
 ENV = "BLOOMERY_LLAMA_CPP"
 
 
+class EngineAborted(Exception):
+    """llama.cpp exited non-zero on a run: a failed check (the engine could not run what it was given), not bad
+    input of ours."""
+
+
 @dataclass(frozen=True)
 class Pair:
     """How llama.cpp runs a gate's pair: its spec type, the draft's GGUF source, or why it cannot."""
@@ -117,8 +122,9 @@ def run_driver(drv: Path, args: list[str], prompts: list[list[int]], n: int, wor
            "-t", str(threads), *args]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
-        raise InputError(drv, f"llama.cpp's {tag} run failed (exit {r.returncode}): {tail}")
+        lines = [x for x in r.stderr.strip().splitlines() if "GGML_ASSERT" in x or "error" in x.lower()]
+        tail = " | ".join((lines or r.stderr.strip().splitlines())[-2:])
+        raise EngineAborted(f"llama.cpp's {tag} run aborted (exit {r.returncode}): {tail}")
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
