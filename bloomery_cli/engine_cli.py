@@ -136,7 +136,9 @@ def engine_build(out_dir: Annotated[Path, typer.Option("--out", help="Folder for
                  arch: Annotated[str, typer.Option("--arch", help="CUDA architectures (90: H100/H200).")] = "90",
                  jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel compile jobs.")] = 2,
                  bench: Annotated[bool, typer.Option("--bench", help="Also llama-bench (bloomery bench's peer).")]
-                 = False) -> None:
+                 = False,
+                 source: Annotated[Path | None, typer.Option("--source", help="A llama.cpp tree, or a .tar.gz of one, "
+                                                             "instead of downloading the sdist.")] = None) -> None:
     """Build llama.cpp's speculative decoding (the llama-cpp-python 0.3.36 sdist's tree, commit 0c1e57098) and
     bloomery's driver for it into --out: CPU by default, --cuda for the GPU. The only network use is the pip
     download of that sdist. Then: bloomery gate run NAME --engine llama.cpp --llama-cpp DIR."""
@@ -146,7 +148,7 @@ def engine_build(out_dir: Annotated[Path, typer.Option("--out", help="Folder for
         fail(InputError("--jobs", f"{jobs}: expected 1..256"))
     t0 = time.perf_counter()
     try:
-        path = build(out_dir, cuda=cuda, arch=arch, jobs=jobs, bench=bench)
+        path = build(out_dir, cuda=cuda, arch=arch, jobs=jobs, bench=bench, source=source)
     except InputError as e:
         fail(e)
     out.print(f"engine build: {path} ready in {time.perf_counter() - t0:.0f} s", highlight=False)

@@ -3,7 +3,7 @@ llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the u
 
     DIR/src/llama_cpp_python-0.3.36/vendor/llama.cpp     the tree (pip download of the sdist; PyPI is the only
                                                          network use, and only here)
-    DIR/build/bloomery-llama-spec                        our driver (engines/llamacpp), linked statically against
+    DIR/build/bloomery-llama-spec                        our driver (bloomery_cli/engines/native), linked statically against
                                                          that tree's libllama, ggml and llama-common
     DIR/build/bin/llama-bench (or build/tools/llama-bench/) with ``--bench``: the bench's peer
 CPU: about 8-15 min on 2 busy cores; CUDA (``--cuda``, sm_90 by default): about 6 min on the H200 machine.
@@ -23,7 +23,7 @@ from ..errors import InputError
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}"
 DRIVER = "bloomery-llama-spec"
-SOURCE = Path(__file__).resolve().parents[2] / "engines" / "llamacpp"
+SOURCE = Path(__file__).resolve().parent / "native"      # CMakeLists.txt + spec_driver.cpp (package data)
 
 
 def tree(out: Path) -> Path:
@@ -32,6 +32,16 @@ def tree(out: Path) -> Path:
 
 def driver(out: Path) -> Path:
     return out / "build" / DRIVER
+
+
+def tree_of(drv: Path) -> Path:
+    """The llama.cpp tree a driver was built from (LLAMA_CPP_DIR in its CMakeCache.txt): its converter lives there."""
+    cache = drv.parent / "CMakeCache.txt"
+    if cache.is_file():
+        for line in cache.read_text(errors="replace").splitlines():
+            if line.startswith("LLAMA_CPP_DIR:"):
+                return Path(line.split("=", 1)[1])
+    return drv.parent.parent / "src" / SDIST / "vendor" / "llama.cpp"
 
 
 def _run(cmd: list[str], log, what: str) -> None:
@@ -56,7 +66,27 @@ def fetch(out: Path, log) -> Path:
     return tree(out)
 
 
-def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench: bool = False) -> Path:
+def local_tree(source: Path, out: Path, log) -> Path:
+    """``--source``: a llama.cpp tree (a folder with CMakeLists.txt) used in place, or a .tar.gz of one (the sdist,
+    or a trimmed copy of its vendor/llama.cpp) extracted under out/src: for a machine without PyPI."""
+    if (source / "CMakeLists.txt").is_file():
+        return source
+    if not source.is_file():
+        raise InputError(source, "no llama.cpp tree or .tar.gz there")
+    dst = out / "src" / source.name.removesuffix(".tar.gz")
+    if not dst.exists():
+        dst.mkdir(parents=True)
+        with tarfile.open(source) as tar:
+            tar.extractall(dst, filter="data")
+    for cand in (dst, *dst.glob("*"), *dst.glob("*/vendor/llama.cpp")):
+        if (cand / "CMakeLists.txt").is_file() and (cand / "ggml").is_dir():
+            print(f"engine build: llama.cpp tree {cand}", file=log, flush=True)
+            return cand
+    raise InputError(source, "holds no llama.cpp tree (CMakeLists.txt beside ggml/)")
+
+
+def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench: bool = False,
+          source: Path | None = None) -> Path:
     """Configure and build the driver (and llama-bench with ``bench``); returns the driver's path. Output of pip /
     cmake goes to out/build.log."""
     for tool in ("cmake", "c++"):
@@ -64,7 +94,7 @@ def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench:
             raise InputError(tool, "not found on PATH; the llama.cpp build needs cmake and a C++17 compiler")
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "build.log", "a") as log:
-        llama = fetch(out, log)
+        llama = local_tree(source, out, log) if source is not None else fetch(out, log)
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         flags = [f"-DLLAMA_CPP_DIR={llama}", "-DCMAKE_BUILD_TYPE=Release"]
         if cuda:

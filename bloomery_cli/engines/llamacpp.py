@@ -1,5 +1,5 @@
 """llama.cpp as an engine under the gate: the gate's target and draft as GGUF, llama.cpp's plain and speculative
-greedy runs over the gate's prompt ids (our driver, engines/llamacpp/spec_driver.cpp), written as a record.
+greedy runs over the gate's prompt ids (our driver, bloomery_cli/engines/native/spec_driver.cpp), written as a record.
 
 GGUF: the target is the fixture's own GGUF (written by our writers from the same weights; tier 3 checks them
 against transformers), as an F32 copy for an f32 gate (ggml's CPU matmul on BF16 weights would round the
@@ -132,7 +132,7 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
         device: str, width: int, drv: Path, threads: int, progress=print) -> Record:
     """llama.cpp's plain and drafted greedy runs of the pair over ``prompts`` as a Record."""
     p = pair(gate.name)
-    llama = drv.parent.parent / "src" / f"{build.SDIST}" / "vendor" / "llama.cpp"
+    llama = build.tree_of(drv)
     with tempfile.TemporaryDirectory(prefix="bloomery-llamacpp-") as tmp:
         work = Path(tmp)
         tgt = target_gguf(target_gguf_path, dtype, work)

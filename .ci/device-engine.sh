@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 23 (and 30) on the H200 through the `device` tool (never CI), one call under the tool's 10 minutes:
+#   BLOOMERY_COMMIT=<sha> [STEPS="dspark build gates bench8 bench27"] bash .ci/device-engine.sh
+#   carry: .whl (gguf, sentencepiece wheels) and .llama-src (a trimmed llama.cpp tree of the 0.3.36 sdist, made by
+#   `tar czf .llama-src/llama.cpp-0c1e57098.tar.gz` of vendor/llama.cpp without models/ docs/ tests/ examples/ and
+#   the non-CUDA GPU backends: the machine reaches no PyPI)
+# dspark   issue 30: bloomery gate run qwen38-dspark --device cuda --dtype bf16 (ours), beside the build
+# build    bloomery engine build --cuda --arch 90 --bench into .llama/cuda (driver + llama-bench, about 6 min)
+# gates    bloomery gates --engine llama.cpp --device cuda --dtype bf16 (records under $OUT)
+# bench8   bloomery bench qwen3-dflash --shape qwen3-8b --llama-cpp .llama/cuda (llama.cpp in the same run)
+# bench27  bloomery bench qwen38-dflash2 --shape qwen38-27b --layers 16 --llama-cpp .llama/cuda (16 layers: the
+#          disk holds the 27B GGUF's 16 layers beside the rest, not all 64)
+# Records + logs: one tar in $OUT.
+set -uo pipefail
+T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-575} ))
+source .ci/device-setup.sh || exit 2
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/sentencepiece-*.whl || exit 2
+R=/tmp/engine && mkdir -p $R
+device_info "engine" | tee $R/device.txt
+left() { echo $(( DEADLINE - $(date +%s) )); }
+step() {  # name limit cmd...: run under min(limit, left - 10)
+  local name=$1 lim=$2; shift 2
+  local l; l=$(left); [ $l -lt 30 ] && { echo "$name skipped: ${l}s left"; return; }
+  [ $(( l - 10 )) -lt $lim ] && lim=$(( l - 10 ))
+  local t=$(date +%s)
+  timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
+}
+LL=$PWD/.llama/cuda
+SRC=$(ls .llama-src/*.tar.gz | head -1)
+for s in ${STEPS:-dspark build gates bench8}; do
+  case $s in
+    dspark) ( timeout 300 python3 -P -m bloomery_cli.cli gate run qwen38-dspark --device cuda --dtype bf16 \
+                --json $R/qwen38-dspark-cuda-bf16.json > $R/dspark.log 2>&1; echo "dspark exit $?" >> $R/dspark.log ) & ;;
+    build) step build 420 python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 15 --bench \
+             --source $SRC; tail -4 $R/build.log; tail -5 $LL/build.log 2>/dev/null | cut -c1-200 ;;
+    gates) step gates 200 python3 -P -m bloomery_cli.cli gates --engine llama.cpp --llama-cpp $LL --device cuda \
+             --dtype bf16 --results $R/gates; tail -22 $R/gates.log | cut -c1-200 ;;
+    bench8) step bench8 240 python3 -P -m bloomery_cli.cli bench qwen3-dflash --shape qwen3-8b --device cuda \
+              --llama-cpp $LL --json $R/bench-qwen3-8b-llamacpp-cuda-bf16.json; grep -E "^(plain|llama)" $R/bench8.log ;;
+    bench27) step bench27 240 python3 -P -m bloomery_cli.cli bench qwen38-dflash2 --shape qwen38-27b --layers 16 \
+               --device cuda --llama-cpp $LL --json $R/bench-qwen38-27b-l16-llamacpp-cuda-bf16.json
+             grep -E "^(plain|llama)" $R/bench27.log ;;
+  esac
+done
+wait
+grep -E "PASSED|FAILED|worst rel .*markov|exit" $R/dspark.log 2>/dev/null | cut -c1-200
+tar czf $OUT/engine.tgz -C $R . && echo "records in engine.tgz"
