@@ -15,7 +15,8 @@ One run reports, each figure with its conditions (device, dtype, prompt length, 
   excluded. At tau = 6 the bench says whether drafted >= 0.85 x accept_mean x plain (issue 11's criterion;
   reported, not asserted);
 - the cost width policy at acceptance near 0 and near 1 (which widths it picked);
-- HF transformers' eager ``generate`` on the same tensors in the same process, and our ratio to it.
+- HF transformers' eager ``generate`` on the same tensors in the same process, and our ratio to it;
+- with ``--llama-cpp DIR``: llama.cpp's llama-bench on the same weights at the same depth and n (``bench_llamacpp``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import typer
 
 from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid_shapes import HYBRID_SHAPES
+from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
 from .bench_shapes import SHAPES, hf_decode, random_pair, weight_bytes
 from .errors import InputError
 from .preflight import check_output_file
@@ -178,9 +180,10 @@ def build_engines(tspec, dspec, dev, dtype, max_len: int, b: int, log, graphs: b
 
 def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str = "bf16", prompt_len: int = 512,
           n: int = 256, width: str = "fixed", taus=TAUS, hf_tokens: int = 32, iters: int | None = None,
-          emit=print, quiet: bool = False, save=lambda rec: None, profile: bool = False) -> dict[str, Any]:
+          emit=print, quiet: bool = False, save=lambda rec: None, profile: bool = False,
+          llama_bench: Path | None = None) -> dict[str, Any]:
     """Run the bench; ``save(rec)`` is called with the record so far after each stage (a run cut short still
-    leaves what it measured)."""
+    leaves what it measured). ``llama_bench``: also llama.cpp's plain decode (``bench_llamacpp.compare``)."""
     from .gate import resolve_device
 
     dev = resolve_device("cuda" if device == "auto" and torch.cuda.is_available() else
@@ -197,7 +200,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
     rec: dict[str, Any] = {"bench": name, "shape": shape or "checkpoint", "complete": False, "lines": lines}
     cond = {"device": str(dev), "dtype": dtype, "prompt_len": prompt_len, "batch": 1, "width": width, "n": n}
-    with stages(10 + (shape is None) + profile, quiet) as step:
+    with stages(10 + (shape is None) + profile + (llama_bench is not None), quiet) as step:
         step("bandwidth")
         bw = copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (1 << 26))
         step("weights")
@@ -228,6 +231,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
                         "ratio_roofline_read": plain_tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
         log(f"plain tok_s={plain_tok_s:.1f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.3f}")
+        if llama_bench is not None:
+            step("llama.cpp")
+            compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)
 
         step("verify widths")
         save(rec)
@@ -451,7 +457,8 @@ def bench_command(
         profile: Annotated[bool, typer.Option("--profile", help="Also where a plain step, the widest verify and "
                                               "the draft's block spend their time: kernels by device time, each "
                                               "matrix product's read rate (bloomery_cli/bench_profile.py).")]
-        = False) -> None:
+        = False,
+        llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None) -> None:
     """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
@@ -462,6 +469,7 @@ def bench_command(
 
     try:
         check_output_file(json, "--json")          # before the run, not after it
+        peer = find_llama_bench(llama_cpp) if llama_cpp is not None else None
         apply_threads(threads, device)
         if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
             if shape is None:
@@ -469,13 +477,14 @@ def bench_command(
             from .bench_hybrid import bench_hybrid
 
             rec = bench_hybrid(name, shape, device, dtype, prompt_len, n, layers, block, mtp_width, width, hf,
-                               quiet=json is not None, save=save, profile=profile)
+                               quiet=json is not None, save=save, profile=profile, llama_bench=peer)
             if not rec.get("ids_identical_all"):
                 typer.echo("FAILED: a drafted run's ids differ from the plain run's (or no drafted run finished)",
                            err=True)
                 raise typer.Exit(1)
             return
-        bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save, profile=profile)
+        bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save, profile=profile,
+              llama_bench=peer)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

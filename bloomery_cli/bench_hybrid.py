@@ -24,6 +24,7 @@ conditions:
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from .bench import (
 )
 from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid_shapes import HYBRID_SHAPES, hf_qwen38_model, random_dflash2, random_qwen38
+from .bench_llamacpp import compare
 from .bench_shapes import weight_bytes
 from .records import conditions
 from .width import width_policy
@@ -87,8 +89,10 @@ def _timed(fn, dev, iters: int) -> float:
 def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16", prompt_len: int = 512,
                  n: int = 256, layers: int | None = None, block: int | None = None, mtp_width: int = 3,
                  width: str = "fixed", hf: bool = False, hf_tokens: int = 16, iters: int | None = None,
-                 emit=print, quiet: bool = False, save=lambda rec: None, profile: bool = False) -> dict[str, Any]:
-    """Run the hybrid bench; ``save(rec)`` after each stage (a run cut short keeps what it measured)."""
+                 emit=print, quiet: bool = False, save=lambda rec: None, profile: bool = False,
+                 llama_bench: Path | None = None) -> dict[str, Any]:
+    """Run the hybrid bench; ``save(rec)`` after each stage (a run cut short keeps what it measured);
+    ``llama_bench``: also llama.cpp's plain decode on the same trunk (``bench_llamacpp.compare``)."""
     from .bench_hybrid_engines import build_hybrid_engines
     from .gate import resolve_device
 
@@ -107,7 +111,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         emit(line)
 
     rec: dict[str, Any] = {"bench": name, "shape": shape, "complete": False, "lines": lines, "shape_facts": s.facts()}
-    with stages(8 + hf + profile, quiet) as step:
+    with stages(8 + hf + profile + (llama_bench is not None), quiet) as step:
         step("bandwidth")
         bw = copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (1 << 26))
         step("weights")
@@ -147,6 +151,9 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         log(f"plain tok_s={plain_tok_s:.2f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.2f} "
             f"prefill_s={rec['prefill_s']:.2f}")
+        if llama_bench is not None:
+            step("llama.cpp")
+            compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)
         save(rec)
 
         step("verify widths")

@@ -5,11 +5,18 @@ stored unpermuted. Matrices are stored BF16 (bit-exact copies of the bf16 weight
 widening). No ``output.weight``: the head is tied to ``token_embd.weight``. GGUFWriter takes arrays in
 logical numpy order ([out, in]) and records the ggml dims reversed ([in, out]); ``read_gguf`` undoes
 both and is what the tests compare against the HF tensors.
+
+Both target writers (this one and ``qwen38_target.write_qwen38_gguf``) take an HF-named tensor mapping and write
+through ``write_streamed``: every tensor's info first, then each tensor made, written and dropped in turn, so
+host memory holds one tensor at a time (the bench writes an 8B model from device memory this way). With
+``tok=None`` the file carries no vocabulary (``tokenizer.ggml.model = "no_vocab"`` and ``<arch>.vocab_size``:
+llama.cpp loads it without one); ``dtype`` picks the matrices' type (bf16, f16, f32; norms are always F32).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -21,6 +28,11 @@ from .tokenizer_train import GGUF_PRE, SPECIALS, merges_list, vocab_list
 from .train import TargetShape
 
 ARCH = "qwen3"
+Q = gguf.GGMLQuantizationType
+# matrix dtype -> (stored type, general.file_type, torch dtype)
+MATRIX_TYPES = {"bf16": (Q.BF16, gguf.LlamaFileType.MOSTLY_BF16, torch.bfloat16),
+                "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16, torch.float16),
+                "f32": (Q.F32, gguf.LlamaFileType.ALL_F32, torch.float32)}
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -112,25 +124,68 @@ def write_tokenizer(w: gguf.GGUFWriter, tok: Tokenizer, pad: bool = True) -> Non
         w.add_pad_token_id(eot)
 
 
-def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer,
-                      name: str = "qwen3-tiny") -> Path:
-    w = gguf_header(path, ARCH, name, shape.num_layers, shape)
-    w.add_layer_norm_rms_eps(float(shape.rms_eps))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+def write_vocab(w: gguf.GGUFWriter, tok: Tokenizer | None, vocab_size: int) -> None:
+    """The tokenizer (``write_tokenizer``, no bos added), or with ``tok=None`` none: ``tokenizer.ggml.model =
+    "no_vocab"`` and ``<arch>.vocab_size`` (llama.cpp then makes that many placeholder tokens)."""
+    if tok is None:
+        w.add_tokenizer_model("no_vocab")
+        w.add_vocab_size(vocab_size)
+        return
     write_tokenizer(w, tok)
     w.add_add_bos_token(False)
-    for hf in _ordered(params, shape):
-        t = params[hf].detach().to("cpu")
-        if t.ndim >= 2:
-            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-            w.add_tensor(gguf_name(hf), raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
-        else:
-            w.add_tensor(gguf_name(hf), t.to(torch.bfloat16).float().numpy().astype(np.float32))
+
+
+def file_type(w: gguf.GGUFWriter, dtype: str) -> None:
+    """general.file_type and the quantization version for matrices stored as ``dtype`` (bf16, f16, f32)."""
+    if dtype not in MATRIX_TYPES:
+        raise ValueError(f"GGUF matrix dtype {dtype!r}: expected one of {', '.join(MATRIX_TYPES)}")
+    w.add_file_type(MATRIX_TYPES[dtype][1])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One GGUF tensor: its name, logical numpy shape ([out, in]), whether it is a matrix (stored in the file's
+    matrix dtype; otherwise F32), and ``make()``, which returns its values (a torch tensor on any device, any
+    float dtype) when it is written."""
+
+    name: str
+    shape: tuple[int, ...]
+    matrix: bool
+    make: Callable[[], torch.Tensor]
+
+
+def write_streamed(w: gguf.GGUFWriter, planned: Sequence[Planned], dtype: str = "bf16") -> None:
+    """Write the header, the keys, every tensor's info, then each tensor in turn (made, converted on the host,
+    written, dropped) and close ``w``. Byte for byte what ``add_tensor`` + ``write_tensors_to_file`` write."""
+    mq, _, mt = MATRIX_TYPES[dtype]
+    for p in planned:
+        q, t = (mq, mt) if p.matrix else (Q.F32, torch.float32)
+        nbytes = int(np.prod(p.shape, dtype=np.int64)) * t.itemsize
+        w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), nbytes, raw_dtype=q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for p in planned:
+        x = p.make().detach()
+        if tuple(x.shape) != p.shape:
+            raise ValueError(f"GGUF tensor {p.name}: made {tuple(x.shape)}, planned {p.shape}")
+        x = x.to("cpu", mt if p.matrix else torch.float32).contiguous()
+        w.write_tensor_data(x.reshape(-1).view(torch.uint8).numpy())
+        del x
     w.close()
+
+
+def write_target_gguf(path: Path, shape: TargetShape, params: Mapping[str, torch.Tensor], tok: Tokenizer | None,
+                      name: str = "qwen3-tiny", dtype: str = "bf16") -> Path:
+    """``params`` (HF names, the Qwen3 layout; ``lm_head.weight`` present when untied) as an arch "qwen3" GGUF;
+    ``tok=None``: no vocabulary (``write_vocab``); matrices stored as ``dtype``."""
+    w = gguf_header(path, ARCH, name, shape.num_layers, shape)
+    w.add_layer_norm_rms_eps(float(shape.rms_eps))
+    file_type(w, dtype)
+    write_vocab(w, tok, shape.vocab_size)
+    write_streamed(w, [Planned(gguf_name(hf), tuple(params[hf].shape), params[hf].ndim >= 2,
+                               lambda hf=hf: params[hf]) for hf in _ordered(params, shape)], dtype)
     return path
 
 

@@ -25,8 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import gguf
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
@@ -38,7 +36,7 @@ from bloomery_gates.kernels.families.qwen38 import forward_train
 
 from . import corpus as corpus_mod
 from . import tokenizer_train
-from .export_gguf import gguf_header, write_tokenizer
+from .export_gguf import Planned, file_type, gguf_header, write_streamed, write_vocab
 from .export_hf import write_safetensors
 from .train import Reporter, Schedule, TrainConfig, _autocast, _optimizer, descend, round_bf16, sample_windows
 
@@ -215,14 +213,15 @@ def write_qwen38_target(out_dir: Path, params: Mapping[str, torch.Tensor], token
     return files
 
 
-def _gguf_array(hf: str, t: torch.Tensor, shape: Qwen38Shape) -> np.ndarray:
-    """The converter's transform of one HF tensor (float64 math on the bf16 values), as float32."""
-    hy, x = shape.spec({}).hybrid, t.detach().double().cpu()
+def _gguf_array(hf: str, t: torch.Tensor, shape: Qwen38Shape) -> torch.Tensor:
+    """The converter's transform of one HF tensor, on the host: the +1 / -exp transforms in float64 on the stored
+    values, the reshapes and value-head regroupings (exact permutations) in the tensor's own dtype."""
+    hy, x = shape.spec({}).hybrid, t.detach().cpu()
     nk, nv, dv = hy.linear_num_key_heads, hy.linear_num_value_heads, hy.linear_value_head_dim
     if baked_plus_one(hf):
-        x = x + 1.0
+        x = x.double() + 1.0
     if hf.endswith("linear_attn.A_log"):
-        x = -torch.exp(x)
+        x = -torch.exp(x.double())
     if hf.endswith("conv1d.weight"):
         x = x.reshape(x.shape[0], x.shape[-1])
     if nk != nv and ".linear_attn." in hf:
@@ -235,14 +234,35 @@ def _gguf_array(hf: str, t: torch.Tensor, shape: Qwen38Shape) -> np.ndarray:
             x = regroup_v(x, 1, nk, nv, dv, to_tiled=True)
         elif hf.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
             x = regroup_v(x, 0, nk, nv, 1, to_tiled=True)
-    return x.float().numpy()
+    return x.float() if x.dtype == torch.float64 else x
 
 
-def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torch.Tensor], tok: Tokenizer,
+def _planned(hf: str, tensors: Mapping[str, torch.Tensor], shape: Qwen38Shape, trunk: int) -> list[Planned]:
+    """The GGUF tensor(s) of one HF tensor, each made (``_gguf_array``) only when written."""
+    gname, dims = gguf_name(hf, trunk), tuple(tensors[hf].shape)
+
+    def make() -> torch.Tensor:
+        return _gguf_array(hf, tensors[hf], shape)
+
+    if hf.endswith("mlp.experts.gate_up_proj"):                        # [E, 2ff, H] -> gate / up halves
+        e, ff, h = dims[0], dims[1] // 2, dims[2]
+        return [Planned(gname.replace("ffn_gate_up_exps", "ffn_gate_exps"), (e, ff, h), True,
+                        lambda: make()[:, :ff]),
+                Planned(gname.replace("ffn_gate_up_exps", "ffn_up_exps"), (e, ff, h), True, lambda: make()[:, ff:])]
+    if hf.endswith("mlp.shared_expert_gate.weight"):                   # HF [1, H] -> {H}
+        return [Planned(gname, (dims[-1],), False, lambda: make().reshape(-1))]
+    if hf.endswith("conv1d.weight"):                                    # [C, 1, K] -> [C, K], F32
+        return [Planned(gname, (dims[0], dims[-1]), False, make)]
+    return [Planned(gname, dims, len(dims) >= 2, make)]
+
+
+def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torch.Tensor], tok: Tokenizer | None,
                       mtp_layers: int = 0, name: str = "qwen38-tiny",
-                      rope_sections: Sequence[int] | None = None, moe=None) -> Path:
-    """The target (and any ``mtp.*`` tensors) as a llama.cpp GGUF, arch "qwen35". Matrices BF16; norms, the
-    conv kernel, ssm_a and ssm_dt F32.
+                      rope_sections: Sequence[int] | None = None, moe=None, dtype: str = "bf16") -> Path:
+    """The target (and any ``mtp.*`` tensors) as a llama.cpp GGUF, arch "qwen35". Matrices BF16 (``dtype``: or
+    f16 / f32); norms, the conv kernel, ssm_a and ssm_dt F32. ``tok=None``: no vocabulary
+    (``export_gguf.write_vocab``). Written streamed (``export_gguf.write_streamed``): one tensor on the host at a
+    time.
 
     ``qwen35.rope.dimension_sections``: llama.cpp rotates qwen35 heads with its interleaved multi-section rope
     (IMROPE): rotary pair i (of rotary_dim/2) takes position stream t / h / w / e by k = i mod sum(sections),
@@ -282,35 +302,14 @@ def write_qwen38_gguf(path: Path, shape: Qwen38Shape, tensors: Mapping[str, torc
     w.add_full_attention_interval(every)
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    write_tokenizer(w, tok)
-    w.add_add_bos_token(False)
+    file_type(w, dtype)
+    write_vocab(w, tok, shape.vocab_size)
+
     def order(hf: str) -> tuple:
         g = gguf_name(hf, L).split(".")
         return (g[0] == "blk", int(g[1]) if g[0] == "blk" else 0, ".".join(g))
 
-    def put(gname: str, arr: np.ndarray, matrix: bool) -> None:
-        if matrix:
-            raw = torch.from_numpy(arr).to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-            w.add_tensor(gname, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
-        else:
-            w.add_tensor(gname, arr.astype(np.float32))
-
-    for hf in sorted(tensors, key=order):
-        arr, gname = _gguf_array(hf, tensors[hf], shape), gguf_name(hf, L)
-        if hf.endswith("mlp.experts.gate_up_proj"):                    # [E, 2ff, H] -> gate / up halves
-            ff = arr.shape[1] // 2
-            put(gname.replace("ffn_gate_up_exps", "ffn_gate_exps"), np.ascontiguousarray(arr[:, :ff]), True)
-            put(gname.replace("ffn_gate_up_exps", "ffn_up_exps"), np.ascontiguousarray(arr[:, ff:]), True)
-        elif hf.endswith("mlp.shared_expert_gate.weight"):             # HF [1, H] -> {H}
-            put(gname, arr.reshape(-1), False)
-        else:
-            put(gname, arr, arr.ndim >= 2 and not hf.endswith("conv1d.weight"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_streamed(w, [p for hf in sorted(tensors, key=order) for p in _planned(hf, tensors, shape, L)], dtype)
     return path
 
 
