@@ -3,7 +3,7 @@ llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the u
 
     DIR/src/llama_cpp_python-0.3.36/vendor/llama.cpp     the tree (pip download of the sdist; PyPI is the only
                                                          network use, and only here)
-    DIR/build/bloomery-llama-spec                        our driver (bloomery_cli/engines/native), linked statically against
+    DIR/build/bloomery-llama-spec                        our driver (bloomery_cli/engines/native), linked statically:
                                                          that tree's libllama, ggml and llama-common
     DIR/build/bin/llama-bench (or build/tools/llama-bench/) with ``--bench``: the bench's peer
 CPU: about 8-15 min on 2 busy cores; CUDA (``--cuda``, sm_90 by default): about 6 min on the H200 machine.
@@ -85,6 +85,18 @@ def local_tree(source: Path, out: Path, log) -> Path:
     raise InputError(source, "holds no llama.cpp tree (CMakeLists.txt beside ggml/)")
 
 
+def stale(build_dir: Path, llama: Path, log) -> None:
+    """A build folder configured from another checkout's driver source or another llama.cpp tree is removed
+    (cmake refuses a second source folder for one build folder); an up-to-date one is reused incrementally."""
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.is_file():
+        return
+    text = cache.read_text(errors="replace")
+    if f"CMAKE_HOME_DIRECTORY:INTERNAL={SOURCE}\n" not in text or f"LLAMA_CPP_DIR:PATH={llama}\n" not in text:
+        print(f"engine build: {build_dir} was configured from other sources: rebuilt", file=log, flush=True)
+        shutil.rmtree(build_dir)
+
+
 def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench: bool = False,
           source: Path | None = None) -> Path:
     """Configure and build the driver (and llama-bench with ``bench``); returns the driver's path. Output of pip /
@@ -99,6 +111,7 @@ def build(out: Path, cuda: bool = False, arch: str = "90", jobs: int = 2, bench:
         flags = [f"-DLLAMA_CPP_DIR={llama}", "-DCMAKE_BUILD_TYPE=Release"]
         if cuda:
             flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+        stale(out / "build", llama, log)
         _run(["cmake", "-S", str(SOURCE), "-B", str(out / "build"), *gen, *flags], log, "cmake configure")
         targets = [DRIVER] + (["llama-bench"] if bench else [])
         _run(["cmake", "--build", str(out / "build"), "--target", *targets, "-j", str(jobs)], log,
