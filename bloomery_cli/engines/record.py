@@ -68,6 +68,7 @@ class Record:
 
 def write(record: Record, path: Path) -> None:
     """Written to a temporary name, then renamed: never a half-written record."""
+    path.parent.mkdir(parents=True, exist_ok=True)        # --results DIR is created only when a record is written
     tmp = path.with_name(path.name + ".part")
     lines = [json.dumps(asdict(record.header))] + [json.dumps(asdict(p)) for p in record.prompts]
     tmp.write_text("\n".join(lines) + "\n")
