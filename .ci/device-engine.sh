@@ -14,7 +14,7 @@
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-575} ))
 source .ci/device-setup.sh || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/sentencepiece-*.whl || exit 2
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/sentencepiece-*.whl || exit 2
 R=/tmp/engine && mkdir -p $R
 device_info "engine" | tee $R/device.txt
 left() { echo $(( DEADLINE - $(date +%s) )); }

@@ -2,8 +2,8 @@
 # wheel and the package beside the machine's own torch, exports the paths and the environment every process
 # there gets (NVLink multicast off), and defines `device_info` (date, commit, GPU, torch / triton versions).
 # Usage: source .ci/device-setup.sh || exit 2      (carry .whl with the gguf wheel; pass BLOOMERY_COMMIT=<sha>)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl || return 2
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/pkg . \
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/gguf-*.whl || return 2
+PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/pkg . \
   || return 2
 export PYTHONPATH=/tmp/pkg:/tmp/site BLOOMERY_FIXTURES=$PWD/fixtures PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -85,11 +85,12 @@ def engine_gates(gates: dict, engine: str, llama_cpp: Path | None, device: str, 
         known = check_expect(expect)
     except InputError as e:
         fail(e)
-    rows, worst, unexpected = [], 0, []
+    rows, worst, unexpected, skipped = [], 0, [], []
     for name, g in gates.items():
         why = llamacpp.PAIRS.get(name, llamacpp.Pair(why_not="not mapped")).why_not
         if why:
-            rows.append((name, "n/a", "-", "-", "-", why[:30]))
+            rows.append((name, "n/a", "-", "-", "-", "-"))
+            skipped.append((name, why))
             continue
         t0 = time.perf_counter()
         opts = EngineOptions(engine, llama_cpp, device, dtype, n,
@@ -111,13 +112,15 @@ def engine_gates(gates: dict, engine: str, llama_cpp: Path | None, device: str, 
                      f"{time.perf_counter() - t0:.0f}s"))
         worst = max(worst, code)
     table = Table(title=f"llama.cpp engine gates on {device} {dtype}",
-                  caption="accept: engine accept_mean on its windows, ref: the f64 replay on the same windows, "
-                          "p: the (a) sign test")
+                  caption="accept: the engine's accept_mean on its windows; ref: the f64 replay on the same "
+                          "windows; p: the (a) sign test")
     for col in ("gate", "verdict", "accept", "ref", "p", "wall"):
         table.add_column(col, no_wrap=True, justify="left" if col in ("gate", "verdict") else "right")
     for r in rows:
         table.add_row(*r, style={"PASSED": "green", "n/a": "dim"}.get(r[1], "red"))
     out.print(table)
+    for name, why in skipped:
+        out.print(f"n/a {name}: {escape(why)}", highlight=False, soft_wrap=True)
     if known:
         if unexpected:
             out.print(f"expected verdicts ({expect}): {', '.join(unexpected)} differ from them", highlight=False)

@@ -74,15 +74,24 @@ def local_tree(source: Path, out: Path, log) -> Path:
     if not source.is_file():
         raise InputError(source, "no llama.cpp tree or .tar.gz there")
     dst = out / "src" / source.name.removesuffix(".tar.gz")
-    if not dst.exists():
+
+    def found() -> Path | None:
+        for cand in (dst, *dst.glob("*"), *dst.glob("*/vendor/llama.cpp")):
+            if (cand / "CMakeLists.txt").is_file() and (cand / "ggml").is_dir():
+                print(f"engine build: llama.cpp tree {cand}", file=log, flush=True)
+                return cand
+        return None
+
+    tree_dir = found() if dst.is_dir() else None
+    if tree_dir is None:                 # absent, or a partial extraction left behind: extract it (again)
+        shutil.rmtree(dst, ignore_errors=True)
         dst.mkdir(parents=True)
         with tarfile.open(source) as tar:
             tar.extractall(dst, filter="data")
-    for cand in (dst, *dst.glob("*"), *dst.glob("*/vendor/llama.cpp")):
-        if (cand / "CMakeLists.txt").is_file() and (cand / "ggml").is_dir():
-            print(f"engine build: llama.cpp tree {cand}", file=log, flush=True)
-            return cand
-    raise InputError(source, "holds no llama.cpp tree (CMakeLists.txt beside ggml/)")
+        tree_dir = found()
+    if tree_dir is None:
+        raise InputError(source, "holds no llama.cpp tree (CMakeLists.txt beside ggml/)")
+    return tree_dir
 
 
 def stale(build_dir: Path, llama: Path, log) -> None:
