@@ -25,15 +25,15 @@ step() {  # name limit cmd...: run under min(limit, left - 10)
   local t=$(date +%s)
   timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
 }
-LL=$PWD/.llama/cuda
-SRC=$(ls .llama-src/*.tar.gz | head -1)
+LL=/tmp/llama-cuda                # outside the repo copy: a re-laid working tree can drop ignored folders
+SRC=$(ls $PWD/.llama-src/*.tar.gz | head -1)
 for s in ${STEPS:-dspark build gates bench8}; do
   case $s in
     dspark) ( timeout 300 python3 -P -m bloomery_cli.cli gate run qwen38-dspark --device cuda --dtype bf16 \
                 --json $R/qwen38-dspark-cuda-bf16.json > $R/dspark.log 2>&1; echo "dspark exit $?" >> $R/dspark.log ) & ;;
-    build) step build 420 python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 15 --bench \
+    build) step build ${BUILD_S:-420} python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 15 --bench \
              --source $SRC; tail -4 $R/build.log; tail -5 $LL/build.log 2>/dev/null | cut -c1-200 ;;
-    gates) step gates 200 python3 -P -m bloomery_cli.cli gates --engine llama.cpp --llama-cpp $LL --device cuda \
+    gates) step gates ${GATES_S:-200} python3 -P -m bloomery_cli.cli gates --engine llama.cpp --llama-cpp $LL --device cuda \
              --dtype bf16 --results $R/gates; tail -22 $R/gates.log | cut -c1-200 ;;
     bench8) step bench8 240 python3 -P -m bloomery_cli.cli bench qwen3-dflash --shape qwen3-8b --device cuda \
               --llama-cpp $LL --json $R/bench-qwen3-8b-llamacpp-cuda-bf16.json; grep -E "^(plain|llama)" $R/bench8.log ;;
