@@ -4,7 +4,6 @@ files, the flags) runs before any model work."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from ..errors import InputError
 from ..loading import load_target, load_tokenizer
 from ..preflight import check_n, check_output_file
 from ..prompts import read_prompts
+from ..records import conditions, write_atomic
 from . import llamacpp
 from . import record as rec
 from .judge import Judge
@@ -50,12 +50,11 @@ def _judge(report: Report, gate, record: rec.Record, target_spec, draft_spec) ->
     return report.finish()
 
 
-def _write_json(report: Report, path: Path | None) -> None:
+def _write_json(report: Report, path: Path | None, device: str = "cpu") -> None:
+    """The verdict's record (atomically), with the run's conditions (device, commit, date, versions)."""
     if path is not None:
-        tmp = path.with_name(path.name + ".part")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({**report.facts, "lines": report.lines}, indent=1, default=float))
-        tmp.replace(path)
+        dev = torch.device("cuda" if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
+        write_atomic(path, {**report.facts, "conditions": conditions(dev), "lines": report.lines})
 
 
 def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
@@ -89,7 +88,7 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     except llamacpp.EngineAborted as e:              # fails closed: nothing was judged
         report.check(f"(w) {e}", False)
         code = report.finish()
-        _write_json(report, opts.json)
+        _write_json(report, opts.json, opts.device)
         return code, report
     engine_s = time.perf_counter() - t0
     if opts.record is not None:
@@ -97,7 +96,7 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     code = _judge(report, gate, record, target_spec, draft_spec)
     report.facts["engine_s"] = round(engine_s, 2)
     report.facts["judge_s"] = round(time.perf_counter() - t0 - engine_s, 2)
-    _write_json(report, opts.json)
+    _write_json(report, opts.json, opts.device)
     return code, report
 
 
