@@ -40,14 +40,17 @@ def quality_records(records: list[Record]) -> list[Record]:
 
 
 def device_label(r: dict[str, Any]) -> str:
-    """The device a record ran on, and where its draft ran when on a device of its own (``--draft-device``) or its
-    target over several processes (``--tp``): such runs get rows of their own in every table."""
+    """The device a record ran on, and where its draft ran when on a device of its own (``--draft-device``), its
+    target over several processes (``--tp``) or another engine ran the pair (``--engine``): such runs get rows of
+    their own in every table."""
     name = str((r.get("conditions") or {}).get("device_name", r.get("device", "?")))
     load = r.get("load") or {}
     if load.get("draft_device") and load["draft_device"] != r.get("device"):
         name += f" (draft on {load['draft_device']})"
     if int(load.get("tp", 1) or 1) > 1:
         name += f" (tp {load['tp']})"
+    if load.get("engine"):                       # another engine under the gate (bloomery_cli.engines)
+        name += f" (engine {load['engine']})"
     return name
 
 
