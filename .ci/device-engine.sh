@@ -16,15 +16,8 @@ T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-575} ))
 source .ci/device-setup.sh || exit 2
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/sentencepiece-*.whl || exit 2
 R=/tmp/engine && mkdir -p $R
+export STEP_MIN_S=30
 device_info "engine" | tee $R/device.txt
-left() { echo $(( DEADLINE - $(date +%s) )); }
-step() {  # name limit cmd...: run under min(limit, left - 10)
-  local name=$1 lim=$2; shift 2
-  local l; l=$(left); [ $l -lt 30 ] && { echo "$name skipped: ${l}s left"; return; }
-  [ $(( l - 10 )) -lt $lim ] && lim=$(( l - 10 ))
-  local t=$(date +%s)
-  timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
-}
 LL=/tmp/llama-cuda                # outside the repo copy: a re-laid working tree can drop ignored folders
 SRC=$(ls $PWD/.llama-src/*.tar.gz | head -1)
 for s in ${STEPS:-dspark build gates bench8}; do

@@ -13,3 +13,12 @@ device_info() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
+# The step runner of the device-*.sh scripts: each sets DEADLINE (epoch seconds) and R (the log folder) first.
+left() { echo $(( DEADLINE - $(date +%s) )); }
+step() {  # name limit cmd...: run under min(limit, left - 10); skipped when under STEP_MIN_S (default 40) remain
+  local name=$1 lim=$2; shift 2
+  local l; l=$(left); [ $l -lt ${STEP_MIN_S:-40} ] && { echo "$name skipped: ${l}s left"; return; }
+  [ $(( l - 10 )) -lt $lim ] && lim=$(( l - 10 ))
+  local t=$(date +%s)
+  timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
+}

@@ -19,14 +19,6 @@ T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
 source .ci/device-setup.sh || exit 2
 R=/tmp/speed && mkdir -p $R
 device_info "speed" | tee $R/device.txt
-left() { echo $(( DEADLINE - $(date +%s) )); }
-step() {  # name limit cmd...: run under min(limit, left - 10)
-  local name=$1 lim=$2; shift 2
-  local l; l=$(left); [ $l -lt 40 ] && { echo "$name skipped: ${l}s left"; return; }
-  [ $(( l - 10 )) -lt $lim ] && lim=$(( l - 10 ))
-  local t=$(date +%s)
-  timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
-}
 show() { grep -E "$2" $R/$1.log | cut -c1-260; }
 N=${N:-256}
 for s in ${STEPS:-tests gemv q8 b8 mtp b16}; do
