@@ -26,7 +26,8 @@ from bloomery_gates.reference.drafts import dspark as ref_dspark
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.xp import run
 
-# draft kind -> (draft spec, target spec, taps, seq, s, width) -> (ids [>= width], logits [>= width, V])
+# draft kind -> (draft spec, target spec, taps, seq, s, width) -> (ids [>= width], decisions): decisions[j] is the
+# row of values whose argmax chose draft j (the logits row; DFlash2: the walk's score row S_j[prev_j, :])
 Propose = Callable[[Any, Any, Any, Sequence[int], int, int], tuple[np.ndarray, np.ndarray]]
 
 
@@ -35,6 +36,16 @@ def _block(module) -> Propose:
         out = module.forward(d, t, taps, int(seq[s]), s)
         return np.asarray(out.ids), np.asarray(out.logits)
     return propose
+
+
+def _dflash2(d, t, taps, seq, s, width):
+    """DFlash2 chooses by its selector's walk, not the logits' argmax: slot j's decision row is S_j[prev_j, :] over
+    the K candidates (prev_0 = 0, prev_j = idx_{j-1}; reference.ops.selector). A draft the reference did not
+    keep among its K candidates is outside this row: the near-tie test then has no row and does not excuse it."""
+    out = ref_dflash2.forward(d, t, taps, int(seq[s]), s)
+    sc, idx = np.asarray(out.scores), np.asarray(out.idx)
+    prev = np.concatenate([[0], idx[:-1]]).astype(int)
+    return np.asarray(out.ids), np.stack([sc[j, prev[j]] for j in range(len(idx))])
 
 
 def _mtp(d, t, taps, seq, s, width):
@@ -63,8 +74,8 @@ def mtp_zero_first(d, t, taps, seq, s, width):
 CONVENTIONS: dict[str, tuple[str, Propose]] = {
     "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first)}
 
-PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark),
-                               "dflash2": _block(ref_dflash2), "mtp": _mtp}
+PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark), "dflash2": _dflash2,
+                               "mtp": _mtp}
 
 
 @dataclass
@@ -113,6 +124,7 @@ def replay_prompt(kind: str, draft_spec: Any, target_spec: Any, forward: Callabl
 
 def ref_logits_row(kind: str, draft_spec: Any, target_spec: Any, taps: Any, seq: Sequence[int], s: int,
                    width: int, row: int) -> np.ndarray:
-    """The reference drafter's logits row ``row`` of the window at s (for the near-tie test at a difference)."""
+    """The reference drafter's decision row ``row`` of the window at s (for the near-tie test at a difference):
+    the logits row, or DFlash2's walk score row."""
     _, logits = run(lambda: PROPOSE[kind](draft_spec, target_spec, taps, seq, s, width))
     return np.asarray(logits)[row]
