@@ -20,7 +20,7 @@ from ..records import conditions, write_atomic
 from . import llamacpp
 from . import record as rec
 from .judge import Judge
-from .replay import PROPOSE
+from .replay import PROPOSE, lookup
 
 ENGINES = ("ours", "llama.cpp")
 
@@ -44,7 +44,7 @@ def _specs(gate):
 
 
 def _judge(report: Report, gate, record: rec.Record, target_spec, draft_spec) -> int:
-    if gate.draft_kind not in PROPOSE:
+    if lookup(PROPOSE, gate.family, gate.draft_kind) is None:
         raise InputError(gate.name, f"no float64 replay for a {gate.draft_kind} draft")
     Judge(report, record, gate.family, gate.draft_kind, target_spec, draft_spec).run()
     return report.finish()

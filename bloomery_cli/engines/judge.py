@@ -35,7 +35,7 @@ from ..bands import emulated_band, flip_excused
 from ..contract import Report, fmt_list
 from ..metrics import Tally
 from .record import Record
-from .replay import CONVENTIONS, WindowRef, ref_logits_row, replay_prompt
+from .replay import CONVENTIONS, PROPOSE, WindowRef, lookup, ref_logits_row, replay_prompt
 
 ALPHA = 1e-3        # the (a) acceptance line's false-alarm rate
 
@@ -63,6 +63,8 @@ class Judge:
                  draft_spec: Any):
         self.report, self.rec = report, record
         self.kind, self.t, self.d = draft_kind, target_spec, draft_spec
+        self.propose = lookup(PROPOSE, family, draft_kind)
+        self.convention_of = lookup(CONVENTIONS, family, draft_kind)
         self.forward: Callable = FAMILIES[family].reference
         self.dtype = record.header.dtype
         self._taps: dict[tuple[int, ...], Any] = {}
@@ -146,7 +148,7 @@ class Judge:
         eng, ref = Tally(), Tally()
         for p in self.rec.prompts:
             spec_w = [(w.proposed, w.emitted, w.draft_ids) for w in p.windows]
-            got, _ = replay_prompt(self.kind, self.d, self.t, self.forward, p.prompt_ids, p.drafted_ids, spec_w,
+            got, _ = replay_prompt(self.propose, self.d, self.t, self.forward, p.prompt_ids, p.drafted_ids, spec_w,
                                    p.prompt)
             by_s = {g.s: g for g in got}
             e = 0
@@ -171,9 +173,9 @@ class Judge:
             p = self.rec.prompts[w.prompt]
             seq = list(p.prompt_ids) + list(p.drafted_ids)
             taps = self.taps(seq)
-            row = ref_logits_row(self.kind, self.d, self.t, taps, seq, w.s, len(w.engine_ids), w.first_diff)
+            row = ref_logits_row(self.propose, self.d, self.t, taps, seq, w.s, len(w.engine_ids), w.first_diff)
             emu = emulate(self.dtype, lambda seq=seq, w=w: run(lambda: ref_logits_row(
-                self.kind, self.d, self.t, self.emulated_taps(seq), seq, w.s, len(w.engine_ids), w.first_diff)))
+                self.propose, self.d, self.t, self.emulated_taps(seq), seq, w.s, len(w.engine_ids), w.first_diff)))
             band = emulated_band(self.dtype, row[None], np.asarray(emu)[None], "draft logits row")
             excused += flip_excused(row, band)
         self.convention(differ)
@@ -186,9 +188,9 @@ class Judge:
     def convention(self, differ: list[WindowRef]) -> None:
         """Where an engine's drafts differ and a known engine convention exists for the kind, a note: how many of
         the differing windows the f64 reference reproduces when it follows that convention (the cause, named)."""
-        if not differ or self.kind not in CONVENTIONS:
+        if not differ or self.convention_of is None:
             return
-        what, propose = CONVENTIONS[self.kind]
+        what, propose = self.convention_of
         same = 0
         for w in differ[:64]:
             p = self.rec.prompts[w.prompt]

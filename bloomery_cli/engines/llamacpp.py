@@ -54,7 +54,7 @@ PAIRS: dict[str, Pair] = {
     "qwen38-dflash2": Pair("draft-dflash"),
     "qwen3-eagle3": Pair(why_not="llama.cpp's converter refuses our EAGLE-3 fixture: \"Can not map tensor "
                                  "'model.layers.0.self_attn.k_norm.weight'\" (its Eagle3 mapping has no q/k norm)"),
-    "mimo2-mtp": Pair(why_not="no float64 replay of mimo2's 3-layer MTP chain in the engine judge yet"),
+    "mimo2-mtp": Pair("draft-mtp", "target"),
     "qwen35moe-mtp": Pair(why_not="no GGUF of the qwen35moe fixture target is bundled"),
     "qwen35moe-dflash": Pair(why_not="no GGUF of the qwen35moe fixture target is bundled"),
     "qwen3yarn-dflash": Pair(why_not="no GGUF of the qwen3yarn fixture target is bundled"),

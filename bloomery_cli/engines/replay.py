@@ -23,6 +23,7 @@ import numpy as np
 from bloomery_gates.reference.drafts import dflash as ref_dflash
 from bloomery_gates.reference.drafts import dflash2 as ref_dflash2
 from bloomery_gates.reference.drafts import dspark as ref_dspark
+from bloomery_gates.reference.drafts import mimo2_mtp as ref_mimo2_mtp
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.xp import run
 
@@ -71,11 +72,28 @@ def mtp_zero_first(d, t, taps, seq, s, width):
     return np.asarray(ids), np.stack(logits)
 
 
+def _mimo2(mode: str) -> Propose:
+    """MiMo's 3 chained MTP layers reading the target's ``mode`` hidden (post: the checkpoint's own, HF / vLLM;
+    pre: llama.cpp's convention, bloomery gate run mimo2-mtp --mtp-hidden)."""
+    def propose(d, t, taps, seq, s, width):
+        hid = np.asarray(taps.final if mode == "post" else taps.hidden[-1])[:s]
+        out = ref_mimo2_mtp.draft(d, t, list(seq[:s]), hid, int(seq[s]), mode)
+        return np.asarray(out.ids), np.asarray(out.logits)
+    return propose
+
+
+# a known engine convention per (family/)kind: what it is, and the f64 drafter that follows it
 CONVENTIONS: dict[str, tuple[str, Propose]] = {
-    "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first)}
+    "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first),
+    "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre"))}
 
 PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark), "dflash2": _dflash2,
-                               "mtp": _mtp}
+                               "mtp": _mtp, "mimo2/mtp": _mimo2("post")}
+
+
+def lookup(table: dict, family: str, kind: str):
+    """A family's own entry (``family/kind``) before the kind's."""
+    return table.get(f"{family}/{kind}", table.get(kind))
 
 
 @dataclass
@@ -102,7 +120,7 @@ def leading(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def replay_prompt(kind: str, draft_spec: Any, target_spec: Any, forward: Callable, prompt: Sequence[int],
+def replay_prompt(propose: Propose, draft_spec: Any, target_spec: Any, forward: Callable, prompt: Sequence[int],
                   emitted: Sequence[int], windows: Sequence[tuple[int, int, list[int]]], index: int,
                   ) -> tuple[list[WindowRef], Any]:
     """windows: per engine window (proposed p, kept rows, proposed ids). Returns the paired windows and the taps."""
@@ -113,7 +131,7 @@ def replay_prompt(kind: str, draft_spec: Any, target_spec: Any, forward: Callabl
     for p, kept, ids in windows:
         s = len(prompt) - 1 + e
         if p > 0 and s + p < len(seq):
-            r_ids, _ = run(lambda s=s, p=p: PROPOSE[kind](draft_spec, target_spec, taps, seq, s, p))
+            r_ids, _ = run(lambda s=s, p=p: propose(draft_spec, target_spec, taps, seq, s, p))
             r = [int(x) for x in r_ids[:p]]
             g = [int(x) for x in greedy[s:s + p]]
             k = leading(ids[:p], r)
@@ -122,9 +140,9 @@ def replay_prompt(kind: str, draft_spec: Any, target_spec: Any, forward: Callabl
     return out, taps
 
 
-def ref_logits_row(kind: str, draft_spec: Any, target_spec: Any, taps: Any, seq: Sequence[int], s: int,
+def ref_logits_row(propose: Propose, draft_spec: Any, target_spec: Any, taps: Any, seq: Sequence[int], s: int,
                    width: int, row: int) -> np.ndarray:
     """The reference drafter's decision row ``row`` of the window at s (for the near-tie test at a difference):
     the logits row, or DFlash2's walk score row."""
-    _, logits = run(lambda: PROPOSE[kind](draft_spec, target_spec, taps, seq, s, width))
+    _, logits = run(lambda: propose(draft_spec, target_spec, taps, seq, s, width))
     return np.asarray(logits)[row]
