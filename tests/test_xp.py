@@ -87,6 +87,11 @@ def old_calls(old_pkg):
     return calls(old_pkg)
 
 
+# Emulated outputs changed on purpose since e2e6325 (their exact runs still equal it bit for bit): issue 30, the
+# DSpark emulation stores the Markov term and base + term (and the confidence logits) as the kernel does.
+EMULATION_CHANGED = {"dspark forward", "dspark forward, teacher-forced", "qwen38-dspark forward"}
+
+
 @pytest.mark.parametrize("dtype", EMULATED)
 def test_numpy_path_is_bit_identical_to_the_pre_namespace_reference(old_pkg, old_calls, new_calls, dtype):
     """Every family's and drafter's reference, exact and emulated: today's NumPy path equals the code of e2e6325
@@ -97,7 +102,12 @@ def test_numpy_path_is_bit_identical_to_the_pre_namespace_reference(old_pkg, old
     assert old_calls.keys() == new_calls.keys()
     bad = {name: _same(flat(_run(old_calls[name], dtype, old_emulate)), flat(_run(new_calls[name], dtype)))
            for name in new_calls}
-    assert not {k: v for k, v in bad.items() if v}
+    moved = {k: v for k, v in bad.items() if v and k in EMULATION_CHANGED}
+    assert not {k: v for k, v in bad.items() if v and k not in EMULATION_CHANGED}
+    # what changed on purpose changed only where it was meant to: DSpark's Markov logits / confidence logits
+    assert bool(moved) == (dtype != "f64"), moved             # the exact run did not move; bf16 / f16 did
+    assert all(f.lstrip(".").split(".")[0] in ("logits", "conf_logits", "confidence", "ids", "prev")
+               for v in moved.values() for f in v), moved
 
 
 def test_bit_identity_sees_a_one_ulp_change(monkeypatch, old_pkg, old_calls, new_calls):
