@@ -6,7 +6,7 @@ llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the u
     DIR/build/bloomery-llama-spec                        our driver (bloomery_cli/engines/native), linked statically:
                                                          that tree's libllama, ggml and llama-common
     DIR/build/bin/llama-bench (or build/tools/llama-bench/) with ``--bench``: the bench's peer
-CPU: about 8-15 min on 2 busy cores; CUDA (``--cuda``, sm_90 by default): about 6 min on the H200 machine.
+CPU: 206 s with 2 jobs in a clean CI run (longer on busy cores); CUDA (``--cuda``, sm_90): 311 s, 15 jobs.
 """
 
 from __future__ import annotations
