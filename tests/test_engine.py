@@ -113,7 +113,7 @@ def test_bad_record_is_a_named_exit_2_error(tmp_path, text, what):
 
 
 def _driver() -> Path | None:
-    for cand in (os.environ.get(llamacpp.ENV), Path.home() / ".cache/bloomery/llama.cpp", "/work/llama/cpu"):
+    for cand in (os.environ.get(llamacpp.ENV), Path.home() / ".cache/bloomery/llama.cpp"):
         if cand:
             try:
                 return llamacpp.find_driver(Path(cand))
