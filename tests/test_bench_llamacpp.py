@@ -36,10 +36,10 @@ TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "f16": gguf.GGMLQuantizationTyp
 
 
 def llama_dir() -> Path | None:
-    """A folder with a llama-bench binary: $BLOOMERY_LLAMA_CPP, ~/.cache/bloomery/llama.cpp, /work/llama/cpu."""
+    """A folder with a llama-bench binary: $BLOOMERY_LLAMA_CPP or ~/.cache/bloomery/llama.cpp."""
     env = os.environ.get("BLOOMERY_LLAMA_CPP")
     cache = Path.home() / ".cache" / "bloomery" / "llama.cpp"
-    for d in ([Path(env)] if env else []) + [cache, Path("/work/llama/cpu")]:
+    for d in ([Path(env)] if env else []) + [cache]:
         try:
             find_llama_bench(d)
             return d
@@ -49,7 +49,7 @@ def llama_dir() -> Path | None:
 
 
 needs_llama = pytest.mark.skipif(llama_dir() is None, reason="no llama-bench (bloomery engine build --bench; "
-                                 "BLOOMERY_LLAMA_CPP, ~/.cache/bloomery/llama.cpp or /work/llama/cpu)")
+                                 "BLOOMERY_LLAMA_CPP or ~/.cache/bloomery/llama.cpp)")
 
 
 def _read(path: Path) -> tuple[dict, dict]:
