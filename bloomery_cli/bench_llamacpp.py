@@ -38,22 +38,22 @@ if TYPE_CHECKING:
 
 LLAMA_CPP_HELP = ("A `bloomery engine build --out DIR --bench` folder: also llama.cpp's llama-bench, plain decode on "
                   "the same weights (a GGUF in a temporary folder) at depth --prompt-len over -n tokens.")
-BENCH_PATHS = ("build/bin/llama-bench", "build/tools/llama-bench/llama-bench")
 KEEP = ("build_commit", "backends", "gpu_info", "cpu_info", "model_type", "model_size", "n_threads",
         "n_gpu_layers", "flash_attn", "type_k", "type_v", "samples_ts")
 
 
 def find_llama_bench(folder: Path) -> Path:
-    """llama-bench inside a ``bloomery engine build --out DIR --bench`` folder (``BENCH_PATHS``); an
-    InputError naming the folder and where it looked when there is none."""
+    """llama-bench inside a ``bloomery engine build --out DIR --bench`` folder (``engines.build.bench_binary``);
+    an InputError naming the folder and where it looked when there is none."""
+    from .engines.build import BENCH, bench_binary
+
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(folder, "not a folder; expected a `bloomery engine build --out DIR --bench` folder")
-    for rel in BENCH_PATHS:
-        path = folder / rel
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    raise InputError(folder, f"no llama-bench at {' or '.join(BENCH_PATHS)}; build it with "
+    path = bench_binary(folder)
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    raise InputError(folder, f"no llama-bench at {BENCH}; build it with "
                              f"`bloomery engine build --out {folder} --bench` (add --cuda for the GPU)")
 
 

@@ -21,7 +21,7 @@ from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .preflight import check_fits, check_n, check_output_file
 from .prompts import read_prompts
-from .records import conditions, write_atomic
+from .records import write_report
 from .speculative import generate
 from .state_check import check_state
 from .width import width_policy
@@ -272,7 +272,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:
-        write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
+        write_report(opts.json, report.facts, report.lines, device)
     return code, report
 
 
@@ -304,7 +304,7 @@ def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompt
     code = report.finish()
     report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
     if opts.json:
-        write_atomic(opts.json, {**report.facts, "conditions": conditions(device), "lines": report.lines})
+        write_report(opts.json, report.facts, report.lines, device)
     return code, report
 
 

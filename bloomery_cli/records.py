@@ -43,16 +43,26 @@ def conditions(device: torch.device) -> dict[str, Any]:
     }
 
 
-def write_atomic(path: Path, record: dict[str, Any]) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` to ``path`` through a temporary file in its folder (created when missing), renamed into place:
+    never a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
         os.chmod(tmp, 0o644)                      # mkstemp makes 0600; a record is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+
+
+def write_report(path: Path, facts: dict[str, Any], lines: list[str], device: torch.device) -> None:
+    """A gate's JSON record: its facts, the run's conditions and its printed lines."""
+    write_atomic(path, {**facts, "conditions": conditions(device), "lines": lines})

@@ -22,6 +22,7 @@ from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_qwen38
 from bloomery_cli.bench_llamacpp import compare, find_llama_bench, llama_peer, run_llama_bench, write_gguf
 from bloomery_cli.bench_shapes import SHAPES, random_pair
 from bloomery_cli.cli import app
+from bloomery_cli.engines.build import bench_binary
 from bloomery_cli.errors import InputError
 from bloomery_cli.fixturegen import export_gguf
 from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
@@ -104,7 +105,7 @@ def test_streamed_writers_reproduce_the_fixture_ggufs(tmp_path):
 
 
 def _fake_bench(tmp_path: Path, body: str) -> Path:
-    exe = tmp_path / "build" / "bin" / "llama-bench"
+    exe = bench_binary(tmp_path)
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/bin/sh\n" + body + "\n")
     exe.chmod(0o755)
@@ -112,7 +113,7 @@ def _fake_bench(tmp_path: Path, body: str) -> Path:
 
 
 def test_llama_bench_command_json_and_failures(tmp_path):
-    with pytest.raises(InputError, match="no llama-bench at build/bin/llama-bench"):
+    with pytest.raises(InputError, match="no llama-bench at build/tools/llama-bench/llama-bench"):
         find_llama_bench(tmp_path)
     with pytest.raises(InputError, match="no llama-bench executable"):
         run_llama_bench(tmp_path / "nope", tmp_path / "m.gguf", 16, 8, "cpu")

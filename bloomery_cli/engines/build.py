@@ -5,7 +5,7 @@ llama-cpp-python 0.3.36 (commit 0c1e57098), built with cmake into a folder the u
                                                          network use, and only here)
     DIR/build/bloomery-llama-spec                        our driver (bloomery_cli/engines/native), linked statically:
                                                          that tree's libllama, ggml and llama-common
-    DIR/build/bin/llama-bench (or build/tools/llama-bench/) with ``--bench``: the bench's peer
+    DIR/build/tools/llama-bench/llama-bench              with ``--bench``: the bench's peer (``bench_binary``)
 CPU: 206 s with 2 jobs in a clean CI run (longer on busy cores); CUDA (``--cuda``, sm_90): 311 s, 15 jobs.
 """
 
@@ -32,6 +32,13 @@ def tree(out: Path) -> Path:
 
 def driver(out: Path) -> Path:
     return out / "build" / DRIVER
+
+
+BENCH = "build/tools/llama-bench/llama-bench"      # where the CMake project (native/CMakeLists.txt) puts it
+
+
+def bench_binary(out: Path) -> Path:
+    return out / BENCH
 
 
 def tree_of(drv: Path) -> Path:

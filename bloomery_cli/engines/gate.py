@@ -16,13 +16,11 @@ from ..errors import InputError
 from ..loading import load_target, load_tokenizer
 from ..preflight import check_n, check_output_file
 from ..prompts import read_prompts
-from ..records import conditions, write_atomic
+from ..records import write_report
 from . import llamacpp
 from . import record as rec
 from .judge import Judge
 from .replay import PROPOSE, lookup
-
-ENGINES = ("ours", "llama.cpp")
 
 
 @dataclass
@@ -43,9 +41,13 @@ def _specs(gate):
     return target_spec, gate.load_draft(gate.draft, target_spec)
 
 
-def _judge(report: Report, gate, record: rec.Record, target_spec, draft_spec) -> int:
+def judgeable(gate) -> None:
+    """Exit 2 before any work when the f64 reference has no replay of the gate's drafter."""
     if lookup(PROPOSE, gate.family, gate.draft_kind) is None:
-        raise InputError(gate.name, f"no float64 replay for a {gate.draft_kind} draft")
+        raise InputError(gate.name, f"no float64 replay for a {gate.family} {gate.draft_kind} draft")
+
+
+def _judge(report: Report, gate, record: rec.Record, target_spec, draft_spec) -> int:
     Judge(report, record, gate.family, gate.draft_kind, target_spec, draft_spec).run()
     return report.finish()
 
@@ -54,7 +56,7 @@ def _write_json(report: Report, path: Path | None, device: str = "cpu") -> None:
     """The verdict's record (atomically), with the run's conditions (device, commit, date, versions)."""
     if path is not None:
         dev = torch.device("cuda" if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
-        write_atomic(path, {**report.facts, "conditions": conditions(dev), "lines": report.lines})
+        write_report(path, report.facts, report.lines, dev)
 
 
 def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
@@ -65,6 +67,7 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     if opts.device != "cpu" and not opts.device.startswith("cuda"):
         raise InputError("--device", f"{opts.device!r}: expected cpu or cuda")
     llamacpp.pair(gate.name)                                   # a pair it cannot run: exit 2 before any work
+    judgeable(gate)
     drv = llamacpp.find_driver(opts.llama_cpp)
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
@@ -104,6 +107,7 @@ def judge_record(gate, path: Path, json_out: Path | None = None,
                  emit: Callable[[str], None] | None = None) -> tuple[int, Report]:
     """``bloomery engine judge``: a record written by any engine, judged as the engine gate judges llama.cpp's."""
     check_output_file(json_out, "--json")
+    judgeable(gate)
     target_spec, draft_spec = _specs(gate)
     record = rec.read(path, target_spec.vocab_size)
     if record.header.gate != gate.name:

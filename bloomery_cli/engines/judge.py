@@ -49,6 +49,15 @@ def sign_test(fewer: int, more: int) -> float:
     return sum(math.comb(n, k) for k in range(fewer, n + 1)) / 2.0**n
 
 
+def drafted_tally(windows) -> Tally:
+    """The windows that proposed, in our definition: kept rows = accepted + the bonus."""
+    t = Tally()
+    for w in windows:
+        if w.proposed > 0:
+            t.add(w.proposed, w.accepted + 1)
+    return t
+
+
 @dataclass
 class Judged:
     """What the lines were made from (for the record's facts and tests)."""
@@ -148,8 +157,8 @@ class Judge:
         eng, ref = Tally(), Tally()
         for p in self.rec.prompts:
             spec_w = [(w.proposed, w.emitted, w.draft_ids) for w in p.windows]
-            got, _ = replay_prompt(self.propose, self.d, self.t, self.forward, p.prompt_ids, p.drafted_ids, spec_w,
-                                   p.prompt)
+            taps = self.taps(list(p.prompt_ids) + list(p.drafted_ids))
+            got = replay_prompt(self.propose, self.d, self.t, taps, p.prompt_ids, p.drafted_ids, spec_w, p.prompt)
             by_s = {g.s: g for g in got}
             e = 0
             for w in p.windows:
@@ -172,8 +181,7 @@ class Judge:
         for w in differ[:64]:               # each difference costs an emulated forward; 64 decide the line
             p = self.rec.prompts[w.prompt]
             seq = list(p.prompt_ids) + list(p.drafted_ids)
-            taps = self.taps(seq)
-            row = ref_logits_row(self.propose, self.d, self.t, taps, seq, w.s, len(w.engine_ids), w.first_diff)
+            row = w.ref_row
             emu = emulate(self.dtype, lambda seq=seq, w=w: run(lambda: ref_logits_row(
                 self.propose, self.d, self.t, self.emulated_taps(seq), seq, w.s, len(w.engine_ids), w.first_diff)))
             band = emulated_band(self.dtype, row[None], np.asarray(emu)[None], "draft logits row")
@@ -224,24 +232,16 @@ class Judge:
     def run(self) -> Judged:
         self.lossless()
         self.plain_vs_reference()
+        per = [drafted_tally(p.windows) for p in self.rec.prompts]
         drafted = Tally()
-        for p in self.rec.prompts:
-            for w in p.windows:
-                if w.proposed > 0:
-                    drafted.add(w.proposed, w.accepted + 1)
+        for t in per:
+            drafted = drafted.merge(t)
         self.report.branches(drafted)
         j = self.replay()
         self.drafts_vs_reference(j)
         self.acceptance(j)
         if all(p.plain_ids == p.drafted_ids for p in self.rec.prompts):
             self.report.identical(self.rec.header.n)
-        per = []
-        for p in self.rec.prompts:
-            t = Tally()
-            for w in p.windows:
-                if w.proposed > 0:
-                    t.add(w.proposed, w.accepted + 1)
-            per.append(t)
         self.report.acceptance(drafted, per, self.rec.header.width + 1)
         self.engine_figure()
         return j

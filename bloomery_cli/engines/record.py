@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import BadConfig
 from ..files import parse_json, read_text
+from ..records import write_text_atomic
 
 SCHEMA = "bloomery.engine-record/1"
 WHAT = "engine record"
@@ -67,12 +68,9 @@ class Record:
 
 
 def write(record: Record, path: Path) -> None:
-    """Written to a temporary name, then renamed: never a half-written record."""
-    path.parent.mkdir(parents=True, exist_ok=True)        # --results DIR is created only when a record is written
-    tmp = path.with_name(path.name + ".part")
+    """Written to a temporary file, then renamed (records.write_text_atomic): never a half-written record."""
     lines = [json.dumps(asdict(record.header))] + [json.dumps(asdict(p)) for p in record.prompts]
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, "\n".join(lines) + "\n")      # --results DIR is created only when one is written
 
 
 def _ints(obj: dict, key: str, where: str, vocab: int | None = None) -> list[int]:

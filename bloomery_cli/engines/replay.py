@@ -108,6 +108,7 @@ class WindowRef:
     ref_ids: list[int]
     ref_kept: int
     first_diff: int | None
+    ref_row: np.ndarray | None = None   # where they differ: the reference's decision row there (the near-tie test)
 
 
 def leading(a: Sequence[int], b: Sequence[int]) -> int:
@@ -120,24 +121,26 @@ def leading(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def replay_prompt(propose: Propose, draft_spec: Any, target_spec: Any, forward: Callable, prompt: Sequence[int],
+def replay_prompt(propose: Propose, draft_spec: Any, target_spec: Any, taps: Any, prompt: Sequence[int],
                   emitted: Sequence[int], windows: Sequence[tuple[int, int, list[int]]], index: int,
-                  ) -> tuple[list[WindowRef], Any]:
-    """windows: per engine window (proposed p, kept rows, proposed ids). Returns the paired windows and the taps."""
+                  ) -> list[WindowRef]:
+    """windows: per engine window (proposed p, ids it emitted, proposed ids); taps: the target reference's forward
+    over prompt + emitted. Returns the paired windows (engine_kept is the caller's to fill)."""
     seq = list(prompt) + list(emitted)
-    taps = run(lambda: forward(target_spec, seq))
     greedy = np.asarray(taps.logits).argmax(-1)
     out, e = [], 0
     for p, kept, ids in windows:
         s = len(prompt) - 1 + e
         if p > 0 and s + p < len(seq):
-            r_ids, _ = run(lambda s=s, p=p: propose(draft_spec, target_spec, taps, seq, s, p))
+            r_ids, rows = run(lambda s=s, p=p: propose(draft_spec, target_spec, taps, seq, s, p))
             r = [int(x) for x in r_ids[:p]]
             g = [int(x) for x in greedy[s:s + p]]
             k = leading(ids[:p], r)
-            out.append(WindowRef(index, s, list(ids[:p]), kept, r, 1 + leading(r, g), None if k >= p else k))
+            diff = None if k >= p else k
+            out.append(WindowRef(index, s, list(ids[:p]), kept, r, 1 + leading(r, g), diff,
+                                 None if diff is None else np.asarray(rows)[diff]))
         e += kept
-    return out, taps
+    return out
 
 
 def ref_logits_row(propose: Propose, draft_spec: Any, target_spec: Any, taps: Any, seq: Sequence[int], s: int,
