@@ -9,7 +9,8 @@ Read-out, anchor-first (row k predicts the token at s+k+1; B rows give B drafts)
     hn   = rms(h, norm)                                             [B, H]
     base = hn head^T                                                [B, V]  (head: the drafter's copy if any)
     prev_0 = x_s; for k = 0..B-1 (serial):
-        logits_k = base_k + W2 W1[prev_k]       W1, W2: markov_w1 / markov_w2 [V, r]
+        logits_k = base_k + W2 W1[prev_k]       W1, W2: markov_w1 / markov_w2 [V, r]; the term and the sum
+                                                each stored in the run dtype (reference: markov_logits)
         d_k = argmax logits_k;  prev_{k+1} = d_k
     conf_k = sigmoid( proj . [hn_k ; W1[prev_k]] + bias )           [B]
     cut (threshold t > 0): keep the drafts before the first k with conf_k < t, at least one.
