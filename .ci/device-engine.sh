@@ -7,6 +7,8 @@
 # dspark   issue 30: bloomery gate run qwen38-dspark --device cuda --dtype bf16 (ours), beside the build
 # build    bloomery engine build --cuda --arch 90 --bench into .llama/cuda (driver + llama-bench, about 6 min)
 # gates    bloomery gates --engine llama.cpp --device cuda --dtype bf16 (records under $OUT)
+# mimo2    bloomery gate run mimo2-mtp --engine llama.cpp --device cuda --dtype bf16 (the pair the first gates call
+#          had no replay for)
 # bench8   bloomery bench qwen3-dflash --shape qwen3-8b --llama-cpp .llama/cuda (llama.cpp in the same run)
 # bench27  bloomery bench qwen38-dflash2 --shape qwen38-27b --layers 16 --llama-cpp .llama/cuda (16 layers: the
 #          disk holds the 27B GGUF's 16 layers beside the rest, not all 64)
@@ -28,6 +30,9 @@ for s in ${STEPS:-dspark build gates bench8}; do
              --source $SRC; tail -4 $R/build.log; tail -5 $LL/build.log 2>/dev/null | cut -c1-200 ;;
     gates) step gates ${GATES_S:-200} python3 -P -m bloomery_cli.cli gates --engine llama.cpp --llama-cpp $LL --device cuda \
              --dtype bf16 --results $R/gates; tail -22 $R/gates.log | cut -c1-200 ;;
+    mimo2) step mimo2 ${MIMO2_S:-150} python3 -P -m bloomery_cli.cli gate run mimo2-mtp --engine llama.cpp --llama-cpp $LL \
+             --device cuda --dtype bf16 --json $R/mimo2-mtp-llamacpp-cuda-bf16.json \
+             --record $R/mimo2-mtp-llamacpp-cuda-bf16.jsonl; tail -30 $R/mimo2.log | cut -c1-200 ;;
     bench8) step bench8 240 python3 -P -m bloomery_cli.cli bench qwen3-dflash --shape qwen3-8b --device cuda \
               --llama-cpp $LL --json $R/bench-qwen3-8b-llamacpp-cuda-bf16.json; grep -E "^(plain|llama)" $R/bench8.log ;;
     bench27) step bench27 240 python3 -P -m bloomery_cli.cli bench qwen38-dflash2 --shape qwen38-27b --layers 16 \
