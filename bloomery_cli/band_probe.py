@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.errors import InputError
+
 from .bench_shapes import SHAPES, random_pair
 from .contract import Report
-from .errors import InputError
 from .gate import DTYPES, DraftCheck, resolve_device
 from .records import conditions, write_atomic
 

@@ -47,7 +47,7 @@ from functools import cache
 
 import numpy as np
 
-from .spec import LayerShape
+from bloomery_gates.spec import LayerShape
 
 KAPPA = 8.0
 M_WORST = 3.0     # emulated band: multiple of the emulated run's worst_rel

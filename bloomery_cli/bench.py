@@ -30,11 +30,12 @@ from typing import Annotated, Any
 import torch
 import typer
 
+from bloomery_gates.errors import InputError
+
 from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
 from .bench_shapes import SHAPES, hf_decode, random_pair, weight_bytes
-from .errors import InputError
 from .preflight import check_output_file
 from .records import conditions, write_atomic
 from .speculative import generate

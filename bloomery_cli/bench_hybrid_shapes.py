@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.spec import DFlash2Spec, HybridShape, LayerShape, MTPSpec, Qwen38Spec
+
 from .formats.dflash import default_target_layer_ids
-from .spec import DFlash2Spec, HybridShape, LayerShape, MTPSpec, Qwen38Spec
 
 LIN, FULL = "linear_attention", "full_attention"
 

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 if TYPE_CHECKING:
-    from .spec import ModelSpec
+    from bloomery_gates.spec import ModelSpec
 
 LLAMA_CPP_HELP = ("A `bloomery engine build --out DIR --bench` folder: also llama.cpp's llama-bench, plain decode on "
                   "the same weights (a GGUF in a temporary folder) at depth --prompt-len over -n tokens.")

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.spec import DFlashSpec, LayerShape, ModelSpec
+
 from .formats.dflash import default_target_layer_ids
-from .spec import DFlashSpec, LayerShape, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bloomery_gates.errors import EXIT_INPUT, InputError
+
 from .engine_cli import engine_app
-from .errors import EXIT_INPUT, InputError
 from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "

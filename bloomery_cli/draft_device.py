@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 FAMILIES = ("qwen3", "qwen38", "qwen35moe", "mimo2")    # targets whose drafts read only the view below
 KINDS = ("dflash", "dflash2", "dspark", "eagle3", "mtp")

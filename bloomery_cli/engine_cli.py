@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import EXIT_INPUT, InputError
+from bloomery_gates.errors import EXIT_INPUT, InputError
+
 from .threads import Threads, apply_threads
 
 engine_app = typer.Typer(help="Other engines under the gate: build llama.cpp, judge an engine's record.",

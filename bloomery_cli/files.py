@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bloomery_cli.errors import InputError, MissingFile, Unreadable
+from bloomery_gates.errors import InputError, MissingFile, Unreadable
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 

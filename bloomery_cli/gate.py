@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.errors import InputError
+
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
-from .errors import InputError
 from .gate_plan import decide_draft, policy_of
 from .loading import load_target, load_tokenizer
 from .metrics import Tally

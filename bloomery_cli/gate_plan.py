@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 POLICIES = ("auto", "on", "off")
 

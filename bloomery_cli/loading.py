@@ -7,7 +7,7 @@
   the speculators layout (``formats.speculators_drafts``), any other in the z-lab / DeepSpec layout.
 - ``load_tokenizer(path)``: the ``tokenizer.json`` in the target directory or beside the GGUF.
 
-Every user error is a ``bloomery_cli.errors.InputError`` subclass whose one-line message names the
+Every user error is a ``bloomery_gates.errors.InputError`` subclass whose one-line message names the
 file, key or tensor and what was expected. Tensors stay lazy (memory-mapped) until indexed. Pickle
 checkpoints are refused; nothing in a checkpoint directory is imported or executed.
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from bloomery_cli.errors import InputError, MissingFile
 from bloomery_cli.files import exists
 from bloomery_cli.formats.dflash import dflash_from_hf
 from bloomery_cli.formats.dflash2 import dflash2_from_hf
@@ -37,7 +36,8 @@ from bloomery_cli.formats.speculators_drafts import (
     dspark_from_speculators,
 )
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
-from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
+from bloomery_gates.errors import InputError, MissingFile
+from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
 
 __all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_eagle3", "load_tokenizer",
            "load_mimo2_mtp"]

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import InputError
-from .spec import LayerShape, ModelSpec
+from bloomery_gates.errors import InputError
+from bloomery_gates.spec import LayerShape, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+from bloomery_gates.spec import Mimo2Spec
+
 from .oracle import Float32AsFloat64, _transformers, build_hf_model
-from .spec import Mimo2Spec
 
 
 def hf_config(spec: Mimo2Spec) -> Any:

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bloomery_gates.spec import ModelSpec
+
 from .oracle import Float32AsFloat64, HFOut, _transformers, build_hf_model
-from .spec import ModelSpec
 
 
 def qwen35moe_hf_config(spec: ModelSpec) -> Any:

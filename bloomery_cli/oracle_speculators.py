@@ -54,9 +54,10 @@ from unittest import mock
 import numpy as np
 import torch
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
+
 from .oracle import Float32AsFloat64, hf_rope_parameters
-from .spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
 
 WRITTEN_FOR = "0.9.0"
 MARKOV_TYPES = {"vanilla": "vanilla"}    # our markov_head_type -> speculators' (logits_k += W2 W1[prev_k])

@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+
 from .plan_model import PlanDraft, PlanModel
 
 ELEM = {"f32": 4, "bf16": 2, "f16": 2}

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import EXIT_INPUT, InputError
+from bloomery_gates.errors import EXIT_INPUT, InputError
 
 
 def plan_command(

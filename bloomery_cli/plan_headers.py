@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, MissingFile, Refused
+from bloomery_gates.errors import InputError, MissingFile, Refused
+
 from .formats.hf_dir import PICKLE_SUFFIXES
 
 _MAX_HEADER = 100 << 20

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+
 from .plan import ELEM, PlanResult, bytes_at
 
 TOLERANCE = 0.05

@@ -27,7 +27,8 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+
 from .formats.config import Cfg
 from .plan_model import AttnGroup, Experts, PlanDraft, PlanModel, _elems, _embed_dtype
 

@@ -21,7 +21,8 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from .errors import BadConfig, InputError, MissingFile
+from bloomery_gates.errors import BadConfig, InputError, MissingFile
+
 from .formats.config import Cfg
 
 GGUF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen35": "qwen38", "qwen35moe": "qwen38", "nemotron_h": "nemotron",

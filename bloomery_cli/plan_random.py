@@ -67,7 +67,7 @@ def random_specs(device, dtype, seed: int = 0):
     """(Qwen38Spec, MTPSpec) of this shape, every tensor made on ``device`` in ``dtype``."""
     import torch
 
-    from .spec import HybridShape, LayerShape, MTPSpec, Qwen38Spec
+    from bloomery_gates.spec import HybridShape, LayerShape, MTPSpec, Qwen38Spec
 
     gen = torch.Generator(device=device).manual_seed(seed)
 

@@ -10,7 +10,8 @@ qwen38-27b the Qwen3.8-27B dense hybrid with its shipped MTP layer (plan_random:
 
 from __future__ import annotations
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
+
 from .plan_model import AttnGroup, PlanDraft, PlanModel, Recurrent
 
 

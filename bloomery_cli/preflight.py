@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 GGUF_ARCH = {"qwen3": "qwen3", "qwen38": "qwen35"}     # target family -> llama.cpp arch (context_length key)
 

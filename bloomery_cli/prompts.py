@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import BadConfig
+from bloomery_gates.errors import BadConfig
+
 from .files import parse_json, read_text
 
 WHAT = "prompts file (JSONL with a 'text' or 'ids' field per line)"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bloomery_gates.errors import InputError
+
 from .contract import Report
-from .errors import InputError
 
 COMPARE_BOUND = 1e-12
 

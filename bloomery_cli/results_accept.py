@@ -84,7 +84,7 @@ def readme_block(records) -> str:
 
 def update_readme(path: Path, records) -> bool:
     """Replace the marked block of ``path`` (atomically); False when the file has no markers (left untouched)."""
-    from .errors import InputError
+    from bloomery_gates.errors import InputError
 
     path = Path(path)
     try:

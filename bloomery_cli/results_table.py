@@ -297,7 +297,8 @@ def results_command(
 def readme_step(results_dir: Path, readme: Path | None) -> None:
     """The acceptance table into the README's marked block (results_accept); a README named by --readme must have
     the markers (exit 2), the default one is left as it is without them (a note)."""
-    from .errors import InputError
+    from bloomery_gates.errors import InputError
+
     from .results_accept import BEGIN, update_readme
 
     target = readme if readme is not None else results_dir.resolve().parent / "README.md"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 Choose = Callable[[np.ndarray], int]
 

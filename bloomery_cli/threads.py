@@ -24,7 +24,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import InputError
+from bloomery_gates.errors import InputError
 
 DEFAULT = 1
 Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: OMP_NUM_THREADS "

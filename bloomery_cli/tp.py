@@ -29,9 +29,8 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.errors import InputError
 from bloomery_gates.kernels.families.qwen3 import RowPasses
-
-from .errors import InputError
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 FAMILIES = ("qwen3",)

@@ -20,7 +20,7 @@ import numpy as np
 
 from bloomery_cli.bands import logits_band, worst_rel
 from bloomery_cli.contract import Report
-from bloomery_cli.spec import Eagle3Spec, ModelSpec
+from bloomery_gates.spec import Eagle3Spec, ModelSpec
 
 from ..reference.drafts import eagle3 as ref_eagle3
 from ..reference.families import qwen3 as ref_qwen3

@@ -21,7 +21,7 @@ from bloomery_cli.bands import Op, layer_ops, logits_band, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_mimo2_mtp
-from bloomery_cli.spec import Mimo2MTPSpec
+from bloomery_gates.spec import Mimo2MTPSpec
 
 from ..kernels.drafts.mimo2_mtp import Mimo2MTPDraft
 from ..reference.drafts import mimo2_mtp as ref_mtp

@@ -60,7 +60,7 @@ def chosen_experts(report: Report, what: str, routing: Routing, rule: Rule) -> b
 
 
 def rule_of(moe) -> Rule:
-    """The host transcription of the device router of ``moe`` (``bloomery_cli.spec.MoEShape``)."""
+    """The host transcription of the device router of ``moe`` (``bloomery_gates.spec.MoEShape``)."""
     return softmax_rule(moe.top_k) if moe.router == "softmax" else group_rule(moe.top_k, moe.n_group, moe.topk_group)
 
 

@@ -23,7 +23,7 @@ from bloomery_cli.bands import Op, layer_ops, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_mtp
-from bloomery_cli.spec import MTPSpec
+from bloomery_gates.spec import MTPSpec
 
 from ..kernels.drafts.mtp import MTPDraft
 from ..reference.drafts import mtp as ref_mtp

@@ -7,7 +7,7 @@ from pathlib import Path
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash
-from bloomery_cli.spec import DFlashSpec
+from bloomery_gates.spec import DFlashSpec
 
 from ..kernels.drafts.dflash import DFlashDraft
 from ..reference.drafts import dflash as ref_dflash

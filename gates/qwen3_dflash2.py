@@ -24,7 +24,7 @@ from bloomery_cli.bands import Band, Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash2
-from bloomery_cli.spec import DFlash2Spec
+from bloomery_gates.spec import DFlash2Spec
 
 from ..kernels.drafts.dflash2 import DFlash2Draft
 from ..reference.drafts import dflash2 as ref_dflash2

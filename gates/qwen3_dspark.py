@@ -23,11 +23,11 @@ import numpy as np
 
 from bloomery_cli.bands import Op
 from bloomery_cli.contract import Report
-from bloomery_cli.errors import InputError
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_dspark
-from bloomery_cli.spec import DSparkSpec
 from bloomery_cli.speculative import generate
+from bloomery_gates.errors import InputError
+from bloomery_gates.spec import DSparkSpec
 
 from ..kernels.drafts.dspark import DSparkDraft
 from ..reference.drafts import dspark as ref_dspark

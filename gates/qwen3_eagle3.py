@@ -27,8 +27,8 @@ from bloomery_cli.bands import Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import DraftCheck, GateDef
 from bloomery_cli.loading import load_eagle3
-from bloomery_cli.spec import Eagle3Spec
 from bloomery_cli.speculative import generate
+from bloomery_gates.spec import Eagle3Spec
 
 from ..kernels.drafts.eagle3 import Eagle3Draft
 from ..reference.drafts import eagle3 as ref_eagle3

@@ -11,7 +11,7 @@ import torch
 
 from bloomery_cli.bands import Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
-from bloomery_cli.spec import ModelSpec
+from bloomery_gates.spec import ModelSpec
 
 from ..kernels.families.mimo2 import Mimo2Target
 from ..kernels.families.qwen3 import Pass, Qwen3Target

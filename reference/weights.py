@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bloomery_cli.lru import ByteLRU
+from bloomery_gates.lru import ByteLRU
 
 from .rounding import exact_in, linear, st
 from .xp import Device, active, to_host

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
+from bloomery_gates.spec import DFlashSpec, LayerShape, ModelSpec
 
 
 def random_layer(t: dict, prefix: str, s: LayerShape, gen: torch.Generator, scale: float = 0.08) -> None:

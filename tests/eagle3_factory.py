@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.spec import Eagle3Spec, LayerShape, ModelSpec
+from bloomery_gates.spec import Eagle3Spec, LayerShape, ModelSpec
 
 
 def make_eagle3(target: ModelSpec, seed: int = 5, qk_norm: bool = True, draft_vocab: int | None = None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
+from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 TYPES = ("linear_attention", "full_attention", "linear_attention", "full_attention")
 

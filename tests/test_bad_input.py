@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bloomery_cli import files, preflight
 from bloomery_cli.cli import app
-from bloomery_cli.errors import InputError, MissingFile
+from bloomery_gates.errors import InputError, MissingFile
 
 runner = CliRunner()
 

@@ -15,8 +15,8 @@ from bloomery_cli.bench_hybrid import read_bytes
 from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
 from bloomery_cli.bench_shapes import weight_bytes
 from bloomery_cli.cli import app
-from bloomery_cli.errors import InputError
 from bloomery_cli.threads import thread_count
+from bloomery_gates.errors import InputError
 
 FAST = ["--shape", "qwen38-tiny", "--device", "cpu", "-n", "10", "--prompt-len", "8"]
 

@@ -23,12 +23,12 @@ from bloomery_cli.bench_llamacpp import compare, find_llama_bench, llama_peer, r
 from bloomery_cli.bench_shapes import SHAPES, random_pair
 from bloomery_cli.cli import app
 from bloomery_cli.engines.build import bench_binary
-from bloomery_cli.errors import InputError
 from bloomery_cli.fixturegen import export_gguf
 from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
 from bloomery_cli.fixturegen.regguf import regguf
 from bloomery_cli.fixturegen.train import TargetShape
 from bloomery_cli.formats import qwen38
+from bloomery_gates.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CPU = torch.device("cpu")

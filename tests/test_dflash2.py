@@ -13,11 +13,10 @@ import torch
 from conftest import make_dflash, make_target, qwen3_config, random_layer, write_hf
 
 from bloomery_cli.bands import Op, chain_band, worst_rel
-from bloomery_cli.errors import BadConfig, BadTensor, InputError
 from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_dflash2
-from bloomery_cli.spec import DFlash2Spec
 from bloomery_cli.speculative import generate
+from bloomery_gates.errors import BadConfig, BadTensor, InputError
 from bloomery_gates.gates import qwen3_dflash2 as gate_mod
 from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.drafts import dflash as kdflash
@@ -30,6 +29,7 @@ from bloomery_gates.reference.drafts import dflash2 as rd2
 from bloomery_gates.reference.families import qwen3 as rq
 from bloomery_gates.reference.ops import dynamic_conv as rconv
 from bloomery_gates.reference.ops import selector as rsel
+from bloomery_gates.spec import DFlash2Spec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 TIGHT = 1e-5   # f32 torch path vs f64 (a few ulps of f32 through two tiny layers)

@@ -72,8 +72,8 @@ def test_a_kind_without_a_tap_declaration_is_refused():
     """A draft kind nobody declared the taps of (a new drafter) is refused before any model work."""
     from dataclasses import replace
 
-    from bloomery_cli.errors import InputError
     from bloomery_cli.gate import GateOptions, run_gate
+    from bloomery_gates.errors import InputError
     from bloomery_gates.gates import GATES
 
     lines: list[str] = []

@@ -15,18 +15,18 @@ import torch.nn.functional as F
 from conftest import make_target, qwen3_config, random_layer, write_hf
 
 from bloomery_cli.contract import Report
-from bloomery_cli.errors import BadConfig, BadTensor, InputError, Mismatch
 from bloomery_cli.fixturegen.train_dspark import DSparkShape, dspark_config, train_dspark, write_dspark
 from bloomery_cli.gate import DraftCheck, GateOptions, run_gate
 from bloomery_cli.loading import load_dspark
-from bloomery_cli.spec import DSparkSpec
 from bloomery_cli.speculative import generate
+from bloomery_gates.errors import BadConfig, BadTensor, InputError, Mismatch
 from bloomery_gates.gates import GATES, qwen3_dspark
 from bloomery_gates.kernels.drafts.dspark import DSparkDraft, forward_train, keep_count, teacher_prev
 from bloomery_gates.kernels.families.qwen3 import Qwen3Target
 from bloomery_gates.kernels.families.qwen3 import forward_train as target_train
 from bloomery_gates.reference.drafts import dspark as ref_dspark
 from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.spec import DSparkSpec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 

@@ -15,11 +15,10 @@ from gate_run import failed, run_named
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_cli.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_eagle3, load_target
-from bloomery_cli.spec import Eagle3Spec
 from bloomery_cli.speculative import generate, kept_rows
+from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import eagle3 as keagle3
@@ -27,6 +26,7 @@ from bloomery_gates.kernels.families.qwen3 import Qwen3Target
 from bloomery_gates.kernels.families.qwen3 import forward_train as target_forward
 from bloomery_gates.reference.drafts import eagle3 as ref_eagle3
 from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.spec import Eagle3Spec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 VARIANTS = {"qwen3 layer": {}, "llama layer": {"qk_norm": False}, "draft vocab 40 (d2t)": {"draft_vocab": 40},

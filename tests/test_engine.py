@@ -23,8 +23,8 @@ from bloomery_cli.engines import llamacpp
 from bloomery_cli.engines import record as rec
 from bloomery_cli.engines.gate import EngineOptions, judge_record, run_engine_gate
 from bloomery_cli.engines.judge import sign_test
-from bloomery_cli.errors import InputError
 from bloomery_cli.gate import GateOptions, run_gate
+from bloomery_gates.errors import InputError
 from bloomery_gates.gates import GATES
 
 

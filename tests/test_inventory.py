@@ -13,7 +13,6 @@ import torch
 from rich.console import Console
 from safetensors.torch import save_file
 
-from bloomery_cli.errors import InputError, MissingFile, Refused
 from bloomery_cli.inventory import (
     BLOCK_DRAFT,
     GROUPS,
@@ -26,6 +25,7 @@ from bloomery_cli.inventory import (
     render,
     to_markdown,
 )
+from bloomery_gates.errors import InputError, MissingFile, Refused
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H, I, V = 16, 32, 64

@@ -22,8 +22,8 @@ from conftest_formats import (
 )
 from safetensors.torch import save_file
 
-from bloomery_cli.errors import BadConfig, BadTensor, InputError, Mismatch, MissingFile, Refused
 from bloomery_cli.loading import load_dflash, load_target, load_tokenizer
+from bloomery_gates.errors import BadConfig, BadTensor, InputError, Mismatch, MissingFile, Refused
 
 
 def raises(exc: type[InputError], fn, *args, contains: tuple[str, ...] = ()) -> str:

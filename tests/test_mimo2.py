@@ -15,8 +15,8 @@ from mimo2_factory import SHAPE, write
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.loading import load_mimo2_mtp, load_target
+from bloomery_gates.errors import BadConfig, BadTensor, Refused
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import mimo2_mtp as kmtp
 from bloomery_gates.kernels.families import mimo2 as kfam

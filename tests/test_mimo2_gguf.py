@@ -74,7 +74,7 @@ def test_gguf_reads_back_equal_to_the_hf_fixture(tmp_path, qkv):
 
 
 def test_reader_refuses_named_defects(tmp_path):
-    from bloomery_cli.errors import BadConfig, Refused
+    from bloomery_gates.errors import BadConfig, Refused
 
     path = _write(tmp_path, "nosinks_mtp.gguf", drop=("blk.5.attn_sinks.weight",))
     with pytest.raises(Exception, match="attn_sinks.*on 4 of 5 SWA blocks"):

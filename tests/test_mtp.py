@@ -13,16 +13,16 @@ import torch
 from gate_run import failed, run_named
 from mtp_factory import make_qwen38, qwen38_config, write_qwen38
 
-from bloomery_cli.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_cli.loading import load_mtp, load_target
-from bloomery_cli.spec import MTPSpec
 from bloomery_cli.speculative import generate, kept_rows
+from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import mtp as kmtp
 from bloomery_gates.kernels.families.qwen38 import Qwen38Target
 from bloomery_gates.kernels.families.qwen38 import forward_train as target_forward
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.families import qwen38 as ref_qwen38
+from bloomery_gates.spec import MTPSpec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 HAVE_FIXTURE = (FIXTURES / "qwen38-tiny").is_dir() and (FIXTURES / "qwen38-tiny-dflash-b8").is_dir()

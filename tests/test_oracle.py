@@ -11,7 +11,7 @@ import pytest
 from test_reference import IDS, SHAPE, tiny_qwen3
 
 from bloomery_cli import bands, oracle
-from bloomery_cli.errors import InputError
+from bloomery_gates.errors import InputError
 from bloomery_gates.reference.families import qwen3
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,

@@ -12,8 +12,8 @@ from gate_run import run_named
 
 from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import logits_band, worst_rel
-from bloomery_cli.errors import InputError
 from bloomery_cli.loading import load_target
+from bloomery_gates.errors import InputError
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.reference.drafts import dflash as ref_dflash

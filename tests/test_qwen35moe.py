@@ -17,15 +17,15 @@ from test_qwen38 import FULL, LIN, make_qwen38
 
 from bloomery_cli import bands
 from bloomery_cli.contract import Report
-from bloomery_cli.errors import BadConfig, BadTensor
 from bloomery_cli.loading import load_mtp, load_target
-from bloomery_cli.spec import MoEShape, MTPSpec, Qwen35MoeSpec
+from bloomery_gates.errors import BadConfig, BadTensor
 from bloomery_gates.gates.targets import FAMILIES, check_target
 from bloomery_gates.kernels.drafts.mtp import MTPDraft
 from bloomery_gates.kernels.families import qwen35moe as kq
 from bloomery_gates.kernels.ops import moe as kmoe
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.families import qwen35moe as rq
+from bloomery_gates.spec import MoEShape, MTPSpec, Qwen35MoeSpec
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
 MOE = MoEShape(num_experts=6, top_k=2, expert_ff=16, shared_ff=24, shared_gated=True)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
 from bloomery_gates.reference.drafts import dflash
 from bloomery_gates.reference.families import qwen3
 from bloomery_gates.reference.ops.attention import attention, causal_mask, softmax
@@ -21,6 +20,7 @@ from bloomery_gates.reference.ops.mlp import silu, swiglu
 from bloomery_gates.reference.ops.norm import rms_norm
 from bloomery_gates.reference.ops.rope import apply_rope, rotate_half
 from bloomery_gates.reference.weights import as_f64
+from bloomery_gates.spec import DFlashSpec, LayerShape, ModelSpec
 
 SHAPE = LayerShape(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
                    rms_eps=1e-6, rope_theta=10000.0)

@@ -12,15 +12,15 @@ from conftest_formats import make_dflash, make_qwen3_hf, write_tokenizer
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_cli.errors import BadConfig
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.loading import load_dflash, load_target
-from bloomery_cli.spec import RopeScaling
+from bloomery_gates.errors import BadConfig
 from bloomery_gates.kernels.ops import attention as katt
 from bloomery_gates.kernels.ops import rope as krope
 from bloomery_gates.reference.ops import attention as ratt
 from bloomery_gates.reference.ops import rope as rrope
+from bloomery_gates.spec import RopeScaling
 
 ROPES = [  # (HF rope_parameters, our RopeScaling)
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}, RopeScaling("yarn", 4.0, 128)),

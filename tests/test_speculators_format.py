@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from bloomery_cli import loading
 from bloomery_cli.cli import app
-from bloomery_cli.errors import BadConfig, BadTensor, Mismatch
 from bloomery_cli.fixturegen.speculators_layout import SOURCES, same_spec, speculators_dir
+from bloomery_gates.errors import BadConfig, BadTensor, Mismatch
 from bloomery_gates.gates.fixtures import FIXTURES
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / speculators_dir("dspark")).is_dir(),

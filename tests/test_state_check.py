@@ -195,8 +195,8 @@ def test_compare_shape_or_name_mismatch_fails():
     import numpy as np
 
     from bloomery_cli.bands import Op
-    from bloomery_cli.spec import LayerShape
     from bloomery_cli.state_check import StateDecl, StateRun, compare
+    from bloomery_gates.spec import LayerShape
 
     shape = LayerShape(8, 2, 1, 4, 16, 1e-6, 1e4)
     spec = type("S", (), {"layer": shape, "num_layers": 1, "hidden_size": 8})()

@@ -12,7 +12,7 @@ from conftest import make_target
 from bloomery_cli.formats.hf_dir import open_safetensors_dir
 from bloomery_cli.formats.lazy import stored_bytes
 from bloomery_cli.gate import tensor_bytes
-from bloomery_cli.lru import ByteLRU
+from bloomery_gates.lru import ByteLRU
 from bloomery_gates.reference import weights as weights_mod
 from bloomery_gates.reference.families import qwen3
 from bloomery_gates.reference.rounding import stored_as

@@ -204,7 +204,7 @@ def test_a_stalled_worker_hits_the_process_group_timeout(monkeypatch):
 
 
 def test_a_worker_that_cannot_start_is_a_named_error(tmp_path):
-    from bloomery_cli.errors import InputError
+    from bloomery_gates.errors import InputError
 
     spec = load_target(TARGET)
     t0 = time.monotonic()

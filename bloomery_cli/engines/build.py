@@ -18,7 +18,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ..errors import InputError
+from bloomery_gates.errors import InputError
 
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}"

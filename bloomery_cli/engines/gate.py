@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
+from bloomery_gates.errors import InputError
+
 from ..contract import Report, stdout_emit
-from ..errors import InputError
 from ..loading import load_target, load_tokenizer
 from ..preflight import check_n, check_output_file
 from ..prompts import read_prompts

@@ -21,7 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from bloomery_gates.errors import InputError
+
 from . import build
 from .record import Header, PromptRun, Record, Window
 

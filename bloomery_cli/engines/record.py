@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadConfig
+from bloomery_gates.errors import BadConfig
+
 from ..files import parse_json, read_text
 from ..records import write_text_atomic
 

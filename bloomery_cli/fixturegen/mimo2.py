@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import Mimo2MTPSpec
 from bloomery_gates.kernels.drafts.mimo2_mtp import forward_train as mtp_forward
 from bloomery_gates.kernels.families import mimo2 as kfam
 from bloomery_gates.kernels.ops.norm import rms_norm
+from bloomery_gates.spec import Mimo2MTPSpec
 
 from . import corpus as corpus_mod
 from . import tokenizer_train

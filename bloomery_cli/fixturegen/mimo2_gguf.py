@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from bloomery_cli.spec import Mimo2Spec
+from bloomery_gates.spec import Mimo2Spec
 
 from .export_gguf import write_tokenizer
 from .install import MAX_FIXTURE_BYTES

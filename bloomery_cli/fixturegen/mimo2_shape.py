@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
+from bloomery_gates.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
 
 
 @dataclass(frozen=True)

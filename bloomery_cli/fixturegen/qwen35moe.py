@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 from bloomery_gates.kernels.families.ffn import record_routing
 from bloomery_gates.kernels.families.qwen38 import forward_train
+from bloomery_gates.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 
 from . import corpus as corpus_mod
 from . import tokenizer_train

@@ -31,8 +31,8 @@ from tokenizers import Tokenizer
 
 from bloomery_cli.formats.qwen38 import baked_plus_one, gguf_name, regroup_v
 from bloomery_cli.formats.rope_sections import writer_sections
-from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
 from bloomery_gates.kernels.families.qwen38 import forward_train
+from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 from . import corpus as corpus_mod
 from . import tokenizer_train

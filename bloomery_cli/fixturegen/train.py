@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import DFlashSpec, LayerShape, ModelSpec
+from bloomery_gates.spec import DFlashSpec, LayerShape, ModelSpec
 
 TargetForward = Callable[[Mapping[str, torch.Tensor], ModelSpec, torch.Tensor],
                          tuple[torch.Tensor, list[torch.Tensor]]]

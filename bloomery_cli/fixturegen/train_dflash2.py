@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import DFlash2Spec, ModelSpec
+from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
 from .export_hf import _json, draft_config, write_safetensors
 from .train import (

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import DSparkSpec, ModelSpec
+from bloomery_gates.spec import DSparkSpec, ModelSpec
 
 from .export_hf import target_config, write_safetensors
 from .train import (

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from bloomery_cli.spec import Eagle3Spec, ModelSpec
+from bloomery_gates.spec import Eagle3Spec, ModelSpec
 
 from .train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bloomery_cli.errors import BadConfig
+from bloomery_gates.errors import BadConfig
 
 _MISSING: Any = object()
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bloomery_cli.errors import Mismatch
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import layer_shape_from_hf
-from bloomery_cli.spec import DSparkSpec, ModelSpec
+from bloomery_gates.errors import Mismatch
+from bloomery_gates.spec import DSparkSpec, ModelSpec
 
 ARCHITECTURE = "Qwen3DSparkModel"
 BUILT_MARKOV_HEADS = ("vanilla",)

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from bloomery_cli.errors import BadTensor, InputError, Refused
-from bloomery_cli.spec import ModelSpec
+from bloomery_gates.errors import BadTensor, InputError, Refused
+from bloomery_gates.spec import ModelSpec
 
 INDEX_DTYPES = {"d2t": ("I64", "I32"), "t2d": ("BOOL", "U8")}
 

@@ -21,9 +21,9 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from bloomery_cli.errors import BadTensor, InputError, Refused
 from bloomery_cli.files import check_readable
 from bloomery_cli.formats.lazy import LazyTensors
+from bloomery_gates.errors import BadTensor, InputError, Refused
 
 GGUF_MAGIC = b"GGUF"
 _Q = GGMLQuantizationType

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from bloomery_cli.errors import BadTensor, InputError, MissingFile, Refused
 from bloomery_cli.files import check_readable, parse_json, read_text
 from bloomery_cli.formats.lazy import LazyTensors
+from bloomery_gates.errors import BadTensor, InputError, MissingFile, Refused
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -2,7 +2,7 @@
 
 Readers know every tensor's name, shape and dtype from the file header without reading the data;
 the data is read (and for GGUF, dequantized) on ``__getitem__`` and kept in a store bounded by
-``BLOOMERY_TENSOR_CACHE_BYTES`` (default 1 GiB; ``bloomery_cli.lru``): a bundled fixture stays whole
+``BLOOMERY_TENSOR_CACHE_BYTES`` (default 1 GiB; ``bloomery_gates.lru``): a bundled fixture stays whole
 in memory, while a real checkpoint is read again from its file (the page cache) rather than held
 twice beside the engine's own copy. ``nbytes()`` is the stored size from the headers. ``check_shapes``
 validates a set of expected shapes from the headers alone, so a bad checkpoint fails before any
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from bloomery_cli.errors import BadTensor
-from bloomery_cli.lru import ByteLRU
+from bloomery_gates.errors import BadTensor
+from bloomery_gates.lru import ByteLRU
 
 DEFAULT_CACHE_BYTES = 1 << 30
 ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.errors import BadConfig
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_cli.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
+from bloomery_gates.errors import BadConfig
+from bloomery_gates.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
 
 FAMILY = "mimo2"
 MODEL_TYPES = ("mimo_v2_flash",)

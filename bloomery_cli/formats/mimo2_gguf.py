@@ -35,13 +35,13 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.mimo2 import FAMILY, tensor_shapes
 from bloomery_cli.formats.qwen38 import MappedTensors
-from bloomery_cli.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
+from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
 
 ARCH = "mimo2"
 SIGMOID = 2                     # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID

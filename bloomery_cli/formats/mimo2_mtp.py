@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.errors import BadTensor, Mismatch, Refused
 from bloomery_cli.formats.lazy import check_shapes
 from bloomery_cli.formats.mimo2 import attn_shapes, dense_shapes, mimo2_from_hf
 from bloomery_cli.formats.mtp import Subset
-from bloomery_cli.spec import Mimo2MTPSpec, Mimo2Spec
+from bloomery_gates.errors import BadTensor, Mismatch, Refused
+from bloomery_gates.spec import Mimo2MTPSpec, Mimo2Spec
 
 P = "model.mtp.layers."
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.rope_scaling import rope_scaling_of
-from bloomery_cli.spec import LayerShape, ModelSpec
+from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.spec import LayerShape, ModelSpec
 
 FAMILY = "qwen3"
 SUPPORTED_MODEL_TYPES = ("qwen3",)

@@ -35,7 +35,7 @@ from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen38 import MappedTensors, Shapes, _shapes_from_cfg, qwen38_from_gguf
 from bloomery_cli.formats.qwen38 import tensor_shapes as qwen38_shapes
-from bloomery_cli.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
+from bloomery_gates.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 
 FAMILY = "qwen35moe"
 SUPPORTED_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -116,7 +116,7 @@ class StackedExperts(LazyTensors):
     def _present(self, name: str) -> list[str]:
         missing = [s for s in self._sources(name) if s not in self.inner]
         if missing:
-            from bloomery_cli.errors import BadTensor
+            from bloomery_gates.errors import BadTensor
             raise BadTensor(f"{self.inner.file_of(next(iter(self.inner)))}: tensor {missing[0]}",
                             f"missing; expected all {self.e} experts stored per expert")
         return self._sources(name)
@@ -182,7 +182,7 @@ class FusedGateUp(LazyTensors):
             return self.inner.shape_of(name)
         g, u = (self.inner.shape_of(x) if x in self.inner else None for x in self.pairs[name])
         if u is None or tuple(g) != tuple(u):
-            from bloomery_cli.errors import BadTensor
+            from bloomery_gates.errors import BadTensor
             raise BadTensor(f"{self.inner.file_of(self.pairs[name][0])}: tensor {self.pairs[name][1]}",
                             f"{'missing' if u is None else f'shape {list(u)}'}; expected the shape of "
                             f"{self.pairs[name][0]} {list(g)}")

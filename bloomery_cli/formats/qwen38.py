@@ -36,14 +36,14 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.errors import BadConfig, BadTensor, Refused
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import _rope_theta, check_layer
 from bloomery_cli.formats.rope_sections import sections_problem
-from bloomery_cli.spec import HybridShape, LayerShape, Qwen38Spec
+from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 FAMILY = "qwen38"
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")

@@ -14,7 +14,7 @@ whose rope_parameters and rope_scaling both name a non-default RoPE that differ.
 from __future__ import annotations
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.spec import RopeScaling
+from bloomery_gates.spec import RopeScaling
 
 KNOWN = {
     "default": set(),

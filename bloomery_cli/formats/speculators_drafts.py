@@ -28,7 +28,7 @@ from pathlib import Path
 from bloomery_cli.formats.dflash import backbone_shapes
 from bloomery_cli.formats.dflash2 import conv_tensor_shapes, selector_tensor_shapes
 from bloomery_cli.formats.speculators import SpecConfig, check_tensors, read_config_checked
-from bloomery_cli.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
+from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, ModelSpec
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DSPARK_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from bloomery_cli.errors import InputError, MissingFile
 from bloomery_cli.files import exists, read_text
+from bloomery_gates.errors import InputError, MissingFile
 
 
 def tokenizer_path(path: str | Path) -> Path:

@@ -9,7 +9,6 @@ from typing import Any
 
 from gguf import GGUFReader
 
-from bloomery_cli.errors import InputError, MissingFile
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import (
     PICKLE_SUFFIXES,
@@ -18,6 +17,7 @@ from bloomery_cli.formats.hf_dir import (
     read_json,
     refuse_pickle,
 )
+from bloomery_gates.errors import InputError, MissingFile
 
 from .model import (
     _HF_NEXTN_KEYS,

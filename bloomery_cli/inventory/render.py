@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bloomery_cli.errors import InputError
+from bloomery_gates.errors import InputError
 
 from .model import (
     Inventory,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import DFlashSpec, ModelSpec
+from bloomery_gates.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
 from ..ops.attention import anchored_mask, attend, sliding_mask

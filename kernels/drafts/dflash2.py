@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import DFlash2Spec, ModelSpec
+from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
 from ..families.qwen3 import LayerWeights, Qwen3Target, project_kv, project_q
 from ..families.qwen38 import Qwen38Target, norm_gain

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import Eagle3Spec
+from bloomery_gates.spec import Eagle3Spec
 
 from ..ops.attention import attend
 from ..ops.mlp import swiglu

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import Mimo2MTPSpec, Mimo2Spec
+from bloomery_gates.spec import Mimo2MTPSpec, Mimo2Spec
 
 from ..families.mimo2 import Mimo2Target, attention_mixer, tables, window_mask
 from ..ops.attention import sink_attention

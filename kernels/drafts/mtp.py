@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import MTPSpec, Qwen38Spec
+from bloomery_gates.spec import MTPSpec, Qwen38Spec
 
 from ..families.ffn import ffn_for
 from ..families.qwen38 import Qwen38Target, attention_mixer, norm_gain

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from bloomery_cli.spec import MTPSpec
+from bloomery_gates.spec import MTPSpec
 
 from ..families.qwen38 import norm_gain
 from ..families.qwen38_fast import _Cast, fast_attn, ffn_into, gated_attention

@@ -3,7 +3,7 @@
 ``ffn_for(spec)(spec, t, p, a)`` maps normed rows a [N, R, H] to the FFN output [N, R, H]; ``p`` is the layer's
 prefix ("model.layers.3." or "mtp.layers.0."), tensors under ``p + "mlp."``:
   dense (spec without ``moe``): swiglu(a; mlp.{gate,up,down}_proj)
-  MoE (spec.moe, ``bloomery_cli.spec.MoEShape``): router mlp.gate.weight (+ e_score_correction_bias), routed
+  MoE (spec.moe, ``bloomery_gates.spec.MoEShape``): router mlp.gate.weight (+ e_score_correction_bias), routed
       experts mlp.experts.{gate_up_proj, down_proj}, shared expert mlp.shared_expert.* (+ mlp.shared_expert_gate)
 
 Inside ``record_routing()`` every MoE FFN call appends (p, Routing) to the yielded list (the gates' tier-1 check of
@@ -18,7 +18,7 @@ from contextvars import ContextVar
 
 import torch
 
-from bloomery_cli.spec import MoEShape
+from bloomery_gates.spec import MoEShape
 
 from ..ops import moe as kmoe
 from ..ops.mlp import swiglu

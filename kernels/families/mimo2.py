@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import AttnShape, Mimo2Spec
+from bloomery_gates.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import sink_attention, window_mask
 from ..ops.mlp import swiglu

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import LayerShape, ModelSpec
+from bloomery_gates.spec import LayerShape, ModelSpec
 
 from ..ops.attention import attend
 from ..ops.mlp import swiglu

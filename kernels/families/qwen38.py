@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.spec import Qwen38Spec
+from bloomery_gates.spec import Qwen38Spec
 
 from ..ops.attention import attend
 from ..ops.causal_conv import with_tail

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bloomery_cli.spec import Qwen38Spec
+from bloomery_gates.spec import Qwen38Spec
 
 from ..graphs import sigmoid_gate
 from ..ops.attention import attend

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from bloomery_cli.spec import LayerShape, ModelSpec
+from bloomery_gates.spec import LayerShape, ModelSpec
 
 from ..ops.attention import attend
 from ..ops.norm import rms_norm

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from bloomery_cli.spec import RopeScaling
+from bloomery_gates.spec import RopeScaling
 
 
 def attention_factor(scaling: RopeScaling | None) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import DFlashSpec, ModelSpec
+from bloomery_gates.spec import DFlashSpec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head, hf_hidden_states, mlp, project_kv, self_attention
 from ..ops.attention import anchored_mask, sliding_mask
@@ -103,7 +103,7 @@ def forward(draft: DFlashSpec, target: ModelSpec, taps: RefOut, anchor_id: int,
 
 
 def window_mask(draft: DFlashSpec, pos_q: np.ndarray, pos_kv: np.ndarray, s: int, window: int) -> np.ndarray:
-    """A sliding layer's mask [B, s+B] under the spec's ``window_rule`` (``bloomery_cli.spec.DFlashSpec``)."""
+    """A sliding layer's mask [B, s+B] under the spec's ``window_rule`` (``bloomery_gates.spec.DFlashSpec``)."""
     if draft.window_rule == "query":
         return sliding_mask(pos_q, pos_kv, window)
     return anchored_mask(pos_q, pos_kv, s, window, causal=draft.window_rule == "anchor")

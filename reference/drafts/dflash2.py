@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import DFlash2Spec, ModelSpec
+from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
 from ..ops.dynamic_conv import conv_delta, dynamic_conv

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import DSparkSpec, ModelSpec
+from bloomery_gates.spec import DSparkSpec, ModelSpec
 
 from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
 from ..ops.norm import rms_norm

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import Eagle3Spec, ModelSpec
+from bloomery_gates.spec import Eagle3Spec, ModelSpec
 
 from ..families.qwen3 import embed_rows, mlp
 from ..ops.attention import attention, causal_mask

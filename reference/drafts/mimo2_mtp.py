@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import Mimo2MTPSpec, Mimo2Spec
+from bloomery_gates.spec import Mimo2MTPSpec, Mimo2Spec
 
 from ..families import mimo2 as trunk
 from ..families.qwen3 import embed_rows, head, mlp

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import MTPSpec, Qwen38Spec
+from bloomery_gates.spec import MTPSpec, Qwen38Spec
 
 from ..families.ffn import ffn_for
 from ..families.qwen3 import embed_rows, head

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from bloomery_cli.spec import MoEShape
+from bloomery_gates.spec import MoEShape
 
 from ..ops import moe as rmoe
 from ..ops.mlp import swiglu

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bloomery_cli.spec import AttnShape, Mimo2Spec
+from bloomery_gates.spec import AttnShape, Mimo2Spec
 
 from ..ops.attention import sink_attention, window_mask
 from ..ops.moe import routed_experts

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bloomery_cli.spec import LayerShape, ModelSpec
+from bloomery_gates.spec import LayerShape, ModelSpec
 
 from ..ops.attention import attention, causal_mask
 from ..ops.mlp import swiglu

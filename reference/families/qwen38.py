@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bloomery_cli.spec import Qwen38Spec
+from bloomery_gates.spec import Qwen38Spec
 
 from ..ops.attention import attention, causal_mask
 from ..ops.causal_conv import causal_conv, conv_tail

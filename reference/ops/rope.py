@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from bloomery_cli.spec import RopeScaling
+from bloomery_gates.spec import RopeScaling
 
 from ..rounding import st
 from ..xp import common, ns
