@@ -36,8 +36,9 @@ def band_summary(facts: dict[str, Any]) -> dict[str, float]:
 def probe(shape: str, device: str = "cuda", dtype: str = "bf16", prompt_len: int = 64, json: Path | None = None,
           emit=None) -> tuple[int, Report]:
     from bloomery_gates.gates.qwen3_dflash import check_draft
-    from bloomery_gates.gates.targets import FAMILIES, check_target
+    from bloomery_gates.gates.targets import check_target
     from bloomery_gates.kernels.drafts.dflash import DFlashDraft
+    from bloomery_gates.registry import FAMILIES
 
     if shape not in SHAPES:
         raise InputError("--shape", f"{shape!r}: expected one of {', '.join(SHAPES)}")

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from bloomery_gates.errors import InputError
+from bloomery_gates.registry import keys
 
-FAMILIES = ("qwen3", "qwen38", "qwen35moe", "mimo2")    # targets whose drafts read only the view below
+FAMILIES = keys(draft_device=True)    # targets whose drafts read only the view below (the registry says)
 KINDS = ("dflash", "dflash2", "dspark", "eagle3", "mtp")
 
 

@@ -147,8 +147,9 @@ def _cost(report: Report, phases: dict[str, float], device: torch.device, select
 
 def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None,
               selection: Any) -> tuple[int, Report]:
-    from bloomery_gates.gates.targets import FAMILIES, check_target
+    from bloomery_gates.gates.targets import check_target
     from bloomery_gates.reference.xp import run as on_reference
+    from bloomery_gates.registry import FAMILIES
 
     from .draft_device import check_supported, parse_device
     from .tp import check_tp, make_engine

@@ -22,13 +22,9 @@ from bloomery_cli.files import exists
 from bloomery_cli.formats.dflash import dflash_from_hf
 from bloomery_cli.formats.dflash2 import dflash2_from_hf
 from bloomery_cli.formats.dspark import dspark_from_hf
-from bloomery_cli.formats.gguf_file import is_gguf
-from bloomery_cli.formats.hf_dir import refuse_pickle
-from bloomery_cli.formats.mimo2 import is_mimo2, mimo2_from_hf
-from bloomery_cli.formats.mimo2_gguf import is_mimo2_gguf, mimo2_from_gguf
-from bloomery_cli.formats.qwen3 import qwen3_from_gguf, qwen3_from_hf
-from bloomery_cli.formats.qwen35moe import is_qwen35moe, qwen35moe_from_gguf, qwen35moe_from_hf
-from bloomery_cli.formats.qwen38 import is_qwen38, qwen38_from_gguf, qwen38_from_hf
+from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
+from bloomery_cli.formats.hf_dir import read_config, refuse_pickle
+from bloomery_cli.formats.mimo2_gguf import is_mimo2_gguf
 from bloomery_cli.formats.speculators import speculators_kind
 from bloomery_cli.formats.speculators_drafts import (
     dflash2_from_speculators,
@@ -37,7 +33,10 @@ from bloomery_cli.formats.speculators_drafts import (
 )
 from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
 from bloomery_gates.errors import InputError, MissingFile
+from bloomery_gates.registry import family, of_gguf, of_hf
 from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
+
+DEFAULT = "qwen3"     # the reader a file of no known type is handed to (its error names what it expected)
 
 __all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mtp", "load_eagle3", "load_tokenizer",
            "load_mimo2_mtp"]
@@ -51,21 +50,15 @@ def _existing(path: str | Path, role: str) -> Path:
     return p
 
 def load_target(path: str | Path) -> ModelSpec:
-    """The target model at ``path``: an HF directory or a ``*.gguf`` file. Qwen3 (model_type qwen3, arch
-    qwen3) or qwen38 (model_type qwen3_5 / qwen3_5_text, arch qwen35: a ``Qwen38Spec``)."""
+    """The target model at ``path``: an HF directory or a ``*.gguf`` file, read by the reader of the family its
+    ``model_type`` / ``general.architecture`` names in the registry (``bloomery_gates.registry``). A type no
+    family reads goes to the qwen3 reader, whose error names what it expected."""
     p = _existing(path, "target checkpoint (an HF directory or a .gguf file)")
-    if is_qwen35moe(p):
-        return qwen35moe_from_hf(p) if p.is_dir() else qwen35moe_from_gguf(p)
-    if is_qwen38(p):
-        return qwen38_from_hf(p) if p.is_dir() else qwen38_from_gguf(p)
-    if is_mimo2(p):
-        return mimo2_from_hf(p)
-    if is_mimo2_gguf(p):
-        return mimo2_from_gguf(p)
     if p.is_dir():
-        return qwen3_from_hf(p)
+        mt = read_config(p).get("model_type") if (p / "config.json").is_file() else None
+        return (of_hf(mt) or family(DEFAULT)).read_hf(p)
     if is_gguf(p):
-        return qwen3_from_gguf(p)
+        return (of_gguf(GGUFFile(p).meta("general.architecture", None)) or family(DEFAULT)).read_gguf(p)
     raise InputError(p, "expected an HF directory (config.json + *.safetensors) or a .gguf file")
 
 def load_dflash(path: str | Path, target: ModelSpec) -> DFlashSpec:

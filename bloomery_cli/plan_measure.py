@@ -74,7 +74,7 @@ def _build(target: Path | None, draft: Path | None, shape: str | None, device, d
         eng = Qwen3Target(tspec, device, dtype, max_len, rows=dspec.block_size)
         return eng, DFlashDraft(dspec, eng, max_len), dspec.block_size, tspec.vocab_size
     from bloomery_gates.gates import GATES
-    from bloomery_gates.gates.targets import FAMILIES
+    from bloomery_gates.registry import FAMILIES
 
     from .loading import load_target
     from .plan_model import read_draft, read_target

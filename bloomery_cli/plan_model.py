@@ -22,16 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_gates.errors import BadConfig, InputError, MissingFile
+from bloomery_gates.registry import FAMILIES, Family, of_model_type
 
 from .formats.config import Cfg
 
-GGUF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen35": "qwen38", "qwen35moe": "qwen38", "nemotron_h": "nemotron",
-               "nemotron_h_moe": "nemotron"}
-# qwen35moe plans as qwen38: the same attention / DeltaNet state; its expert bytes come from the headers
-HF_FAMILY = {"qwen3": "qwen3", "llama": "qwen3", "qwen3_5": "qwen38", "qwen3_5_text": "qwen38",
-             "qwen3_5_moe": "qwen38", "qwen3_5_moe_text": "qwen38",
-             "nemotron_h": "nemotron"}
-MIMO2_TYPES = ("mimo_v2_flash",)     # planned by plan_mimo2 (its own attention and MTP terms)
+
+def _plan_family(name: str, where: str, key: str, which: str) -> Family:
+    """The registry's family of a model type / arch that plan can count (its own layout, or a plan of its own)."""
+    fam = of_model_type(name)
+    if fam is None or not (fam.plan_as or fam.has(which)):
+        known = sorted({n for f in FAMILIES.values() if f.plan_as or f.has(which) for n in f.names})
+        raise BadConfig(f"{where}: key {key}", f"{name!r}; expected one of {', '.join(known)}")
+    return fam
 
 
 @dataclass(frozen=True)
@@ -166,13 +168,10 @@ def _hf_target(path: Path, inv_model) -> PlanModel:
     if isinstance(raw.get("text_config"), dict):
         c = c.sub("text_config")
     mt = str(c.get("model_type", "", "the model type"))
-    if mt in MIMO2_TYPES:
-        from .plan_mimo2 import mimo2_target
-        return mimo2_target(path, inv_model, c, where)
-    family = HF_FAMILY.get(mt)
-    if family is None:
-        raise BadConfig(f"{where}: key model_type", f"{mt!r}; expected one of "
-                        f"{', '.join(sorted([*HF_FAMILY, *MIMO2_TYPES]))}")
+    fam = _plan_family(mt, str(where), "model_type", "plan_hf")
+    if fam.has("plan_hf"):                                        # a family that plans itself (mimo2)
+        return fam.plan_hf(path, inv_model, c, where)
+    family = fam.plan_as
     hidden, heads, vocab = c.int("hidden_size"), c.int("num_attention_heads"), c.int("vocab_size")
     head_dim = c.int("head_dim", hidden // heads)
     kv = c.int("num_key_value_heads", heads)
@@ -231,13 +230,10 @@ def _gguf_target(path: Path, inv_model) -> PlanModel:
 
     g = _HeaderGGUF(path)
     arch = str(g.meta("general.architecture", ""))
-    if arch == "mimo2":
-        from .plan_mimo2 import mimo2_gguf_target
-        return mimo2_gguf_target(path, inv_model)
-    family = GGUF_FAMILY.get(arch)
-    if family is None:
-        raise BadConfig(f"{path}: key general.architecture",
-                        f"{arch!r}; expected one of {', '.join([*GGUF_FAMILY, 'mimo2'])}")
+    fam = _plan_family(arch, str(path), "general.architecture", "plan_gguf")
+    if fam.has("plan_gguf"):
+        return fam.plan_gguf(path, inv_model)
+    family = fam.plan_as
 
     def key(k: str, default: Any = None) -> Any:
         v = g.meta(f"{arch}.{k}", default)
@@ -349,9 +345,9 @@ def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -
     if not path.exists():
         raise MissingFile(path, "no such file or directory; expected a drafter checkpoint")
     same = target_path is not None and path.resolve() == Path(target_path).resolve()
-    if target.family == "mimo2":
-        from .plan_mimo2 import mimo2_draft
-        return mimo2_draft(path, target, same)
+    fam = FAMILIES.get(target.family)
+    if fam is not None and fam.has("plan_draft"):                  # a family that plans its drafts itself (mimo2)
+        return fam.plan_draft(path, target, same)
     if same:
         if not target.draft_elems:
             raise InputError(path, "is the target itself but holds no MTP / NextN tensors; expected a draft")

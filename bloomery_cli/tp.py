@@ -31,9 +31,10 @@ import torch
 
 from bloomery_gates.errors import InputError
 from bloomery_gates.kernels.families.qwen3 import RowPasses
+from bloomery_gates.registry import keys
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-FAMILIES = ("qwen3",)
+FAMILIES = keys(tp=True)          # the registry says which families split
 OP_EXIT, OP_RUN, OP_KV = 0, 1, 2
 READY = b"READY"
 _OPEN: list[TPQwen3Target] = []

@@ -20,7 +20,7 @@ def kernel_taps(c: DraftCheck) -> RefOut:
 
     The draft's reference reads these (not the target reference's taps), so a draft line measures the
     draft alone: the target's error was already checked layer by layer."""
-    from .targets import FAMILIES
+    from bloomery_gates.registry import FAMILIES
 
     hidden = to_np(c.prefill.taps)
     final = FAMILIES[c.target_spec.family].final_norm(c.target_spec, hidden[-1])

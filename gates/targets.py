@@ -1,89 +1,21 @@
-"""Target families as the gates see them: the engine class, the f64 reference, the tier-3 oracle,
-and the target's own (r) checks (each tapped layer, the logits, the greedy ids)."""
+"""The target's own (r) checks (each tapped layer, the logits, the greedy ids), for any family of the registry
+(``bloomery_gates.registry``: its engine, f64 reference, per-layer reference, final norm and extra lines)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from bloomery_cli.bands import Op, flip_excused, layer_ops
+from bloomery_cli.bands import Op, flip_excused
 from bloomery_cli.contract import Report
+from bloomery_gates.registry import Family
 from bloomery_gates.spec import ModelSpec
 
-from ..kernels.families.mimo2 import Mimo2Target
-from ..kernels.families.qwen3 import Pass, Qwen3Target
-from ..kernels.families.qwen35moe import Qwen35MoeTarget
-from ..kernels.families.qwen38 import Qwen38Target
-from ..reference.families import mimo2 as ref_mimo2
-from ..reference.families import qwen3 as ref_qwen3
-from ..reference.families import qwen35moe as ref_qwen35moe
-from ..reference.families import qwen38 as ref_qwen38
+from ..kernels.families.qwen3 import Pass
 from ..reference.families.qwen3 import head
-from ..reference.ops.attention import causal_mask
-from ..reference.ops.norm import rms_norm
 from ..reference.rounding import emulate
-from ..reference.weights import as_f64
 from ..reference.xp import run
 from .close import close, exact_and_emulated
-from .moe_checks import check_routing
-from .state_decls import QWEN3_STATE, QWEN38_STATE
-from .state_decls_mimo2 import MIMO2_STATE
-
-
-@dataclass(frozen=True)
-class Family:
-    key: str
-    engine: type
-    reference: Callable            # (spec, ids) -> RefOut
-    reference_layer: Callable      # (spec, l, h_in [T, H] f64) -> layer l's output [T, H], positions 0..T-1
-    oracle: Callable | None        # (spec, ids) -> logits [T, V] float64, from code nobody here wrote
-    final_norm: Callable           # (spec, h [T, H] f64) -> the rows that enter the head (the family's final norm)
-    state: tuple = ()              # StateDecls of the engine's state after a run (KV, recurrent): state_decls
-    check_extra: Callable | None = None   # (report, spec, prefill Pass, dtype) -> the family's own lines (MoE routing)
-
-
-def _hf_qwen3(spec: ModelSpec, ids: list[int]) -> np.ndarray:
-    from bloomery_cli.oracle import hf_qwen3_logits
-    return hf_qwen3_logits(spec, ids)
-
-
-def _qwen3_layer(spec: ModelSpec, l: int, h: np.ndarray) -> np.ndarray:
-    t = len(h)
-    return ref_qwen3.decoder_layer(spec.layer, as_f64(spec), f"model.layers.{l}.", h, np.arange(t), causal_mask(t))
-
-
-def _hf_qwen38(spec: ModelSpec, ids: list[int]) -> np.ndarray:
-    from bloomery_cli.oracle import hf_qwen38_logits
-    return hf_qwen38_logits(spec, ids)
-
-
-def _hf_mimo2(spec: ModelSpec, ids: list[int]) -> np.ndarray:
-    from bloomery_cli.oracle_mimo2 import hf_mimo2_logits
-    return hf_mimo2_logits(spec, ids)
-
-
-def _hf_qwen35moe(spec: ModelSpec, ids: list[int]) -> np.ndarray:
-    from bloomery_cli.oracle_qwen35moe import hf_qwen35moe_logits
-    return hf_qwen35moe_logits(spec, ids)
-
-
-def _final(norm: Callable) -> Callable:
-    def final(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
-        return norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
-    return final
-
-
-FAMILIES = {"qwen3": Family("qwen3", Qwen3Target, ref_qwen3.forward, _qwen3_layer, _hf_qwen3, _final(rms_norm),
-                            QWEN3_STATE),
-            "qwen38": Family("qwen38", Qwen38Target, ref_qwen38.forward, ref_qwen38.reference_layer, _hf_qwen38,
-                             _final(ref_qwen38.norm1p), QWEN38_STATE),
-            "mimo2": Family("mimo2", Mimo2Target, ref_mimo2.forward, ref_mimo2.reference_layer, _hf_mimo2,
-                            _final(rms_norm), MIMO2_STATE),
-            "qwen35moe": Family("qwen35moe", Qwen35MoeTarget, ref_qwen35moe.forward, ref_qwen35moe.reference_layer,
-                                _hf_qwen35moe, _final(ref_qwen38.norm1p), QWEN38_STATE, check_routing)}
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -116,7 +48,7 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     computation re-run with the dtype's storage rounding, on the same inputs."""
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
-    ops = layer_ops(shape, t)
+    ops = family.layer_ops(shape, t)
     for l in range(spec.num_layers):
         want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l]))
         close(report, f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1], want,

@@ -47,15 +47,18 @@ def pair(tmp_path: Path, monkeypatch) -> Pair:
     return Pair(tmp_path, target, draft, prompts)
 
 
+def boom(*args, **kwargs):
+    raise AssertionError("the engine was built: the bad input was not refused before allocating")
+
+
 def never_built(monkeypatch) -> None:
     """Building an engine (the first allocation sized by the run) fails the test: bad input is refused first."""
-    from bloomery_gates.gates import targets
+    from bloomery_gates import registry
 
-    def boom(*args, **kwargs):
-        raise AssertionError("the engine was built: the bad input was not refused before allocating")
-
-    for name, fam in list(targets.FAMILIES.items()):
-        monkeypatch.setitem(targets.FAMILIES, name, dataclasses.replace(fam, engine=boom))
+    for name, fam in list(registry.FAMILIES.items()):
+        if fam.has("engine"):
+            code = {**fam.code, "engine": "test_bad_input:boom"}
+            monkeypatch.setitem(registry.FAMILIES, name, dataclasses.replace(fam, code=code))
 
 
 def gate_run(p: Pair, *args: str, prompts: Path | None = None):

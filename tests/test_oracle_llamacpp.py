@@ -77,7 +77,7 @@ def test_note_line_when_llama_cpp_is_absent(monkeypatch):
 @needs_llama
 @pytest.mark.parametrize("path", [QWEN3, QWEN38], ids=["qwen3", "qwen38"])
 def test_llama_cpp_agrees_with_the_reference(path):
-    from bloomery_gates.gates.targets import FAMILIES
+    from bloomery_gates.registry import FAMILIES
 
     spec = load_target(path)
     seq, p = _seq(path)
@@ -95,7 +95,7 @@ def test_llama_cpp_agrees_with_the_reference(path):
 def test_planted_rope_sections_fail_the_llama_cpp_lines(tmp_path):
     """The old export's [4, 0, 0, 0] (pairs 1 and 2 unrotated in llama.cpp): our reader refuses such a file, so the
     check is shown failing by running llama.cpp on the bad copy against the good file's reference: exit 1."""
-    from bloomery_gates.gates.targets import FAMILIES
+    from bloomery_gates.registry import FAMILIES
 
     bad = _regguf(tmp_path, "bad.gguf", sections=[4, 0, 0, 0])
     spec = load_target(QWEN38)

@@ -19,12 +19,13 @@ from bloomery_cli import bands
 from bloomery_cli.contract import Report
 from bloomery_cli.loading import load_mtp, load_target
 from bloomery_gates.errors import BadConfig, BadTensor
-from bloomery_gates.gates.targets import FAMILIES, check_target
+from bloomery_gates.gates.targets import check_target
 from bloomery_gates.kernels.drafts.mtp import MTPDraft
 from bloomery_gates.kernels.families import qwen35moe as kq
 from bloomery_gates.kernels.ops import moe as kmoe
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.families import qwen35moe as rq
+from bloomery_gates.registry import FAMILIES
 from bloomery_gates.spec import MoEShape, MTPSpec, Qwen35MoeSpec
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")

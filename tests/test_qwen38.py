@@ -19,10 +19,11 @@ from bloomery_cli.fixturegen import qwen38_target as fx
 from bloomery_cli.fixturegen.train import round_bf16
 from bloomery_cli.loading import load_target
 from bloomery_gates.errors import BadConfig, BadTensor
-from bloomery_gates.gates.targets import FAMILIES, check_target
+from bloomery_gates.gates.targets import check_target
 from bloomery_gates.kernels.families import qwen38 as kq
 from bloomery_gates.kernels.ops.gated_deltanet import delta_chunked, delta_scan
 from bloomery_gates.reference.families import qwen38 as rq
+from bloomery_gates.registry import FAMILIES
 from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")

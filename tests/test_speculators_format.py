@@ -189,14 +189,17 @@ def test_refused_tensors(tmp_path, target):
 
 # --- refusals through the CLI ------------------------------------------------------------------------------
 
+def boom(*args, **kwargs):
+    raise AssertionError("the engine was built: the bad input was not refused before allocating")
+
+
 def never_built(monkeypatch) -> None:
-    from bloomery_gates.gates import targets
+    from bloomery_gates import registry
 
-    def boom(*args, **kwargs):
-        raise AssertionError("the engine was built: the bad input was not refused before allocating")
-
-    for name, fam in list(targets.FAMILIES.items()):
-        monkeypatch.setitem(targets.FAMILIES, name, dataclasses.replace(fam, engine=boom))
+    for name, fam in list(registry.FAMILIES.items()):
+        if fam.has("engine"):
+            code = {**fam.code, "engine": "test_speculators_format:boom"}
+            monkeypatch.setitem(registry.FAMILIES, name, dataclasses.replace(fam, code=code))
 
 
 @pytest.mark.parametrize(("kind", "edit", "needle"), [

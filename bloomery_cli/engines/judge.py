@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from bloomery_gates.gates.targets import FAMILIES
 from bloomery_gates.reference.rounding import emulate
 from bloomery_gates.reference.xp import run
+from bloomery_gates.registry import FAMILIES
 
 from ..bands import emulated_band, flip_excused
 from ..contract import Report, fmt_list

@@ -32,10 +32,11 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_gates.errors import BadConfig
+from bloomery_gates.registry import family
 from bloomery_gates.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
 
 FAMILY = "mimo2"
-MODEL_TYPES = ("mimo_v2_flash",)
+MODEL_TYPES = family(FAMILY).hf_model_types     # the registry names them
 KINDS = ("full_attention", "sliding_attention")
 MLP_KINDS = ("dense", "sparse")
 Shapes = dict[str, tuple[tuple[int, ...], str]]

@@ -41,9 +41,10 @@ from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.mimo2 import FAMILY, tensor_shapes
 from bloomery_cli.formats.qwen38 import MappedTensors
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.registry import family
 from bloomery_gates.spec import AttnShape, LayerShape, Mimo2Spec, MimoShape, MoEShape
 
-ARCH = "mimo2"
+ARCH = family("mimo2").gguf_archs[0]     # the registry names it
 SIGMOID = 2                     # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}

@@ -28,10 +28,11 @@ from bloomery_cli.formats.qwen35moe import qwen35moe_from_gguf, qwen35moe_from_h
 from bloomery_cli.formats.qwen35moe import tensor_shapes as qwen35moe_shapes
 from bloomery_cli.formats.qwen38 import gguf_name, qwen38_from_gguf, qwen38_from_hf, tensor_shapes
 from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
+from bloomery_gates.registry import keys
 from bloomery_gates.spec import MTPSpec, Qwen38Spec
 
 SUPPORTED_LAYERS = 1
-MTP_FAMILIES = ("qwen38", "qwen35moe")
+MTP_FAMILIES = keys(mtp="in-file")     # the registry: the head ships in the target's own file
 
 
 def mtp_shapes(target: Qwen38Spec) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -26,11 +26,12 @@ from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_cli.formats.rope_scaling import rope_scaling_of
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.registry import family
 from bloomery_gates.spec import LayerShape, ModelSpec
 
 FAMILY = "qwen3"
-SUPPORTED_MODEL_TYPES = ("qwen3",)
-SUPPORTED_GGUF_ARCHS = ("qwen3",)
+SUPPORTED_MODEL_TYPES = family(FAMILY).hf_model_types     # the registry names them
+SUPPORTED_GGUF_ARCHS = family(FAMILY).gguf_archs
 Shapes = dict[str, tuple[tuple[int, ...], str]]
 
 

@@ -35,11 +35,12 @@ from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen38 import MappedTensors, Shapes, _shapes_from_cfg, qwen38_from_gguf
 from bloomery_cli.formats.qwen38 import tensor_shapes as qwen38_shapes
+from bloomery_gates.registry import family
 from bloomery_gates.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 
 FAMILY = "qwen35moe"
-SUPPORTED_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
-SUPPORTED_GGUF_ARCHS = ("qwen35moe",)
+SUPPORTED_MODEL_TYPES = family(FAMILY).hf_model_types     # the registry names them
+SUPPORTED_GGUF_ARCHS = family(FAMILY).gguf_archs
 PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
 
 

@@ -43,11 +43,12 @@ from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import _rope_theta, check_layer
 from bloomery_cli.formats.rope_sections import sections_problem
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
+from bloomery_gates.registry import family
 from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 FAMILY = "qwen38"
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
-SUPPORTED_GGUF_ARCHS = ("qwen35",)
+SUPPORTED_MODEL_TYPES = family(FAMILY).hf_model_types     # the registry names them
+SUPPORTED_GGUF_ARCHS = family(FAMILY).gguf_archs
 LAYER_TYPES = ("linear_attention", "full_attention")
 Shapes = dict[str, tuple[tuple[int, ...], str]]
 Fn = Callable[[torch.Tensor], torch.Tensor]

@@ -11,19 +11,6 @@ GROUPS = ("token_embd", "output", "attn", "ffn_dense", "router", "ffn_exps_route
           "mtp_nextn", "other")
 MTP_IN_FILE, MTP_SIDECAR, BLOCK_DRAFT, NONE = "MTP in-file", "MTP sidecar", "block draft", "none"
 
-# family key (FAMILIES.md) <- HF model_type / GGUF arch
-FAMILY_OF = {
-    "qwen3": "qwen3", "llama": "qwen3",
-    "qwen3_5": "qwen38", "qwen3_5_text": "qwen38", "qwen35": "qwen38",
-    "qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe", "qwen35moe": "qwen35moe",
-    "qwen4_exp": "qwen4exp", "qwen4exp": "qwen4exp",
-    "glm5_next": "glm5next", "glm5next": "glm5next",
-    "deepseek_v4": "deepseek41", "deepseek41": "deepseek41",
-    "mimo_v2_flash": "mimo2", "mimo2": "mimo2",
-    "nemotron_h": "nemotron", "nemotron_h_moe": "nemotron",
-}
-# model types / GGUF archs whose MTP layer ships as a separate file (FAMILIES.md: mimo2, qwen4exp)
-SIDECAR_TYPES = frozenset({"mimo_v2_flash", "mimo_v2", "mimo2", "qwen4_exp", "qwen4exp"})
 # block drafters: config architectures / speculators type / GGUF arch -> draft kind
 BLOCK_DRAFT_ARCHS = {"dflashdraftmodel": "dflash", "dflash2draftmodel": "dflash2",
                      "qwen3dsparkmodel": "dspark"}

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from bloomery_gates.registry import Family, of_model_type
+
 from .groups import _block_draft_kind
 from .model import (
     BLOCK_DRAFT,
-    FAMILY_OF,
     MTP_DRAFT_KINDS,
     MTP_IN_FILE,
     MTP_SIDECAR,
     NONE,
-    SIDECAR_TYPES,
     ModelInventory,
     _human,
 )
@@ -80,11 +80,17 @@ def _active(m: ModelInventory) -> None:
 
 
 
-def _family(m: ModelInventory) -> str | None:
+def _registered(m: ModelInventory) -> Family | None:
+    """The registry's family of the file's arch / model_type (or its text_config's), if any."""
     for key in (m.arch, m.meta.get("text_config.model_type")):
-        if isinstance(key, str) and key.lower() in FAMILY_OF:
-            return FAMILY_OF[key.lower()]
+        if isinstance(key, str) and (fam := of_model_type(key)) is not None:
+            return fam
     return None
+
+
+def _family(m: ModelInventory) -> str | None:
+    fam = _registered(m)
+    return fam.key if fam else None
 
 
 def _gates() -> dict[str, Any]:
@@ -127,7 +133,6 @@ def _verdict(m: ModelInventory) -> None:
     mtp_names = m.names("mtp_nextn")
     trunk = any(t.block is not None and t.group != "mtp_nextn" for t in m.tensors)  # trunk blocks
     kind = _block_draft_kind(m)
-    arch_lc = (m.arch or "").lower()
     if kind:
         m.verdict = BLOCK_DRAFT
         if m.fmt == "gguf":
@@ -158,7 +163,7 @@ def _verdict(m: ModelInventory) -> None:
                      f"is an MTP sidecar ({_head_names(mtp_names)}); pass it with its target")
         m.why.append(_drafter_line(m, MTP_DRAFT_KINDS, "MTP"))
         return
-    if arch_lc in SIDECAR_TYPES or str(m.meta.get("text_config.model_type", "")).lower() in SIDECAR_TYPES:
+    if (fam := _registered(m)) is not None and fam.mtp == "sidecar":
         m.verdict = MTP_SIDECAR
         key = "general.architecture" if m.fmt == "gguf" else "model_type"
         m.why.append(f"{key} {m.arch!r} ships its MTP layer as a separate file; no MTP tensors in this one "

@@ -124,6 +124,17 @@ def head(spec: ModelSpec, x: np.ndarray) -> np.ndarray:
     return as_f64(spec).project(head_name(spec), x)
 
 
+def reference_layer(spec: ModelSpec, l: int, h: np.ndarray) -> np.ndarray:
+    """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H] (the gates' per-layer check)."""
+    t = len(h)
+    return decoder_layer(spec.layer, as_f64(spec), f"model.layers.{l}.", h, np.arange(t), causal_mask(t))
+
+
+def final_norm(spec: ModelSpec, h: np.ndarray) -> np.ndarray:
+    """The rows that enter the head: rms_norm(h [T, H]) with model.norm.weight."""
+    return rms_norm(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
+
+
 def forward(spec: ModelSpec, ids: Sequence[int]) -> RefOut:
     """Run the whole sequence ids (positions 0..T-1, causal) and keep every layer's output."""
     if spec.family != "qwen3":

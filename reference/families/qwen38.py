@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bloomery_gates.registry import keys
 from bloomery_gates.spec import Qwen38Spec
 
 from ..ops.attention import attention, causal_mask
@@ -46,7 +47,7 @@ __all__ = ["RefOut", "hf_hidden_states", "forward", "reference_layer", "decoder_
            "recurrent_state"]
 
 
-HYBRIDS = ("qwen38", "qwen35moe")      # the families this wiring runs (qwen35moe: the same layers, MoE FFNs)
+HYBRIDS = keys(hybrid=True)      # the families this wiring runs (qwen35moe: the same layers, MoE FFNs)
 
 
 def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -134,6 +135,11 @@ def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray) -> np.ndarray:
     h = here(h)
     xp, t = ns(h), len(h)
     return decoder_layer(spec, as_f64(spec), l, h, xp.arange(t), causal_mask(t, xp))
+
+
+def final_norm(spec: Qwen38Spec, h: np.ndarray) -> np.ndarray:
+    """The rows that enter the head: norm1p(h [T, H]) with model.norm.weight (the (1 + w) gain)."""
+    return norm1p(h, as_f64(spec)["model.norm.weight"], spec.layer.rms_eps)
 
 
 def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
