@@ -67,7 +67,7 @@ bench-fixtures device="auto":
 bench-dflash2-kernels:
     python3 -m bloomery_cli.bench_dflash2 --device cuda --json results/h200/bench-dflash2-kernels.json
 
-# regenerate results/README.md (and plots with the `plots` extra) from the committed records
+# regenerate results/<device>/README.md, their index results/README.md and the plots from the committed records
 results:
     bloomery results
 
