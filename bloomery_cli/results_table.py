@@ -308,7 +308,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def write_one(folder: Path, plots: bool = True, title: str = "Results") -> tuple[Path, list[str]]:
-    """Write folder/README.md (the tables of every record under folder; the PNGs when asked and matplotlib imports,
+    """Write the README of ``folder`` (the tables of every record under it; the PNGs when asked and matplotlib imports,
     else the PNGs already there are linked); returns (path, linked pngs, relative to folder)."""
     folder = Path(folder)
     pngs: list[str] = []
@@ -323,8 +323,8 @@ def write_one(folder: Path, plots: bool = True, title: str = "Results") -> tuple
 
 
 def write(results_dir: Path, plots: bool = True) -> tuple[Path, list[str]]:
-    """Write results_dir/<device>/README.md for every folder with records and results_dir/README.md, their index;
-    a results_dir with no such folder (its records at its top) gets its tables in results_dir/README.md. Returns
+    """Write the README of every device folder of results_dir (one with records) and the README of results_dir,
+    their index; a results_dir with no such folder (its records at its top) gets its tables in its own README. Returns
     (the top README, every linked png relative to results_dir)."""
     results_dir = Path(results_dir)
     dirs = device_dirs(results_dir)
