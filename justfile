@@ -48,6 +48,18 @@ gate-qwen38-dspark *ARGS:
 gate-mimo2-mtp *ARGS:
     bloomery gate run mimo2-mtp {{ARGS}}
 
+gate-qwen3yarn-dflash *ARGS:
+    bloomery gate run qwen3yarn-dflash {{ARGS}}
+
+gate-qwen3-dflash-swa *ARGS:
+    bloomery gate run qwen3-dflash-swa {{ARGS}}
+
+gate-qwen3-dflash-swa-spec *ARGS:
+    bloomery gate run qwen3-dflash-swa-spec {{ARGS}}
+
+gate-qwen35moe-dflash *ARGS:
+    bloomery gate run qwen35moe-dflash {{ARGS}}
+
 # the mimo2 fixture (MiMo-V2-Flash layout + its 3 MTP layers), ~25 min on 2 busy CPU cores
 fixtures-mimo2:
     OMP_NUM_THREADS=1 python -m bloomery_cli.fixturegen.mimo2 --out fixtures
@@ -67,7 +79,7 @@ bench-fixtures device="auto":
 bench-dflash2-kernels:
     python3 -m bloomery_cli.bench_dflash2 --device cuda --json results/h200/bench-dflash2-kernels.json
 
-# regenerate results/README.md (and plots with the `plots` extra) from the committed records
+# regenerate results/<device>/README.md, their index results/README.md and the plots from the committed records
 results:
     bloomery results
 

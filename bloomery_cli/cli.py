@@ -33,6 +33,23 @@ err = Console(stderr=True)
 out = Console()
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("bloomery-gates")
+        except PackageNotFoundError:                # run from a checkout that was never installed
+            v = "unknown (not installed)"
+        typer.echo(f"bloomery-gates {v}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", help="Print the installed version and exit.",
+                                                is_eager=True, callback=_version)] = False) -> None:
+    pass
+
+
 def fail_input(e: InputError) -> None:
     err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INPUT)
@@ -60,9 +77,18 @@ def lookup(name: str):
 
 @gate_app.command("list")
 def gate_list(wide: Annotated[bool, typer.Option("--wide", help="Also the default files and what each checks.")]
+              = False,
+              as_json: Annotated[bool, typer.Option("--json", help="A JSON array instead: per gate its name, family "
+                                                    "(target), drafter kind, n, default files and what it checks.")]
               = False) -> None:
     """Show the registered gates: name, target family, drafter, n (``--wide``: default files and a description).
     The plain list fits an 80-column terminal."""
+    if as_json:
+        import json
+        typer.echo(json.dumps([{"name": g.name, "family": g.family, "draft_kind": g.draft_kind, "n": g.n,
+                                "target": shown(g.target), "draft": shown(g.draft), "about": g.about}
+                               for g in registry().values()], indent=2))
+        return
     table = Table(title="registered gates")
     cols = ("gate", "target", "drafter", "n") + (("default target", "default draft", "what") if wide else ())
     for col in cols:

@@ -1,7 +1,10 @@
-"""PNG plots for results/README.md (matplotlib is a dependency; without it `bloomery results` still writes the tables).
+"""PNG plots for results/<device>/README.md (matplotlib is a dependency; without it `bloomery results` still writes
+the tables). Each plot of one record lies beside that record; the plots over several records lie in the folder
+``make_plots`` is given (a device folder such as results/h200/).
 
 - ``kept-histograms.png``: the kept-length histogram of each gate record (share of windows per kept length).
-- ``plot-<record>.png``: drafted tok/s against mean acceptance for each bench record with a sweep, beside
+- ``plot-<record stem>.png``, beside ``<record stem>.json``: drafted tok/s against mean acceptance for each bench
+  record with a sweep, beside
   plain tok/s, tau x plain (a free draft and a verify as cheap as a step), the plain roofline and tau x it.
   The roofline drawn is the bytes-read one (bandwidth / bytes a step reads) where the record has it, else
   the copy-rate one (bandwidth / all weight bytes).
@@ -24,7 +27,9 @@ def have_matplotlib() -> bool:
 
 
 def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
-    """Write the PNGs into results_dir; returns their names ([] without matplotlib)."""
+    """Write the PNGs: a record's own plot beside it, the plots over several records into results_dir; returns their
+    paths relative to results_dir, posix ([] without matplotlib). ``records``' paths are relative to results_dir
+    (or absolute)."""
     if not have_matplotlib():
         return []
     import matplotlib
@@ -51,7 +56,6 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         fig.savefig(results_dir / "kept-histograms.png", dpi=110)
         plt.close(fig)
         names.append("kept-histograms.png")
-    stems = plot_stems([p for p, r in records if "bench" in r and r.get("sweep")])
     for path, r in records:
         sweep = r.get("sweep") if "bench" in r else None
         if not sweep:
@@ -72,26 +76,12 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
                      f"prompt {c.get('prompt_len')}", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        name = f"plot-{stems[path]}.png"
+        name = Path(path).parent / f"plot-{Path(path).stem}.png"     # beside its record
         fig.savefig(results_dir / name, dpi=110)
         plt.close(fig)
-        names.append(name)
+        names.append(name.as_posix())
     names += shape_plots(results_dir, records, plt)
     return names
-
-
-def plot_stems(paths: list[Path]) -> dict[Path, str]:
-    """A unique plot name per record: its file stem; where stems repeat (the same bench in several folders) the
-    shallowest record keeps it and the others are prefixed with their folder's name."""
-    out: dict[Path, str] = {}
-    by_stem: dict[str, list[Path]] = {}
-    for p in paths:
-        by_stem.setdefault(p.stem, []).append(p)
-    for stem, ps in by_stem.items():
-        ps = sorted(ps, key=lambda p: (len(p.parts), p.as_posix()))
-        out[ps[0]] = stem
-        out.update({p: f"{_slug(p.parent.name)}-{stem}" for p in ps[1:]})
-    return out
 
 
 def roofline(r: dict[str, Any]) -> tuple[float | None, str]:

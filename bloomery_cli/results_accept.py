@@ -1,7 +1,7 @@
 """The acceptance table per target x draft: one row per (gate, target file, device, dtype), the latest committed
 record of each, with the published figures of ANCHORS.md beside it, marked external, with their conditions.
 
-It goes into results/README.md (``results_table.render``) and, between the markers below, into the project's
+It goes into results/<device>/README.md (``results_table.render``) and, between the markers below, into the project's
 README.md (``bloomery results --readme PATH``); nothing outside the markers is touched.
 """
 

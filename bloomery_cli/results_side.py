@@ -1,4 +1,4 @@
-"""Two results/README.md sections built from the gate records alone:
+"""Two results/<device>/README.md sections built from the gate records alone:
 
 * greedy and T = 1 side by side: one row per gate x device x dtype (every gate and every device/dtype pair that
   some quality record has), the latest greedy record's accept_mean, the latest T = 1 record's accept_mean and its
@@ -22,6 +22,17 @@ RANDOM_WHY = ("Real checkpoint layouts at real sizes filled with random weights 
               "random weights the draft's proposals are unrelated to the target's greedy ids, so none is accepted: "
               "accept_mean is 1.0 (the bonus row of each window only) and the gate fails on its `(b)` line alone "
               "(both branches: nothing kept), honestly. They are kept out of the acceptance tables above.")
+
+
+def random_why(records: list[Record]) -> str:
+    """RANDOM_WHY with its NOTE.md link relative to the folder the records are relative to (the ``real`` folder of
+    the first random record under one), or without the link where none is."""
+    for path, r in records:
+        parts = Path(path).parts[:-1]
+        if "gate" in r and "real" in parts:
+            note = Path(*parts[:parts.index("real") + 1], "NOTE.md").as_posix()
+            return RANDOM_WHY.replace("h200/real/NOTE.md", note)
+    return RANDOM_WHY.replace("; [h200/real/NOTE.md](h200/real/NOTE.md)", "")
 
 
 def is_random_layout(path: Path, r: dict[str, Any]) -> bool:

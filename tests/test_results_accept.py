@@ -45,7 +45,9 @@ def test_results_rewrites_only_the_marked_block(tmp_path):
     assert text.startswith("# top\n\nkeep me\n\n") and text.endswith("\n\ntail stays\n")
     assert "old table" not in text and "| qwen3-dspark | qwen3-tiny | dspark (dspark-d) | 2.700 |" in text
     assert "(results/h200/x.json)" in text and "6.17" in text
-    assert "| qwen3-dspark |" in (res / "README.md").read_text()
+    assert "| qwen3-dspark |" in (res / "h200" / "README.md").read_text()       # the tables: per device folder
+    assert "| qwen3-dspark |" not in (res / "README.md").read_text()             # the index: links only
+    assert "(h200/README.md)" in (res / "README.md").read_text()
 
 
 def test_a_named_readme_without_markers_is_exit_2(tmp_path):

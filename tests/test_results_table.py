@@ -52,19 +52,35 @@ def test_bench_record_tables(tmp_path):
     assert bench_row.startswith("| qwen3-dflash | tiny |") and f"{rec['plain']['tok_s']:.1f}" in bench_row
     assert "Acceptance sweep of `h200/bench-tiny.json`" in text
     assert "`--width cost` at a = 0.02" in text and "`--width cost` at a = 0.98" in text
+    for png in (tmp_path / "h200").rglob("*.png"):
+        png.unlink()
     path, pngs = write(tmp_path, plots=False)
-    assert path.read_text() == text and pngs == []
-    (tmp_path / "kept-histograms.png").write_bytes(b"png")          # made earlier where matplotlib was
+    device = tmp_path / "h200" / "README.md"       # the tables per device folder, links relative to it
+    assert device.read_text() == render(tmp_path / "h200", [], "Results: h200") and pngs == []
+    assert "(bench-tiny.json)" in device.read_text()
+    assert path == tmp_path / "README.md" and "(h200/README.md)" in path.read_text() and "| ---" not in path.read_text()
+    (tmp_path / "h200" / "kept-histograms.png").write_bytes(b"png")          # made earlier where matplotlib was
     path, pngs = write(tmp_path, plots=False)
-    assert pngs == ["kept-histograms.png"] and "![kept-histograms.png](kept-histograms.png)" in path.read_text()
+    assert pngs == ["h200/kept-histograms.png"]
+    assert "![kept-histograms.png](kept-histograms.png)" in device.read_text()
 
 
 def test_plots_when_matplotlib_is_there(tmp_path):
+    """Each record's plot beside its record, the plots over several records at the top of the device folder, none
+    at the top of the results folder."""
     pytest.importorskip("matplotlib")
     shutil.copytree(RESULTS / "h200", tmp_path / "h200")
+    for png in (tmp_path / "h200").rglob("*.png"):
+        png.unlink()
     path, pngs = write(tmp_path, plots=True)
-    assert "kept-histograms.png" in pngs and (tmp_path / "kept-histograms.png").stat().st_size > 1000
-    assert "![kept-histograms.png](kept-histograms.png)" in path.read_text()
+    assert "h200/kept-histograms.png" in pngs and (tmp_path / "h200" / "kept-histograms.png").stat().st_size > 1000
+    assert "![kept-histograms.png](kept-histograms.png)" in (tmp_path / "h200" / "README.md").read_text()
+    assert "h200/plot-bench-qwen3-8b-cuda-bf16.png" in pngs       # beside h200/bench-qwen3-8b-cuda-bf16.json
+    for name in pngs:
+        if Path(name).name.startswith("plot-") and not Path(name).name.startswith("plot-shape-"):
+            record = tmp_path / Path(name).parent / (Path(name).name.removeprefix("plot-")[:-4] + ".json")
+            assert record.is_file(), name
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_results_command_exit_codes(tmp_path):
