@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bloomery_gates.errors import InputError
+from bloomery_gates.registry import FAMILIES, keys
 
 if TYPE_CHECKING:
     from bloomery_gates.spec import ModelSpec
@@ -58,12 +59,13 @@ def find_llama_bench(folder: Path) -> Path:
 
 
 def gguf_arch(tspec: ModelSpec) -> str:
-    """The llama.cpp arch the bench's target is written as: qwen3 -> ``qwen3``, qwen38 -> ``qwen35``."""
-    arch = {"qwen3": "qwen3", "qwen38": "qwen35"}.get(tspec.family)
-    if arch is None:
+    """The llama.cpp arch the bench's target is written as (the registry's GGUF arch: qwen3 -> ``qwen3``, qwen38 ->
+    ``qwen35``), for the families whose GGUF this writer knows (``llama_bench`` in the registry)."""
+    fam = FAMILIES.get(tspec.family)
+    if fam is None or not fam.llama_bench:
         raise InputError(f"--llama-cpp ({tspec.source})", f"family {tspec.family!r}: the llama.cpp peer writes "
-                                                          "qwen3 or qwen38 targets only")
-    return arch
+                                                          f"{' or '.join(keys(llama_bench=True))} targets only")
+    return fam.gguf_archs[0]
 
 
 def write_gguf(tspec: ModelSpec, tensors: Mapping[str, torch.Tensor], path: Path, dtype: str) -> Path:

@@ -34,8 +34,7 @@ from typing import Any
 import torch
 
 from bloomery_gates.errors import InputError
-
-GGUF_ARCH = {"qwen3": "qwen3", "qwen38": "qwen35"}     # target family -> llama.cpp arch (context_length key)
+from bloomery_gates.registry import FAMILIES
 
 
 def check_n(n: int, flag: str = "-n") -> int:
@@ -95,7 +94,9 @@ def check_output_dir(path: Path | None, names: Sequence[str] = (), flag: str = "
 def context_key(spec: Any) -> str:
     """How the target's config spells its context length, with the file: for the error message."""
     if spec.source_format == "gguf":
-        return f"{spec.source}: key {GGUF_ARCH.get(spec.family, spec.family)}.context_length"
+        fam = FAMILIES.get(spec.family)
+        arch = fam.gguf_archs[0] if fam is not None and fam.gguf_archs else spec.family
+        return f"{spec.source}: key {arch}.context_length"
     return f"{Path(spec.source) / 'config.json'}: key max_position_embeddings"
 
 

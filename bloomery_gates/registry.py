@@ -50,6 +50,7 @@ class Family:
     draft_device: bool = False                 # --draft-device: its drafts read only the TargetView
     hybrid: bool = False                       # recurrent (DeltaNet) layers beside attention
     plan_as: str | None = None                 # plan's built-in layout ("qwen3", "qwen38", "nemotron") or None
+    llama_bench: bool = False                  # bench --llama-cpp writes its GGUF (bench_llamacpp.write_gguf)
     code: dict[str, str] = field(default_factory=dict)
 
     def has(self, role: str) -> bool:
@@ -92,7 +93,7 @@ K, R, G, C = "bloomery_gates.kernels.families.", "bloomery_gates.reference.famil
 
 FAMILIES: dict[str, Family] = {f.key: f for f in (
     Family("qwen3", "Qwen3 dense (also the Llama layout's plan)", ("qwen3",), ("qwen3",), ("llama",),
-           runs=True, tp=True, draft_device=True, plan_as="qwen3",
+           runs=True, tp=True, draft_device=True, plan_as="qwen3", llama_bench=True,
            code={"read_hf": C + "formats.qwen3:qwen3_from_hf", "read_gguf": C + "formats.qwen3:qwen3_from_gguf",
                  "engine": K + "qwen3:Qwen3Target", "reference": R + "qwen3:forward",
                  "reference_layer": R + "qwen3:reference_layer", "final_norm": R + "qwen3:final_norm",
@@ -100,7 +101,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "layer_ops": QWEN3_OPS}),
     Family("qwen38", "Qwen3.5 / 3.6 / 3.8 dense hybrid (gated DeltaNet + gated attention)", ("qwen3_5", "qwen3_5_text"),
            ("qwen35",), runs=True, mtp="in-file", draft_device=True, hybrid=True,
-           plan_as="qwen38",
+           plan_as="qwen38", llama_bench=True,
            code={"read_hf": C + "formats.qwen38:qwen38_from_hf", "read_gguf": C + "formats.qwen38:qwen38_from_gguf",
                  "engine": K + "qwen38:Qwen38Target", "reference": R + "qwen38:forward",
                  "reference_layer": R + "qwen38:reference_layer", "final_norm": R + "qwen38:final_norm",

@@ -1,0 +1,87 @@
+"""The family registry (bloomery_gates/registry.py): every role resolves, detection agrees with the readers, and no
+other module lists families (a tuple, list, set or dict literal holding two or more family keys)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bloomery_gates import registry
+from bloomery_gates.registry import FAMILIES, ROLES, family, keys, of_gguf, of_hf, of_model_type
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("bloomery_cli", "bloomery_gates", "gates", "kernels", "reference")
+
+
+@pytest.mark.parametrize("key", sorted(FAMILIES))
+def test_every_role_resolves(key):
+    fam = FAMILIES[key]
+    assert set(fam.code) <= set(ROLES), f"{key}: unknown roles {set(fam.code) - set(ROLES)}"
+    for role in fam.code:
+        assert fam.load(role) is not None, f"{key}.{role} -> {fam.code[role]}"
+    if fam.runs:
+        for role in ("read_hf", "read_gguf", "engine", "reference", "reference_layer", "final_norm", "state",
+                     "layer_ops"):
+            assert fam.has(role), f"{key} runs but has no {role}"
+
+
+def test_detection_is_one_to_one():
+    seen: dict[str, str] = {}
+    for fam in FAMILIES.values():
+        for name in fam.names:
+            assert seen.setdefault(name, fam.key) == fam.key, f"{name} claimed by {seen[name]} and {fam.key}"
+            assert of_model_type(name.upper()) is fam
+    assert of_hf("qwen3_5_moe").key == "qwen35moe" and of_gguf("qwen35").key == "qwen38"
+    assert of_hf("llama") is None and of_model_type("llama").key == "qwen3"      # planned, not read
+    assert of_model_type("gpt2") is None
+    with pytest.raises(KeyError, match="the families are"):
+        family("gpt2")
+
+
+def test_capabilities_are_what_the_code_reads():
+    from bloomery_cli import draft_device, tp
+    from bloomery_cli.formats import mtp
+    from bloomery_gates.reference.families import qwen38
+
+    assert keys(draft_device=True) == draft_device.FAMILIES and keys(tp=True) == tp.FAMILIES
+    assert keys(mtp="in-file") == mtp.MTP_FAMILIES and keys(hybrid=True) == qwen38.HYBRIDS
+
+
+def test_a_missing_role_is_none_and_a_bad_name_fails():
+    assert FAMILIES["qwen3"].check_extra is None
+    with pytest.raises(AttributeError):
+        FAMILIES["qwen3"].no_such_field  # noqa: B018
+    with pytest.raises(KeyError, match="qwen4exp has no engine"):
+        FAMILIES["qwen4exp"].load("engine")
+    with pytest.raises(ModuleNotFoundError):
+        registry.resolve("bloomery_cli.no_such_module:x")
+
+
+def family_lists(tree: ast.AST) -> list[tuple[int, list[str]]]:
+    """(line, keys) of every literal collection holding two or more family keys as plain strings."""
+    found = []
+    for node in ast.walk(tree):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
+            node.keys if isinstance(node, ast.Dict) else []
+        names = [e.value for e in items if isinstance(e, ast.Constant) and e.value in FAMILIES]
+        if len(names) >= 2:
+            found.append((node.lineno, names))
+    return found
+
+
+def test_no_module_but_the_registry_lists_families():
+    bad = []
+    for top in CODE:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path == ROOT / "bloomery_gates" / "registry.py":
+                continue
+            for line, names in family_lists(ast.parse(path.read_text(), str(path))):
+                bad.append(f"{path.relative_to(ROOT)}:{line} {names}")
+    assert not bad, "family lists outside the registry:\n" + "\n".join(bad)
+
+
+def test_the_list_check_sees_a_planted_list():
+    assert family_lists(ast.parse('TP = ("qwen3", "qwen38")\nX = {"mimo2": 1, "qwen35moe": 2}')) == \
+        [(1, ["qwen3", "qwen38"]), (2, ["mimo2", "qwen35moe"])]
