@@ -94,6 +94,41 @@ def test_record_that_never_drafted_fails_closed(own_record, tmp_path):
     assert "ids identical 48" in rep.lines and not any(x.startswith("PASSED") for x in rep.lines)
 
 
+def test_record_whose_plain_ids_leave_the_reference_fails_in_bf16(own_record, tmp_path):
+    """(e) in bf16: a plain id that is not the f64 greedy id, where the f64 row has a clear top-1, is a defect. The
+    band is that row's own (a band over the whole tap took the worst row's ratio to every row: past 1 in bf16 on
+    mimo2, where it excused any flip)."""
+    def wrong(r):
+        r.header = replace(r.header, dtype="bf16")
+        p = r.prompts[0]
+        p.plain_ids[10] = p.drafted_ids[10] = (p.plain_ids[10] + 1) % 4096
+    code, rep = judge_record(GATES["qwen3-dflash"], _planted(own_record, tmp_path / "p.jsonl", wrong), emit=quiet)
+    bad = [x for x in failed(rep) if x.startswith("(e) prompt 0")]
+    assert code == 1 and bad and "first divergence at id 10" in bad[0] and "defect" in bad[0], rep.lines
+
+
+def test_flip_band_is_the_rows_own():
+    """A tap whose one row has small logits (its emulated error near its max) must not excuse a clear flip in
+    another row: the band of the flip is that row's own. (With the tap-wide band, 3 x the worst row's ratio, this
+    flip at a margin of 0.5 of max|logit| passed as a near-tie.)"""
+    from types import SimpleNamespace
+
+    from bloomery_cli.engines.judge import Judge
+
+    rng = np.random.default_rng(0)
+    exact = rng.normal(size=(2, 64))
+    exact[0] *= 1e-3                                  # a row of small logits
+    exact[1, :2] = [10.0, 5.0]                        # a clear top-1: margin 0.5 of max|logit|
+    emu = exact + 1e-3 * np.sign(rng.normal(size=exact.shape)) * np.abs(exact).max(-1, keepdims=True) * 1e-2
+    emu[0] = exact[0] + 1e-3                          # row 0: an error the size of its logits
+    j = object.__new__(Judge)
+    j.dtype = "bf16"
+    j.taps = lambda seq: SimpleNamespace(logits=exact)
+    j.emulated_taps = lambda seq: SimpleNamespace(logits=emu)
+    margin, near, band = j.flip([1, 2, 3], 1)
+    assert margin == pytest.approx(0.5) and not near and band < 0.25
+
+
 @pytest.mark.parametrize("text, what", [
     ('{"schema": "x"}\n{}\n', "schema"),
     ('{"schema": "bloomery.engine-record/1", "engine": "e", "gate": "qwen3-dflash", "dtype": "f8", "device": "cpu", '
