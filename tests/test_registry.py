@@ -85,3 +85,51 @@ def test_no_module_but_the_registry_lists_families():
 def test_the_list_check_sees_a_planted_list():
     assert family_lists(ast.parse('TP = ("qwen3", "qwen38")\nX = {"mimo2": 1, "qwen35moe": 2}')) == \
         [(1, ["qwen3", "qwen38"]), (2, ["mimo2", "qwen35moe"])]
+
+
+# shared modules a role may name: the bands, the state declarations and MoE lines of relatives, and the transformers
+# oracle machinery (build_hf_model) that holds the first two families' oracles beside it
+SHARED = {"bloomery_cli/bands.py", "gates/state_decls.py", "gates/moe_checks.py", "bloomery_cli/oracle.py"}
+
+
+def architecture_places() -> list[str]:
+    """The `<family>` path patterns of docs/ARCHITECTURE.md's "Adding a family" list."""
+    import re
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("## Adding a family"):text.index("### A GGUF layout")]
+    return [p for p in re.findall(r"`([\w/<>*.-]+\.py)`", section) if "<family>" in p or p.endswith("registry.py")
+            or p.endswith("spec.py")]
+
+
+def module_file(ref: str) -> str:
+    module = ref.partition(":")[0]
+    for pkg, folder in (("bloomery_gates.kernels.", "kernels/"), ("bloomery_gates.reference.", "reference/"),
+                        ("bloomery_gates.gates.", "gates/"), ("bloomery_cli.", "bloomery_cli/")):
+        if module.startswith(pkg):
+            return folder + module[len(pkg):].replace(".", "/") + ".py"
+    return module.replace(".", "/") + ".py"
+
+
+def test_architecture_list_covers_every_role():
+    """Every role of every entry lives in a place docs/ARCHITECTURE.md's list names (for its own key or a
+    relative's) or in a shared module: the list is what adding a family touches."""
+    from fnmatch import fnmatch
+
+    places = architecture_places()
+    assert len(places) >= 8, places
+    pats = [p.replace("<family>", k) for p in places for k in FAMILIES]
+    for fam in FAMILIES.values():
+        for role, ref in fam.code.items():
+            path = module_file(ref)
+            assert (ROOT / path).is_file(), f"{fam.key}.{role}: {path} does not exist"
+            assert path in SHARED or any(fnmatch(path, p) for p in pats), \
+                f"{fam.key}.{role} lives in {path}, which docs/ARCHITECTURE.md's list does not name"
+
+
+def test_the_architecture_check_sees_a_place_off_the_list():
+    from fnmatch import fnmatch
+
+    pats = [p.replace("<family>", "qwen3") for p in architecture_places()]
+    assert not any(fnmatch("bloomery_cli/loading.py", p) for p in pats)
+    assert any(fnmatch("kernels/families/qwen3.py", p) for p in pats)
