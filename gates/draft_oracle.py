@@ -31,7 +31,7 @@ import numpy as np
 from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import Band, Op, chain_band, flip_excused, layer_ops, worst_rel
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck
+from bloomery_cli.gatekit import DraftCheck
 
 from ..reference.drafts import dflash as ref_dflash
 from ..reference.drafts import dflash2 as ref_dflash2

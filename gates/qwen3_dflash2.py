@@ -22,7 +22,7 @@ import numpy as np
 
 from bloomery_cli.bands import Band, Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash2
 from bloomery_gates.spec import DFlash2Spec
 
