@@ -22,7 +22,7 @@ from bloomery_gates.errors import InputError
 
 from .bench_shapes import SHAPES, random_pair
 from .contract import Report
-from .gate import DTYPES, DraftCheck, resolve_device
+from .gatekit import DTYPES, DraftCheck, resolve_device
 from .records import conditions, write_atomic
 
 

@@ -21,9 +21,7 @@ One run reports, each figure with its conditions (device, dtype, prompt length, 
 
 from __future__ import annotations
 
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,125 +30,33 @@ import typer
 
 from bloomery_gates.errors import InputError
 
+from .bench_common import (
+    CRITERION,
+    DTYPES,
+    TAUS,
+    ReplayDraft,
+    accept_for_tau,
+    criterion_bound,
+    first_engine,
+    guarded,
+    hf_compare,
+    stages,
+    sync,
+    timed_generate,
+)
 from .bench_dflash2 import copy_bandwidth
+from .bench_hybrid import bench_hybrid
 from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
-from .bench_shapes import SHAPES, hf_decode, random_pair, weight_bytes
+from .bench_shapes import SHAPES, random_pair, weight_bytes
+from .gatekit import resolve_device
 from .preflight import check_output_file
 from .records import conditions, write_atomic
-from .speculative import generate
 from .threads import Threads, apply_threads
 from .width import CostWidth, width_policy
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-TAUS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+# the pieces the benches share (bench_hybrid, results_table) are in bench_common
 HYBRID_NAMES = ("qwen38-dflash2", "qwen38-mtp")
-CRITERION = 0.85                # drafted tok/s >= CRITERION x accept_mean x plain at tau 6 (issue 11)
-
-
-@contextmanager
-def stages(total: int, quiet: bool):
-    """A transient rich progress bar over the bench's stages; silent when ``quiet`` or stdout is not a tty."""
-    if quiet or not sys.stdout.isatty():
-        yield lambda what: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task("bench", total=total)
-        yield lambda what: bar.update(task, advance=1, description=what)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def accept_for_tau(tau: float, block: int) -> float:
-    """a with sum_{j=0}^{B-1} a^j = tau (1 <= tau <= B)."""
-    if tau >= block:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** j for j in range(block)) < tau else (lo, mid)
-    return (lo + hi) / 2
-
-
-class ReplayDraft:
-    """Runs ``inner`` (so its cost is real), then proposes ``ref`` (the target's own continuation; ref[i] is the
-    i-th emitted id) with each proposal right with probability ``a``, else ref + 1."""
-
-    def __init__(self, inner, ref: list[int], a: float, vocab: int, seed: int = 0):
-        import random
-
-        self.inner, self.ref, self.a, self.vocab = inner, ref, a, vocab
-        self.rng, self.i, self.off_track = random.Random(seed), 0, 0
-
-    def prompt(self, taps) -> None:
-        self.inner.prompt(taps)
-        self.i = 0
-
-    def propose(self, anchor: int):
-        from bloomery_gates.kernels.drafts.dflash import Proposal
-
-        n = len(self.inner.propose(anchor).ids)
-        self.off_track += anchor != self.ref[min(self.i, len(self.ref) - 1)]
-        truth = [self.ref[j] if j < len(self.ref) else 0 for j in range(self.i + 1, self.i + 1 + n)]
-        return Proposal([t if self.rng.random() < self.a else (t + 1) % self.vocab for t in truth])
-
-    def accept(self, kept: int, taps) -> None:
-        self.inner.accept(kept, taps)
-        self.i += kept
-
-
-def timed_generate(target, draft, prompt: list[int], n: int, width=None) -> tuple[Any, float]:
-    """speculative.generate, timed from the end of the prefill (and the draft's prompt) to the last id:
-    returns (run, ids per second over the n-1 ids after the first)."""
-    mark: dict[str, float] = {}
-    dev = target.device
-
-    class Timed:
-        device = dev
-
-        def prefill(self, ids):
-            out = target.prefill(ids)
-            if draft is None:
-                mark["t0"] = time.perf_counter()
-            return out
-
-        verify, commit = target.verify, target.commit
-
-    class TimedDraft:
-        def prompt(self, taps):
-            draft.prompt(taps)
-            sync(dev)
-            mark["t0"] = time.perf_counter()
-
-        propose, accept = (draft.propose, draft.accept) if draft is not None else (None, None)
-
-    run = generate(Timed(), TimedDraft() if draft is not None else None, prompt, n, width)
-    sync(dev)
-    return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
-
-
-def first_engine(paths, build, label, dev: torch.device, log, what: str = "engine"):
-    """(target, draft, mode) of the first path in ``paths`` that runs: ``build(*path)`` builds, warms and captures
-    one and returns (target, draft, mode, capture seconds); a path that raises is logged with ``label(path)`` and
-    its reason, and the next is tried; none running is a RuntimeError naming ``what``."""
-    last = None
-    for path in dict.fromkeys(paths):
-        try:
-            t, d, mode, secs = build(*path)
-            log(f"engine {mode} capture_s={secs:.2f}")
-            return t, d, mode
-        except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
-            last = e
-            log(f"engine {label(path)} failed: {type(e).__name__}: {str(e)[:300]}")
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-    raise RuntimeError(f"no {what} path ran: {last}")
 
 
 def build_engines(tspec, dspec, dev, dtype, max_len: int, b: int, log, graphs: bool = True, impl: str = "auto"):
@@ -185,8 +91,6 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
           llama_bench: Path | None = None) -> dict[str, Any]:
     """Run the bench; ``save(rec)`` is called with the record so far after each stage (a run cut short still
     leaves what it measured). ``llama_bench``: also llama.cpp's plain decode (``bench_llamacpp.compare``)."""
-    from .gate import resolve_device
-
     dev = resolve_device("cuda" if device == "auto" and torch.cuda.is_available() else
                          ("cpu" if device == "auto" else device))
     if dtype not in DTYPES:
@@ -276,39 +180,6 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
     return rec
 
 
-def criterion_bound(verify: list[dict[str, Any]], rows: int, draft_read: int, copy_GBps: float, log=None
-                    ) -> dict[str, Any]:
-    """The best drafted / (accept_mean x plain) any draft could reach on this target and this verify: a window is
-    at least a verify of ``rows`` rows plus the draft reading its bytes once at the copy rate (``draft_read``: its
-    weights and the head per head pass), with no host time at all:
-
-        frac_max = t_plain / (t_verify(rows) + draft_read / copy_bandwidth)
-
-    Below ``CRITERION`` the criterion cannot be met by any draft of that size, however fast its kernels."""
-    plain_ms = verify[0]["ms"]
-    v = next(x for x in verify if x["rows"] == rows)
-    read_ms = draft_read / (copy_GBps * 1e9) * 1e3
-    frac = plain_ms / (v["ms"] + read_ms)
-    out = {"frac_max": frac, "attainable": frac >= CRITERION, "verify_rel": v["rel_plain"], "rows": rows,
-           "draft_read_bytes": draft_read, "draft_read_ms": read_ms, "draft_read_rel": read_ms / plain_ms}
-    if log:
-        log(f"bound frac_max={frac:.3f} needed={CRITERION} attainable={out['attainable']} (verify R{rows} "
-            f"{v['rel_plain']:.3f} + draft reads {draft_read / 1e9:.2f} GB at the copy rate = {read_ms:.3f} ms = "
-            f"{out['draft_read_rel']:.3f} of a plain step)")
-    return out
-
-
-def guarded(rec: dict, key: str, log, fn) -> None:
-    """rec[key] = fn() (when it returns something); a failure is logged and recorded instead of ending the bench."""
-    try:
-        out = fn()
-        if out is not None:
-            rec[key] = out
-    except Exception as e:  # noqa: BLE001
-        log(f"{key} failed: {type(e).__name__}: {str(e)[:300]}")
-        rec[key + "_error"] = f"{type(e).__name__}: {e}"
-
-
 def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log, save) -> None:
     rows = rec["sweep"]
     for tau in [t for t in taus if t <= b]:
@@ -358,8 +229,8 @@ def _load(name: str, shape: str | None, dev, dt, prompt_len: int):
         return tspec, dspec, torch.randint(0, tspec.vocab_size, (prompt_len,), generator=gen).tolist()
     from bloomery_gates.gates import GATES
 
-    from .gate import read_prompts
     from .loading import load_target, load_tokenizer
+    from .prompts import read_prompts
 
     if name not in GATES:
         raise ValueError(f"gate {name!r}: unknown; registered gates: {', '.join(sorted(GATES))}")
@@ -413,28 +284,6 @@ def _measured(target, draft, prompt, n, plain, ref, plain_tok_s, width, b, log) 
     return out
 
 
-def hf_compare(tspec, target, dev, prompt, tokens, plain, plain_tok_s, log, build=None,
-               label: str = "transformers generate") -> dict[str, Any]:
-    """HF transformers' eager ``generate`` on the same weights (``bench_shapes.hf_decode``; ``build`` picks the
-    class), in the same run: its tok/s, ours over it, whether its ids equal ours. A missing or failing
-    transformers is recorded, not fatal (the rest of the record still counts)."""
-    try:
-        kw = {} if build is None else {"build": build}
-        hf = hf_decode(tspec, dev, prompt, tokens, target.prefill(prompt, logits=True).logits, **kw)
-    except ImportError:
-        log("transformers not installed: no HF comparison")
-        return {"error": "transformers not installed"}
-    except Exception as e:  # noqa: BLE001  (the rest of the record still counts)
-        log(f"transformers failed: {type(e).__name__}: {str(e)[:300]}")
-        return {"error": f"{type(e).__name__}: {e}"}
-    hf["ratio_ours"] = plain_tok_s / hf["tok_s"]
-    hf["ids_equal_ours"] = hf.pop("ids") == plain.ids[: tokens + 1]
-    log(f"{label} attn=eager tok_s={hf['tok_s']:.2f} ours_over_hf={hf['ratio_ours']:.1f}x "
-        f"ids_equal_ours={hf['ids_equal_ours']} prefill_logits_rel={hf['prefill_logits_rel']:.2e} "
-        f"version={hf['transformers']}")
-    return hf
-
-
 def bench_command(
         name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash, or for a hybrid "
                                             "shape qwen38-dflash2 / qwen38-mtp.")],
@@ -475,8 +324,6 @@ def bench_command(
         if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
             if shape is None:
                 raise ValueError(f"{name}: the hybrid bench needs --shape ({', '.join(HYBRID_SHAPES)})")
-            from .bench_hybrid import bench_hybrid
-
             rec = bench_hybrid(name, shape, device, dtype, prompt_len, n, layers, block, mtp_width, width, hf,
                                quiet=json is not None, save=save, profile=profile, llama_bench=peer)
             if not rec.get("ids_identical_all"):

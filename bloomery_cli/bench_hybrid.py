@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .bench import (
+from .bench_common import (
     CRITERION,
     DTYPES,
     TAUS,
@@ -43,9 +43,11 @@ from .bench import (
     timed_generate,
 )
 from .bench_dflash2 import copy_bandwidth
+from .bench_hybrid_engines import build_hybrid_engines
 from .bench_hybrid_shapes import HYBRID_SHAPES, hf_qwen38_model, random_dflash2, random_qwen38
 from .bench_llamacpp import compare
 from .bench_shapes import weight_bytes
+from .gatekit import resolve_device
 from .records import conditions
 from .width import width_policy
 
@@ -93,9 +95,6 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
                  llama_bench: Path | None = None) -> dict[str, Any]:
     """Run the hybrid bench; ``save(rec)`` after each stage (a run cut short keeps what it measured);
     ``llama_bench``: also llama.cpp's plain decode on the same trunk (``bench_llamacpp.compare``)."""
-    from .bench_hybrid_engines import build_hybrid_engines
-    from .gate import resolve_device
-
     check_args(name, shape, layers, block, mtp_width)
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")

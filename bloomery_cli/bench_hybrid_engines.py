@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .bench import first_engine, sync
+from .bench_common import first_engine, sync
 
 Path = tuple[str, str, bool]           # (impl, attention, graphs)
 

@@ -18,6 +18,7 @@ from bloomery_gates.errors import InputError
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
 from .gate_plan import decide_draft, policy_of
+from .gatekit import DTYPES, DraftCheck, GateDef, resolve_device
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .preflight import check_fits, check_n, check_output_file
@@ -27,31 +28,7 @@ from .speculative import generate
 from .state_check import check_state
 from .width import width_policy
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-
-@dataclass(frozen=True)
-class GateDef:
-    """What a (target, drafter) pair brings; the runner does the rest."""
-
-    name: str
-    family: str
-    draft_kind: str
-    target: Path
-    draft: Path
-    prompts: Path
-    about: str
-    load_draft: Callable[[Path, Any], Any]                 # (path, target spec) -> draft spec
-    make_draft: Callable[[Any, Any, int], Any]             # (draft spec, target engine, max_len) -> Draft
-    block: Callable[[Any], int]                            # draft spec -> verify rows per pass
-    describe: Callable[[Any], dict[str, Any]]              # draft spec -> load-line facts
-    check_draft: Callable[..., None]                       # (report, DraftCheck) -> (r) lines
-    n: int = 256
-    anchors: tuple[str, ...] = ()                          # published numbers, printed as external
-    check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
-    options: dict[str, Any] = field(default_factory=dict)
-    draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
-    own_ids: int = 0                                       # ids its own checks generate (engines are sized for them)
+# GateDef, DraftCheck, DTYPES and resolve_device live in gatekit, below this runner: the gates import them there.
 
 
 @dataclass
@@ -75,30 +52,6 @@ class GateOptions:
     draft_device: str | None = None                               # the draft on a device of its own (draft_device)
     tp: int = 1                                                   # the target split over tp processes (tp)
     record: Path | None = None                                    # the engine-agnostic record (engines.record)
-
-
-@dataclass
-class DraftCheck:
-    """What a draft's (r) checks get: both specs, the engines, the prompt, the target's taps."""
-
-    target_spec: Any
-    draft_spec: Any
-    engine: Any
-    draft: Any
-    prompt: list[int]
-    prefill: Any        # the engine's Pass over the prompt
-    ref: Any            # the target reference's RefOut over the prompt
-    dtype: str
-
-
-def resolve_device(device: str) -> torch.device:
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise InputError("--device", f"{device} asked for, but CUDA is not available on this machine")
-        return torch.device(device)
-    if device != "cpu":
-        raise InputError("--device", f"{device!r}: expected cpu, cuda or cuda:<i>")
-    return torch.device("cpu")
 
 
 def tensor_bytes(tensors) -> int:

@@ -94,7 +94,7 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
             dtype_name: str, ctx: int) -> dict[str, Any]:
     import torch
 
-    from .gate import DTYPES, resolve_device
+    from .gatekit import DTYPES, resolve_device
     from .plan_model import read_draft, read_target
     from .plan_shapes import plan_shape
     from .speculative import generate

@@ -30,7 +30,7 @@ from typing import Any
 from bloomery_gates.errors import InputError
 
 from .formats.config import Cfg
-from .plan_model import AttnGroup, Experts, PlanDraft, PlanModel, _elems, _embed_dtype
+from .plan_types import AttnGroup, Experts, PlanDraft, PlanModel, _elems, _embed_dtype
 
 FAMILY = "mimo2"
 SCORE_BYTES = 12          # per score alive at once in sink attention: the f32 scores, [scores ; sink] f32 and its
@@ -96,15 +96,13 @@ def _plan_model(path: Path, inv_model, layer, m, fmt: str, vocab: int, maxpos: i
                      score_bytes=SCORE_BYTES, experts=experts, notes=notes)
 
 
-def mimo2_draft(path: Path, target: PlanModel, same_file: bool) -> PlanDraft:
+def mimo2_draft(path: Path, target: PlanModel, own: PlanModel | None) -> PlanDraft:
     """The shipped MTP layers as the draft term: read from ``path`` (the target itself, or a mimo2 directory of
-    the same trunk) by their headers."""
-    if same_file:
+    the same trunk) by their headers. ``own``: ``path`` read as a target (``plan_model.read_target``), None when
+    it is the target file itself."""
+    if own is None:
         elems, layers = target.draft_elems, target.draft_layers
     else:
-        from .plan_model import read_target
-
-        own = read_target(path)
         if own.family != FAMILY or (own.hidden, own.vocab, own.meta.get("swa")) != (
                 target.hidden, target.vocab, target.meta.get("swa")):
             raise InputError(path, "expected the target's own mimo2 directory (or one with the same trunk) for its "

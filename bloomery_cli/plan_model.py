@@ -16,8 +16,6 @@ Nothing here is unpickled or run; a missing or odd key is a ``BadConfig`` naming
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from bloomery_gates.errors import BadConfig, InputError, MissingFile
 from bloomery_gates.registry import FAMILIES, Family, of_model_type
 
 from .formats.config import Cfg
+from .plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 
 
 def _plan_family(name: str, where: str, key: str, which: str) -> Family:
@@ -34,79 +33,6 @@ def _plan_family(name: str, where: str, key: str, which: str) -> Family:
         known = sorted({n for f in FAMILIES.values() if f.plan_as or f.has(which) for n in f.names})
         raise BadConfig(f"{where}: key {key}", f"{name!r}; expected one of {', '.join(known)}")
     return fam
-
-
-@dataclass(frozen=True)
-class AttnGroup:
-    """``layers`` attention layers sharing one KV row shape; ``window`` caps the positions they keep."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    window: int | None = None
-    v_head_dim: int | None = None   # V's head width when it differs from K's (mimo2); None: head_dim
-
-    @property
-    def kv_width(self) -> int:
-        """K plus V elements per kv head and position."""
-        return self.head_dim + (self.head_dim if self.v_head_dim is None else self.v_head_dim)
-
-
-@dataclass(frozen=True)
-class Recurrent:
-    """Per-slot recurrent state of ``layers`` layers: ``state_f32`` f32 elements and ``conv`` run-dtype
-    elements each (the conv tail); ``kind`` names it (deltanet, mamba2)."""
-
-    kind: str
-    layers: int
-    state_f32: int
-    conv: int
-    channels: int = 0          # the conv's channels C (conv = (k - 1) C): a verify keeps [k - 1 + R, C] per layer
-
-
-@dataclass(frozen=True)
-class Experts:
-    """Routed experts as ``routed_experts`` runs them: each (row, choice) pair gathers its expert's gate_up
-    [2 ff, H] and down [H, ff] (``top_k`` pairs per row, chunked to ``GATHER_BUDGET`` bytes)."""
-
-    top_k: int
-    expert_ff: int
-
-
-@dataclass
-class PlanModel:
-    """The plan's view of one checkpoint (target or draft). Weight element counts exclude ``draft_elems``
-    (an in-file MTP / NextN layer: the draft's weights, not the target's)."""
-
-    label: str
-    family: str
-    fmt: str                                   # "hf" | "gguf" | "shape"
-    hidden: int
-    heads: int
-    vocab: int
-    intermediate: int
-    max_position: int
-    weight_elems: int
-    stored_bytes: int
-    tied: bool
-    embed_elems: int
-    attn: tuple[AttnGroup, ...]
-    rotary_dim: int
-    recurrent: tuple[Recurrent, ...] = ()
-    draft_elems: int = 0                       # in-file MTP / NextN tensors
-    draft_layers: int = 0
-    draft_kind: str | None = None              # the inventory's verdict kind for a draft file
-    embed_dtype: str = "f32"                   # the dtype the token embedding reaches the engine in
-    meta: dict[str, Any] = field(default_factory=dict)
-    rope_tables: int = 1                       # cos/sin table pairs of rotary_dim (mimo2: one per layer kind)
-    f32_elems: int = 0                         # weight elements the engine keeps in f32 whatever the run dtype
-    score_bytes: int | None = None             # bytes per attention score alive at once (None: the module doc's)
-    experts: Experts | None = None             # routed experts run by gathering (kernels.ops.moe.routed_experts)
-    notes: tuple[str, ...] = ()                # what the plan's reader should know (printed with the plan)
-
-    @property
-    def attention_layers(self) -> int:
-        return sum(g.layers for g in self.attn)
 
 
 def _hf_config(path: Path) -> tuple[dict[str, Any], Path]:
@@ -120,17 +46,6 @@ def _hf_config(path: Path) -> tuple[dict[str, Any], Path]:
     if not isinstance(data, dict):
         raise BadConfig(cfg_path, "expected a JSON object")
     return data, cfg_path
-
-
-def _elems(inv_model, groups: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> int:
-    return sum(prod(t.shape) for t in inv_model.tensors
-               if (groups is None or t.group in groups) and t.group not in exclude)
-
-
-def _embed_dtype(inv_model) -> str:
-    """The stored dtype of the token embedding as the engine receives it (GGUF tensors arrive as f32)."""
-    st = next((t.dtype for t in inv_model.tensors if t.group == "token_embd"), "F32")
-    return {"BF16": "bf16", "F16": "f16"}.get(st, "f32")
 
 
 def _layer_types(c: Cfg, n: int) -> list[str]:
@@ -312,25 +227,6 @@ def _find(data: Any, key: str) -> Any:
     return None
 
 
-@dataclass
-class PlanDraft:
-    """A draft's plan-relevant numbers: its own weights, its own KV store and the rows a verify runs."""
-
-    label: str
-    kind: str                 # dflash, dflash2, dspark, eagle3, mtp
-    weight_elems: int
-    layers: int
-    kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    verify_rows: int
-    vocab: int
-    own_embed: bool = False   # a DSpark copy of embed / head (held besides the target's)
-    v_head_dim: int | None = None          # V's head width when it differs from K's (mimo2); None: head_dim
-    store_elems: int = 0                   # run-dtype elements per position besides K/V (mimo2: E, X, G_k rows)
-    extra_positions: int | None = None     # positions its store holds past the context (None: 2 verify_rows)
-
-
 def _draft_cfg(raw: dict[str, Any], where: Path) -> Cfg:
     inner = raw.get("transformer_layer_config")
     return Cfg(inner, where, "transformer_layer_config.") if isinstance(inner, dict) else Cfg(raw, where)
@@ -347,7 +243,7 @@ def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -
     same = target_path is not None and path.resolve() == Path(target_path).resolve()
     fam = FAMILIES.get(target.family)
     if fam is not None and fam.has("plan_draft"):                  # a family that plans its drafts itself (mimo2)
-        return fam.plan_draft(path, target, same)
+        return fam.plan_draft(path, target, None if same else read_target(path))
     if same:
         if not target.draft_elems:
             raise InputError(path, "is the target itself but holds no MTP / NextN tensors; expected a draft")

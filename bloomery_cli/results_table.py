@@ -105,7 +105,7 @@ def _frac(t6: dict[str, Any], plain: dict[str, Any]) -> str:
 def _old_tau6(r: dict[str, Any]) -> dict[str, Any]:
     """A record from before issue 11's criterion (its ``tau6`` judged 0.75 x 6 x plain): judged again by today's
     0.85 x accept_mean x plain from its own tau-6 sweep row."""
-    from .bench import CRITERION
+    from .bench_common import CRITERION
 
     t6 = r.get("tau6")
     row = next((s for s in r.get("sweep", []) if s.get("tau_nominal") == 6.0), None)
@@ -116,13 +116,13 @@ def _old_tau6(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def bound_of(r: dict[str, Any]) -> dict[str, Any] | None:
-    """The record's drafted bound (``bench.criterion_bound``): its own ``bound``, or for a record from before it
+    """The record's drafted bound (``bench_common.criterion_bound``): its own ``bound``, or for a record from before it
     the same arithmetic on its verify costs, its draft's bytes (its ``weights`` line), the head of its shape and its
     copy bandwidth. None where a piece is missing (a checkpoint bench: its head is not in the record) and for the
     eager engines."""
     import re
 
-    from .bench import criterion_bound
+    from .bench_common import criterion_bound
     from .bench_shapes import SHAPES
 
     if r.get("bound"):

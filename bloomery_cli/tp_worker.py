@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
 
     from bloomery_gates.kernels.families.qwen3_tp import ShardEngine
 
-    from .gate import DTYPES
+    from .gatekit import DTYPES
     from .loading import load_target
     from .tp import NO_MULTICAST, OP_EXIT, OP_KV, OP_RUN, READY
 

@@ -24,7 +24,7 @@ Roles (what ``load`` returns):
     check_extra           (report, spec, prefill, dtype) -> None   the family's own lines (MoE routing)
     layer_ops             (LayerShape, T) -> list[Op]              one layer's chained stored ops (the bands)
     plan_hf, plan_gguf    (path, inventory[, cfg, where]) -> PlanModel  a family plan counts itself
-    plan_draft            (path, target PlanModel, same file) -> PlanDraft  and its drafts
+    plan_draft            (path, target, own: path as a target or None) -> PlanDraft  and its drafts
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck
+from bloomery_cli.gatekit import DraftCheck
 
 from ..reference.families.qwen3 import RefOut
 from .close import close, exact_and_emulated

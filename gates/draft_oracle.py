@@ -31,12 +31,13 @@ import numpy as np
 from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import Band, Op, chain_band, flip_excused, layer_ops, worst_rel
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck
+from bloomery_cli.gatekit import DraftCheck
 
 from ..reference.drafts import dflash as ref_dflash
 from ..reference.drafts import dflash2 as ref_dflash2
 from ..reference.drafts import dspark as ref_dspark
 from ..reference.families.qwen3 import hf_hidden_states
+from .dflash2_bands import dflash2_ops, set_excused
 from .draft_checks import draft_ops, kernel_taps
 from .targets import greedy_flips, to_np
 
@@ -107,9 +108,7 @@ def draft_depth_band(c: DraftCheck, layers: int, logits: bool) -> Band:
 
 
 def dflash2_band(c: DraftCheck, layers: int, stage: str) -> Band:
-    """The same ceiling over DFlash2's op list (``qwen3_dflash2.dflash2_ops``: the conv and selector ops too)."""
-    from .qwen3_dflash2 import dflash2_ops  # imported here: that gate module imports this one
-
+    """The same ceiling over DFlash2's op list (``dflash2_bands.dflash2_ops``: the conv and selector ops too)."""
     return chain_band(c.dtype, dflash2_ops(c, layers, stage), f"dflash2 {stage} after {layers} draft layer(s)")
 
 
@@ -133,8 +132,6 @@ def check_dflash(report: Report, c: DraftCheck, plain_ids: list[int] | None = No
 # --------------------------------------------------------------------------------------------------- dflash2
 
 def check_dflash2(report: Report, c: DraftCheck, plain_ids: list[int] | None = None) -> None:
-    from .qwen3_dflash2 import set_excused  # imported here: that gate module imports this one
-
     st = setup(report, c)
     if st is None:
         return

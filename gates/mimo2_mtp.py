@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bloomery_cli.bands import Op, layer_ops, logits_band, worst_rel
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_mimo2_mtp
 from bloomery_gates.spec import Mimo2MTPSpec
 

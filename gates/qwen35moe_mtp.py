@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.gate import GateDef
+from bloomery_cli.gatekit import GateDef
 from bloomery_cli.loading import load_mtp
 
 from ..kernels.drafts.mtp import MTPDraft

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.gate import GateDef
+from bloomery_cli.gatekit import GateDef
 from bloomery_cli.loading import load_dflash
 
 from ..kernels.drafts.dflash import DFlashDraft

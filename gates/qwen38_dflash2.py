@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.gate import GateDef
+from bloomery_cli.gatekit import GateDef
 from bloomery_cli.loading import load_dflash2
 
 from ..kernels.drafts.dflash2 import DFlash2Draft

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomery_cli.gate import GateDef
+from bloomery_cli.gatekit import GateDef
 from bloomery_cli.loading import load_dspark
 
 from .draft_oracle import check_dspark

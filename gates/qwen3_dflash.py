@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash
 from bloomery_gates.spec import DFlashSpec
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bloomery_cli.bands import Band, Op, flip_excused, layer_ops
+from bloomery_cli.bands import Band, flip_excused
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash2
 from bloomery_gates.spec import DFlash2Spec
 
@@ -32,6 +32,7 @@ from ..reference.ops import selector as ref_selector
 from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
+from .dflash2_bands import dflash2_ops, set_excused
 from .draft_checks import kernel_taps
 from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
@@ -39,30 +40,6 @@ from .state_decls import DFLASH2_STATE
 from .targets import greedy_flips, to_np
 
 NAME = "dflash2"
-
-
-def conv_ops(d: DFlash2Spec) -> list[Op]:
-    """The stored ops the conv adds to one draft layer."""
-    h, t = d.layer.hidden_size, d.conv_kernel_size
-    return [Op("kernel projection", h), Op("conv in", t), Op("conv out + residual", t)] * 2
-
-
-def dflash2_ops(c: DraftCheck, layers: int, stage: str) -> list[Op]:
-    """stage: "layer" (output of draft layer ``layers``), "logits" or "scores": the chained ops behind the tap."""
-    d, shape = c.draft_spec, c.target_spec.layer
-    seq = len(c.prompt) + d.block_size
-    ops = layer_ops(shape, seq) * (1 + layers) + conv_ops(d) * layers
-    if stage != "layer":
-        ops += [Op("final norm", shape.hidden_size), Op("lm head", shape.hidden_size), Op("multiplier/softcap", 1)]
-    if stage == "scores":
-        ops += [Op("hidden projection", shape.hidden_size), Op("codebook scores", d.selector_rank)]
-    return ops
-
-
-def set_excused(ref_logits: np.ndarray, k: int, band: Band) -> bool:
-    """A top-K set may differ only when the reference's K-th and (K+1)-th logits sit inside the band."""
-    top = np.sort(ref_logits)[::-1]
-    return bool(len(top) > k and top[k - 1] - top[k] <= 2.0 * band.value * np.max(np.abs(ref_logits)))
 
 
 def selector_scores(c: DraftCheck, cand: np.ndarray, ref) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 
 from bloomery_cli.bands import Op
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_dspark
 from bloomery_cli.speculative import generate
 from bloomery_gates.errors import InputError

@@ -25,7 +25,7 @@ import numpy as np
 
 from bloomery_cli.bands import Op, flip_excused, layer_ops
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_eagle3
 from bloomery_cli.speculative import generate
 from bloomery_gates.spec import Eagle3Spec

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from bloomery_cli.contract import Report
-from bloomery_cli.gate import DraftCheck
+from bloomery_cli.gatekit import DraftCheck
 
 from ..reference.drafts import dflash as ref_dflash
 from .draft_oracle import check_dflash

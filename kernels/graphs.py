@@ -11,8 +11,8 @@ side stream (Triton compiles, cuBLAS picks its kernels), captures it into a CUDA
 memory pool) and replays it; later runs replay. ``fn`` must be idempotent for fixed inputs (a pass that
 writes KV rows at its positions and reads them back is). Elsewhere (CPU), or with ``enabled=False``, fn runs.
 
-The ops (``decode_ops(impl)``): the fused Triton kernels of ``kernels.triton.decode`` on CUDA, else these
-torch versions (same signatures, same rule, more launches):
+The ops (``kernels.dispatch.decode_ops(impl)``): the fused Triton kernels of ``kernels.triton.decode`` on CUDA,
+else these torch versions (same signatures, same rule, more launches):
 
     rms(x [R, H], w32 [H], eps)                 -> x / sqrt(mean(x^2) + eps) * w, f32 arithmetic, x's dtype
     qk_rope_store(qkv [R, (nq+2nkv)*d], ...)    q heads: rms(q, qn) -> rope, written back in place;
@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .ops.rope import partial_rope
 
 # ---------------------------------------------------------------------------------------------- graphs
 
@@ -189,8 +191,6 @@ def norm_rope(x: torch.Tensor, w32: torch.Tensor, eps: float, cos: torch.Tensor,
     first rot channels (cos / sin [R, 1, rot], gathered at the rows' positions; the rest pass through). With ``kc``
     [heads, cap, d] the result is stored at kc[:, pos[r]] (pos [R] on the device) and None is returned; with ``v``
     [R, heads, d] and ``vc`` like kc, v is stored into vc at the same places."""
-    from .families.qwen38 import partial_rope
-
     out = partial_rope(rms(x, w32, eps), cos, sin)
     if kc is None:
         return out
@@ -223,19 +223,3 @@ class TorchOps:
     qk_rope_store = staticmethod(qk_rope_store)
     attention = staticmethod(attention)
     silu_mul = staticmethod(silu_mul)
-
-
-def decode_ops(impl: str, device: torch.device | str):
-    """"auto": the Triton kernels where they can run (CUDA + triton, or TRITON_INTERPRET=1), else torch."""
-    from . import triton as kt
-
-    if impl == "auto":
-        impl = "triton" if kt.has_triton() and torch.device(device).type == "cuda" else "torch"
-    if impl == "triton":
-        if not kt.available(device):
-            raise ValueError(f"decode ops impl='triton' asked for, but {kt.why_unavailable(device)}")
-        from .triton.decode import TritonOps
-        return TritonOps
-    if impl != "torch":
-        raise ValueError(f"decode ops impl={impl!r}: expected auto, torch or triton")
-    return TorchOps

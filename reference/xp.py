@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .storage import emulating
+
 R = TypeVar("R")
 
 
@@ -255,8 +257,6 @@ def run(compute: Callable[[], R], label: str = "reference") -> R:
     Without a selection, or inside a run already, it is ``compute()`` itself. With ``compare`` an exact run
     (no storage rounding active: an emulated run's rounding may flip on a last-ulp difference, so those are
     counted, not compared) is repeated on the host and ``Compared.add``-ed."""
-    from .rounding import emulating
-
     sel = _SELECTED.get()
     if sel is None or _INSIDE.get():
         return compute()

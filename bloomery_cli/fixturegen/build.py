@@ -26,7 +26,6 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +34,8 @@ import torch
 
 from . import corpus as corpus_mod
 from . import export_gguf, export_hf, tokenizer_train
+from .draft_context import DraftContext, ExtraDrafter
+from .extra_drafters import DEFAULT
 from .install import check_readback, install, keep_other_entries
 from .layout import DRAFT_DIR, PROMPTS, TARGET_DIR, TARGET_GGUF, TOKENIZER
 from .manifest import Manifest
@@ -193,43 +194,11 @@ def _nparams(p) -> int:
     return int(sum(v.numel() for v in p.values()))
 
 
-
-
-
-
-
-
-@dataclass
-class DraftContext:
-    """What an extra drafter (DFlash2, DSpark, ...) gets to train on; it writes under ``work`` and returns
-    ``(manifest model name, files written, manifest entry)``. Everything here is already on ``device``."""
-
-    work: Path
-    device: torch.device
-    quick: bool
-    seed: int
-    target_params: dict                        # the stored (bf16-rounded) target weights, float32
-    target_spec: object                        # ModelSpec over target_params
-    target_shape: TargetShape
-    train_stream: torch.Tensor                 # 1-D training tokens
-    held_stream: torch.Tensor                  # 1-D held-out tokens
-    pool: torch.Tensor                         # [n, seq] greedy-continuation rows (the DFlash draft's data)
-    held_greedy: torch.Tensor                  # [m, seq] held-out prefix + greedy continuation
-    held_greedy_first_anchor: int
-    draft: TrainConfig                         # the DFlash draft's steps / batch / seq / lr
-    anchors_per_row: int
-    progress: object
-    target_forward: object
-
-
-ExtraDrafter = Callable[[DraftContext], tuple[str, list[Path], dict]]
 EXTRA_DRAFTERS: list[ExtraDrafter] = []  # more drafters to run after the DFlash draft (tests add here)
 
 
 def _default_extras() -> list[ExtraDrafter]:
     """DSpark and DFlash2 (fixturegen/extra_drafters.py), then anything registered in EXTRA_DRAFTERS."""
-    from .extra_drafters import DEFAULT
-
     return [*DEFAULT, *EXTRA_DRAFTERS]
 
 

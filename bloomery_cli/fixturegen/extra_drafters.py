@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .build import DraftContext
+from .draft_context import DraftContext
 
 DSPARK_DIR = "qwen3-tiny-dspark-b7"
 DFLASH2_DIR = "qwen3-tiny-dflash2-b8"

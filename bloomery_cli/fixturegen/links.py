@@ -17,7 +17,7 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from .manifest import sha256_file
+from .hashing import sha256_file
 
 
 def _relink(path: Path, target: str) -> None:

@@ -6,22 +6,16 @@ per problem (an empty list is a pass).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hashing import sha256_file
+from .links import link_duplicates
+
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "bloomery-fixtures/1"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_entry(path: Path) -> dict:
@@ -70,8 +64,6 @@ class Manifest:
     def write(self, root: Path) -> Path:
         """The manifest into ``root``, then every later copy of a listed content linked to its first file
         (``links.link_duplicates``: a checkout holds each content once, as the repository does)."""
-        from .links import link_duplicates
-
         path = Path(root) / MANIFEST_NAME
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(self.to_json())

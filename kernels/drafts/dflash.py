@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
+from ..families.qwen3 import FusedLayer, LayerWeights, Qwen3Target, decoder_layer, project_kv
+from ..graphs import GraphSet, Staged
 from ..ops.attention import anchored_mask, attend, sliding_mask
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
@@ -199,9 +200,6 @@ class FastDFlashDraft(GraphedPropose):
     sit beyond the context and are overwritten before any block can read them."""
 
     def __init__(self, spec: DFlashSpec, target, max_len: int, graphs: bool = True):
-        from ..families.qwen3 import FusedLayer
-        from ..graphs import GraphSet, Staged
-
         if any(w is not None for w in spec.windows):
             raise ValueError("FastDFlashDraft: sliding-window draft layers run on DFlashDraft only")
         want = tuple(l + 1 for l in spec.target_layer_ids)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..families.qwen3 import project_kv
+from ..graphs import GraphSet, Staged
 from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.selector import head_logits, select
@@ -29,8 +30,6 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
     proposal = Proposal
 
     def __init__(self, spec, target, max_len: int, impl: str = "auto", graphs: bool = True):
-        from ..graphs import GraphSet, Staged
-
         super().__init__(spec, target, max_len, impl)
         if any(w is not None for w in spec.windows):
             raise ValueError("FastDFlash2Draft: sliding-window draft layers run on DFlash2Draft only")

@@ -18,6 +18,7 @@ from bloomery_gates.spec import MTPSpec
 
 from ..families.qwen38 import norm_gain
 from ..families.qwen38_fast import _Cast, fast_attn, ffn_into, gated_attention
+from ..graphs import GraphSet, Staged
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from .chain_store import ChainStore
@@ -30,8 +31,6 @@ class FastMTPDraft(ChainStore):
     """``MTPDraft`` bound to a ``FastQwen38Target`` (its ops, embedding, head and final-norm gain)."""
 
     def __init__(self, spec: MTPSpec, target, max_len: int, width: int = DEFAULT_WIDTH, graphs: bool = True):
-        from ..graphs import GraphSet, Staged
-
         if width < 1:
             raise ValueError(f"MTP width {width}: expected >= 1 drafts per window")
         self.spec, self.width, self.tspec, self.target = spec, width, target.spec, target

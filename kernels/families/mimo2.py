@@ -21,9 +21,9 @@ from ..ops.attention import sink_attention, window_mask
 from ..ops.mlp import swiglu
 from ..ops.moe import Routing, routed_experts
 from ..ops.norm import rms_norm
-from ..ops.rope import rope_tables
+from ..ops.rope import partial_rope, rope_tables
 from .ffn import route
-from .qwen38 import Qwen38Pass, partial_rope
+from .qwen38 import Qwen38Pass
 
 T = torch.Tensor
 AttendKV = Callable[[T, T, T, T | None], T]     # (q, k, v, sinks) -> [N, R, nh dv]

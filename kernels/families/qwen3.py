@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import LayerShape, ModelSpec
 
+from ..dispatch import decode_ops
+from ..graphs import GraphSet, Staged, rows_pad
 from ..ops.attention import attend
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
@@ -267,7 +269,7 @@ def stack_rows(*ts: torch.Tensor) -> torch.Tensor:
 
 class FastQwen3Target:
     """Qwen3Target's interface (prefill / verify / commit, ``Pass`` out) for benches and serving: fused weights,
-    fused ops (``kernels.graphs.decode_ops``), KV cache [L, nkv, cap, d], and on CUDA each pass width captured
+    fused ops (``kernels.dispatch.decode_ops``), KV cache [L, nkv, cap, d], and on CUDA each pass width captured
     once as a CUDA graph over static buffers (``graphs=True``); the only host sync of a pass is the argmax
     readback. ``tap_ids`` picks the taps a pass keeps (indices into L+1, 0 = embeddings; None = all);
     ``rows`` pads every verify to that many rows (as Qwen3Target does). The prompt runs eagerly."""
@@ -275,8 +277,6 @@ class FastQwen3Target:
     def __init__(self, spec: ModelSpec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, max_width: int = 16, tap_ids=None, graphs: bool = True,
                  impl: str = "auto"):
-        from ..graphs import GraphSet, Staged, decode_ops, rows_pad
-
         self.spec, self.shape, self.rows = spec, spec.layer, rows
         self.device, self.dtype = torch.device(device), dtype
         self.ops = decode_ops(impl, self.device)

@@ -40,7 +40,7 @@ from ..ops.attention import attend
 from ..ops.causal_conv import with_tail
 from ..ops.gated_deltanet import delta_chunked, gated_rms_norm, prepare_torch
 from ..ops.norm import rms_norm
-from ..ops.rope import apply_rope, rope_tables
+from ..ops.rope import partial_rope, rope_tables
 from ..triton import delta_dims_ok, delta_impl, resolve_impl
 from .ffn import ffn_for
 from .qwen3 import Pass
@@ -79,12 +79,6 @@ def _mlp(h: T, t: Mapping[str, T], p: str, eps: float, spec: Qwen38Spec | None =
     """h + ffn(n1(h, post_attention_layernorm)): the family's FFN (``ffn.ffn_for``: dense SwiGLU, or the MoE)."""
     a = rms_norm(h, norm_gain(t[p + "post_attention_layernorm.weight"]), eps)
     return h + ffn_for(spec, train)(spec, t, p, a)
-
-
-def partial_rope(x: T, cos: T, sin: T) -> T:
-    """x [..., R, d], cos/sin [R, r]: rotate channels [0, r), pass the rest."""
-    r = cos.shape[-1]
-    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
 
 def attention_mixer(spec: Qwen38Spec, t: Mapping[str, T], p: str, a: T, cos: T, sin: T,

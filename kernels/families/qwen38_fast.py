@@ -25,7 +25,7 @@ Passes (R rows at positions p0 + r, p0 read on the device from ``inp``; no host 
   prefill    eager (its length is the prompt's): the chunked delta rule writes ``state``, the tail is the prompt's
              last K-1 projected rows; plain and drafted runs prefill alike.
 
-Ops: ``kernels.graphs.decode_ops`` (Triton rms / attention / silu on CUDA, torch elsewhere) and the DeltaNet's
+Ops: ``kernels.dispatch.decode_ops`` (Triton rms / attention / silu on CUDA, torch elsewhere) and the DeltaNet's
 Triton prepare / out-norm / recurrence (``kernels.triton.deltanet*``) when ``impl`` resolves to "triton"; the q/k
 norm + partial RoPE + cache store is torch (16 of the 64 layers at the 27B shape).
 """
@@ -38,7 +38,8 @@ import torch
 
 from bloomery_gates.spec import Qwen38Spec
 
-from ..graphs import sigmoid_gate
+from ..dispatch import decode_ops
+from ..graphs import GraphSet, Staged, rows_pad, sigmoid_gate
 from ..ops.attention import attend
 from ..ops.gated_deltanet import delta_chunked
 from ..ops.rope import rope_tables
@@ -154,8 +155,6 @@ class FastQwen38Target:
     def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, max_width: int = 16, graphs: bool = True, impl: str = "auto",
                  attention: str = "auto"):
-        from ..graphs import GraphSet, Staged, decode_ops, rows_pad
-
         if getattr(spec, "moe", None) is not None:
             raise ValueError("FastQwen38Target runs the dense qwen38 FFN; a MoE target runs on its eager engine")
         self.spec, self.shape, self.hybrid = spec, spec.layer, spec.hybrid

@@ -71,3 +71,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x32 = x.float()
     rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
     return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., R, d], cos/sin [R, r]: rotate channels [0, r), pass the rest (the hybrids' partial rotary)."""
+    r = cos.shape[-1]
+    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)

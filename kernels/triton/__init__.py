@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from .limits import delta_dims_ok as delta_dims_ok  # the engines ask the package
+
 IMPLS = ("auto", "torch", "triton")
 
 
@@ -62,12 +64,6 @@ def select_impl(impl: str):
     else:
         from ..ops.selector import scores_and_walk
     return scores_and_walk
-
-
-def delta_dims_ok(dk: int, dv: int) -> bool:
-    """Whether the Triton delta rule takes these head dims (powers of two: its aranges; every Qwen3.5/3.8
-    checkpoint has 128)."""
-    return all(n > 0 and n & (n - 1) == 0 for n in (dk, dv))
 
 
 def delta_impl(impl: str):

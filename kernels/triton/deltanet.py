@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import delta_dims_ok
+from .limits import delta_dims_ok
 
 
 @triton.jit(do_not_specialize=["T"])

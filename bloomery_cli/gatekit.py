@@ -1,0 +1,65 @@
+"""What a gate definition (bloomery_gates.gates) is written with, below the runner (``bloomery_cli.gate``) that runs
+it: ``GateDef`` (what a (target family, drafter) pair brings), ``DraftCheck`` (what its draft checks get), and the
+run dtypes and device parsing the runner, the benches and the probes share. The gates import this, never the
+runner (tests/test_layers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bloomery_gates.errors import InputError
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GateDef:
+    """What a (target, drafter) pair brings; the runner does the rest."""
+
+    name: str
+    family: str
+    draft_kind: str
+    target: Path
+    draft: Path
+    prompts: Path
+    about: str
+    load_draft: Callable[[Path, Any], Any]                 # (path, target spec) -> draft spec
+    make_draft: Callable[[Any, Any, int], Any]             # (draft spec, target engine, max_len) -> Draft
+    block: Callable[[Any], int]                            # draft spec -> verify rows per pass
+    describe: Callable[[Any], dict[str, Any]]              # draft spec -> load-line facts
+    check_draft: Callable[..., None]                       # (report, DraftCheck) -> (r) lines
+    n: int = 256
+    anchors: tuple[str, ...] = ()                          # published numbers, printed as external
+    check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
+    options: dict[str, Any] = field(default_factory=dict)
+    draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
+    own_ids: int = 0                                       # ids its own checks generate (engines are sized for them)
+
+
+@dataclass
+class DraftCheck:
+    """What a draft's (r) checks get: both specs, the engines, the prompt, the target's taps."""
+
+    target_spec: Any
+    draft_spec: Any
+    engine: Any
+    draft: Any
+    prompt: list[int]
+    prefill: Any        # the engine's Pass over the prompt
+    ref: Any            # the target reference's RefOut over the prompt
+    dtype: str
+
+
+def resolve_device(device: str) -> torch.device:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError("--device", f"{device} asked for, but CUDA is not available on this machine")
+        return torch.device(device)
+    if device != "cpu":
+        raise InputError("--device", f"{device!r}: expected cpu, cuda or cuda:<i>")
+    return torch.device("cpu")
