@@ -97,6 +97,8 @@ def hf_mtp_logits(target, mtp: MTPSpec, ids: list[int]):
         hf = MtpModel(model, mtp.num_layers).to(torch.float64).eval()
     if type(hf.layers[0].enorm) is not type(model.model.norm):
         return None
+    if not (hasattr(hf, "forward_layer") and hasattr(hf, "_project_to_logits")):   # transformers 5.17 lacks them
+        return None
     state = {HF_NAMES.get(k, k.replace("mtp.layers.0.", "layers.0.mtp_block.")): v.detach().double()
              for k, v in mtp.tensors.items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
