@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest_formats import gguf_meta, make_dflash, make_qwen3_hf, qwen3_tensors, write_gguf, write_tokenizer
+from never_built import never_built
 from typer.testing import CliRunner
 
 from bloomery_cli import files, preflight
@@ -45,20 +46,6 @@ def pair(tmp_path: Path, monkeypatch) -> Pair:
     prompts.write_text(json.dumps({"ids": [1, 2, 3, 4]}) + "\n")
     never_built(monkeypatch)
     return Pair(tmp_path, target, draft, prompts)
-
-
-def boom(*args, **kwargs):
-    raise AssertionError("the engine was built: the bad input was not refused before allocating")
-
-
-def never_built(monkeypatch) -> None:
-    """Building an engine (the first allocation sized by the run) fails the test: bad input is refused first."""
-    from bloomery_gates import registry
-
-    for name, fam in list(registry.FAMILIES.items()):
-        if fam.has("engine"):
-            code = {**fam.code, "engine": "test_bad_input:boom"}
-            monkeypatch.setitem(registry.FAMILIES, name, dataclasses.replace(fam, code=code))
 
 
 def gate_run(p: Pair, *args: str, prompts: Path | None = None):

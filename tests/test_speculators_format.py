@@ -5,13 +5,13 @@ record, the engine never built."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from never_built import never_built
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -188,19 +188,6 @@ def test_refused_tensors(tmp_path, target):
 
 
 # --- refusals through the CLI ------------------------------------------------------------------------------
-
-def boom(*args, **kwargs):
-    raise AssertionError("the engine was built: the bad input was not refused before allocating")
-
-
-def never_built(monkeypatch) -> None:
-    from bloomery_gates import registry
-
-    for name, fam in list(registry.FAMILIES.items()):
-        if fam.has("engine"):
-            code = {**fam.code, "engine": "test_speculators_format:boom"}
-            monkeypatch.setitem(registry.FAMILIES, name, dataclasses.replace(fam, code=code))
-
 
 @pytest.mark.parametrize(("kind", "edit", "needle"), [
     ("dspark", {"markov_head_type": "gated"}, "markov_head_type"),
