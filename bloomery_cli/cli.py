@@ -18,6 +18,7 @@ from rich.table import Table
 from bloomery_gates.errors import EXIT_INPUT, InputError
 
 from .engine_cli import engine_app
+from .exits import err, fail_input, print_error
 from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
@@ -29,7 +30,6 @@ fixtures_app = typer.Typer(help="Build or verify the bundled fixtures (small tra
 app.add_typer(gate_app, name="gate")
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(engine_app, name="engine")
-err = Console(stderr=True)
 out = Console()
 
 
@@ -48,11 +48,6 @@ def _version(value: bool) -> None:
 def _main(version: Annotated[bool, typer.Option("--version", help="Print the installed version and exit.",
                                                 is_eager=True, callback=_version)] = False) -> None:
     pass
-
-
-def fail_input(e: InputError) -> None:
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(EXIT_INPUT)
 
 
 def shown(path: Path) -> str:
@@ -299,7 +294,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:
-            err.print(f"[bold red]error:[/] {g.name}: {escape(str(e))}", highlight=False, soft_wrap=True)
+            print_error(e, g.name)
             rows.append((g.name, "ERROR", "-", "-", "-", "-", f"{time.perf_counter() - t0:.1f}s"))
             worst = max(worst, EXIT_INPUT)
             continue

@@ -14,17 +14,12 @@ from rich.table import Table
 
 from bloomery_gates.errors import EXIT_INPUT, InputError
 
+from .exits import fail_input, print_error
 from .threads import Threads, apply_threads
 
 engine_app = typer.Typer(help="Other engines under the gate: build llama.cpp, judge an engine's record.",
                          no_args_is_help=True)
-err = Console(stderr=True)
 out = Console()
-
-
-def fail(e: InputError) -> None:
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(EXIT_INPUT)
 
 
 def engine_gate_run(gate, engine: str, llama_cpp: Path | None, record: Path | None, device: str, dtype: str,
@@ -39,7 +34,7 @@ def engine_gate_run(gate, engine: str, llama_cpp: Path | None, record: Path | No
         apply_threads(threads, device)
         code, _ = run_engine_gate(gate, EngineOptions(engine, llama_cpp, device, dtype, n, prompts, json_out, record))
     except InputError as e:
-        fail(e)
+        fail_input(e)
     raise typer.Exit(code)
 
 
@@ -85,10 +80,10 @@ def engine_gates(gates: dict, engine: str, llama_cpp: Path | None, device: str, 
         check_output_dir(results, [f"{v}.json" for v in names.values()] + [f"{v}.jsonl" for v in names.values()])
         known = check_expect(expect)
     except InputError as e:
-        fail(e)
+        fail_input(e)
     rows, worst, unexpected, skipped = [], 0, [], []
     for name, g in gates.items():
-        why = llamacpp.PAIRS.get(name, llamacpp.Pair(why_not="not mapped")).why_not
+        why = llamacpp.why_not(name)
         if why:
             rows.append((name, "n/a", "-", "-", "-", "-"))
             skipped.append((name, why))
@@ -100,7 +95,7 @@ def engine_gates(gates: dict, engine: str, llama_cpp: Path | None, device: str, 
         try:
             code, rep = run_engine_gate(g, opts)
         except InputError as e:
-            err.print(f"[bold red]error:[/] {name}: {escape(str(e))}", highlight=False, soft_wrap=True)
+            print_error(e, name)
             rows.append((name, "ERROR", "-", "-", "-", f"{time.perf_counter() - t0:.0f}s"))
             worst = max(worst, EXIT_INPUT)
             continue
@@ -149,12 +144,12 @@ def engine_build(out_dir: Annotated[Path, typer.Option("--out", help="Folder for
     from .engines.build import build
 
     if jobs < 1 or jobs > 256:
-        fail(InputError("--jobs", f"{jobs}: expected 1..256"))
+        fail_input(InputError("--jobs", f"{jobs}: expected 1..256"))
     t0 = time.perf_counter()
     try:
         path = build(out_dir, cuda=cuda, arch=arch, jobs=jobs, bench=bench, source=source)
     except InputError as e:
-        fail(e)
+        fail_input(e)
     out.print(f"engine build: {path} ready in {time.perf_counter() - t0:.0f} s", highlight=False)
 
 
@@ -175,7 +170,7 @@ def engine_judge(name: Annotated[str, typer.Argument(help="The gate whose pair t
         apply_threads(threads, "cpu")
         code, _ = judge_record(GATES[name], record, json_out)
     except InputError as e:
-        fail(e)
+        fail_input(e)
     raise typer.Exit(code)
 
 

@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from bloomery_gates.errors import EXIT_INPUT, InputError
+from bloomery_gates.errors import InputError
+
+from .exits import fail_input
 
 
 def plan_command(
@@ -43,7 +44,7 @@ def plan_command(
     rule's decision with its reason."""
     from .plan import budget_of, make_plan, render, to_json
 
-    out, err = Console(), Console(stderr=True)
+    out = Console()
     try:
         if (target is None) == (shape is None):
             raise InputError("plan", "expected a TARGET path or --shape NAME (one of them)")
@@ -71,8 +72,7 @@ def plan_command(
             measure_command(res, target, draft, shape, device, dtype, ctx, record, out)
             return
     except InputError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INPUT) from None
+        fail_input(e)
     if json_out:
         typer.echo(to_json(res))
     else:

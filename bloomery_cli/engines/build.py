@@ -48,7 +48,7 @@ def tree_of(drv: Path) -> Path:
         for line in cache.read_text(errors="replace").splitlines():
             if line.startswith("LLAMA_CPP_DIR:"):
                 return Path(line.split("=", 1)[1])
-    return drv.parent.parent / "src" / SDIST / "vendor" / "llama.cpp"
+    return tree(drv.parent.parent)
 
 
 def _run(cmd: list[str], log, what: str) -> None:

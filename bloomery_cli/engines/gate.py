@@ -67,7 +67,7 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
         raise InputError("--dtype", f"{opts.dtype!r}: the llama.cpp engine gate runs f32 or bf16")
     if opts.device != "cpu" and not opts.device.startswith("cuda"):
         raise InputError("--device", f"{opts.device!r}: expected cpu or cuda")
-    llamacpp.pair(gate.name)                                   # a pair it cannot run: exit 2 before any work
+    p = llamacpp.pair(gate.name)                               # a pair it cannot run: exit 2 before any work
     judgeable(gate)
     drv = llamacpp.find_driver(opts.llama_cpp)
     n = check_n(gate.n if opts.n is None else opts.n)
@@ -82,7 +82,6 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     width = gate.block(draft_spec) - 1
     report = Report(gate.name, emit=emit or stdout_emit)
     report.header(str(gguf), str(gate.draft), opts.device, opts.dtype, n, len(prompts))
-    p = llamacpp.PAIRS[gate.name]
     report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width,
                 draft_gguf="in-file" if p.draft == "target" else "llama.cpp-converter", driver=str(drv))
     t0 = time.perf_counter()

@@ -156,19 +156,11 @@ class Judge:
         wins: list[WindowRef] = []
         eng, ref = Tally(), Tally()
         for p in self.rec.prompts:
-            spec_w = [(w.proposed, w.emitted, w.draft_ids) for w in p.windows]
             taps = self.taps(list(p.prompt_ids) + list(p.drafted_ids))
-            got = replay_prompt(self.propose, self.d, self.t, taps, p.prompt_ids, p.drafted_ids, spec_w, p.prompt)
-            by_s = {g.s: g for g in got}
-            e = 0
-            for w in p.windows:
-                s = len(p.prompt_ids) - 1 + e
-                if s in by_s:
-                    by_s[s].engine_kept = w.accepted + 1
-                    eng.add(w.proposed, w.accepted + 1)
-                    ref.add(w.proposed, by_s[s].ref_kept)
-                e += w.emitted
-            wins += got
+            wins += replay_prompt(self.propose, self.d, self.t, taps, p.prompt_ids, p.drafted_ids, p.windows, p.prompt)
+        for w in wins:
+            eng.add(w.proposed, w.engine_kept)
+            ref.add(w.proposed, w.ref_kept)
         return Judged(wins, eng, ref)
 
     def drafts_vs_reference(self, j: Judged) -> bool:
@@ -233,9 +225,7 @@ class Judge:
         self.lossless()
         self.plain_vs_reference()
         per = [drafted_tally(p.windows) for p in self.rec.prompts]
-        drafted = Tally()
-        for t in per:
-            drafted = drafted.merge(t)
+        drafted = drafted_tally(w for p in self.rec.prompts for w in p.windows)
         self.report.branches(drafted)
         j = self.replay()
         self.drafts_vs_reference(j)

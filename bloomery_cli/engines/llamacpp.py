@@ -64,11 +64,16 @@ PAIRS: dict[str, Pair] = {
 }
 
 
+def why_not(gate: str) -> str:
+    """Why llama.cpp cannot run the gate's pair ("" when it can)."""
+    return PAIRS.get(gate, Pair(why_not="not mapped to a llama.cpp speculative type")).why_not
+
+
 def pair(gate: str) -> Pair:
-    p = PAIRS.get(gate, Pair(why_not="not mapped to a llama.cpp speculative type"))
-    if p.why_not:
-        raise InputError(f"--engine llama.cpp {gate}", f"llama.cpp cannot run this pair: {p.why_not}")
-    return p
+    """How llama.cpp runs the gate's pair; an InputError (exit 2) saying why when it cannot."""
+    if why_not(gate):
+        raise InputError(f"--engine llama.cpp {gate}", f"llama.cpp cannot run this pair: {why_not(gate)}")
+    return PAIRS[gate]
 
 
 def find_driver(where: Path | None) -> Path:
@@ -106,7 +111,7 @@ def convert_draft(llama: Path, draft: Path, target: Path, dtype: str, work: Path
             "sys.argv = [tree + '/convert_hf_to_gguf.py'] + sys.argv[2:]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     r = subprocess.run([sys.executable, "-c", code, str(llama), str(draft), "--target-model-dir", str(target),
-                        "--outtype", {"f32": "f32", "bf16": "bf16", "f16": "f16"}[dtype], "--outfile", str(out)],
+                        "--outtype", dtype, "--outfile", str(out)],
                        capture_output=True, text=True)
     if r.returncode != 0 or not out.is_file():
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -137,9 +142,8 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
     with tempfile.TemporaryDirectory(prefix="bloomery-llamacpp-") as tmp:
         work = Path(tmp)
         tgt = target_gguf(target_gguf_path, dtype, work)
-        kv = {"f32": "f32", "bf16": "bf16", "f16": "f16"}[dtype]
         ctx = max(len(x) for x in prompts) + n + width + 8
-        base = ["-m", str(tgt), "-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-ctk", kv, "-ctv", kv,
+        base = ["-m", str(tgt), "-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-ctk", dtype, "-ctv", dtype,
                 "-ngl", "0" if device == "cpu" else "99", "-fa", "off" if device == "cpu" else "on"]
         progress(f"engine: llama.cpp plain greedy run, {len(prompts)} prompts x {n} ids")
         plain = run_driver(drv, [*base, "--bl-plain"], prompts, n, work, "plain", threads)
@@ -152,7 +156,7 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
             progress("engine: llama.cpp's converter writes the draft as GGUF")
             dft = convert_draft(llama, draft_hf, target_hf, dtype, work)
         spec = [*base, "-md", str(dft), "--spec-type", p.spec_type, "--spec-draft-n-max", str(width),
-                "--spec-draft-n-min", "0", "-ctkd", kv, "-ctvd", kv, "-ngld", "0" if device == "cpu" else "99"]
+                "--spec-draft-n-min", "0", "-ctkd", dtype, "-ctvd", dtype, "-ngld", "0" if device == "cpu" else "99"]
         progress(f"engine: llama.cpp speculative greedy run ({p.spec_type}, up to {width} drafts a window)")
         drafted = run_driver(drv, spec, prompts, n, work, "drafted", threads)
     runs = []
@@ -160,6 +164,6 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
         wins = [Window(w[0], w[1], w[2], list(w[3])) for w in b["windows"]]
         runs.append(PromptRun(i, list(prompts[i]), a["ids"], b["ids"], wins,
                               {"n_drafted": b["n_drafted"], "n_accept": b["n_accept"], "reverify": b["reverify"]}))
-    settings = {"spec_type": p.spec_type, "draft_gguf": p.draft, "kv_cache": kv, "threads": threads,
+    settings = {"spec_type": p.spec_type, "draft_gguf": p.draft, "kv_cache": dtype, "threads": threads,
                 "target_gguf": str(target_gguf_path), "f32_copy": dtype == "f32"}
     return Record(Header(ENGINE, gate.name, dtype, device, n, width, ACCEPTANCE, settings), runs)

@@ -27,6 +27,9 @@ from bloomery_gates.reference.drafts import mimo2_mtp as ref_mimo2_mtp
 from bloomery_gates.reference.drafts import mtp as ref_mtp
 from bloomery_gates.reference.xp import run
 
+from ..speculative import kept_rows
+from .record import Window
+
 # draft kind -> (draft spec, target spec, taps, seq, s, width) -> (ids [>= width], decisions): decisions[j] is the
 # row of values whose argmax chose draft j (the logits row; DFlash2: the walk's score row S_j[prev_j, :])
 Propose = Callable[[Any, Any, Any, Sequence[int], int, int], tuple[np.ndarray, np.ndarray]]
@@ -98,11 +101,13 @@ def lookup(table: dict, family: str, kind: str):
 
 @dataclass
 class WindowRef:
-    """One engine window beside the reference's: s (the anchor's position), the engine's proposal and kept rows,
-    the reference's proposal (first p ids) and kept rows, and where the two proposals first differ (or None)."""
+    """One engine window beside the reference's: s (the anchor's position), its p proposals, the engine's proposal
+    and kept rows (accepted + the bonus), the reference's proposal (first p ids) and kept rows, and where the two
+    proposals first differ (or None)."""
 
     prompt: int
     s: int
+    proposed: int
     engine_ids: list[int]
     engine_kept: int
     ref_ids: list[int]
@@ -111,35 +116,23 @@ class WindowRef:
     ref_row: np.ndarray | None = None   # where they differ: the reference's decision row there (the near-tie test)
 
 
-def leading(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading entries of a and b agree."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if int(x) != int(y):
-            break
-        n += 1
-    return n
-
-
 def replay_prompt(propose: Propose, draft_spec: Any, target_spec: Any, taps: Any, prompt: Sequence[int],
-                  emitted: Sequence[int], windows: Sequence[tuple[int, int, list[int]]], index: int,
-                  ) -> list[WindowRef]:
-    """windows: per engine window (proposed p, ids it emitted, proposed ids); taps: the target reference's forward
-    over prompt + emitted. Returns the paired windows (engine_kept is the caller's to fill)."""
+                  emitted: Sequence[int], windows: Sequence[Window], index: int) -> list[WindowRef]:
+    """windows: the engine's windows of the prompt (record.Window); taps: the target reference's forward over
+    prompt + emitted. Returns the paired windows, one per window that proposed inside the run."""
     seq = list(prompt) + list(emitted)
     greedy = np.asarray(taps.logits).argmax(-1)
     out, e = [], 0
-    for p, kept, ids in windows:
-        s = len(prompt) - 1 + e
+    for w in windows:
+        s, p, ids = len(prompt) - 1 + e, w.proposed, list(w.draft_ids[:w.proposed])
         if p > 0 and s + p < len(seq):
             r_ids, rows = run(lambda s=s, p=p: propose(draft_spec, target_spec, taps, seq, s, p))
             r = [int(x) for x in r_ids[:p]]
-            g = [int(x) for x in greedy[s:s + p]]
-            k = leading(ids[:p], r)
+            k = kept_rows(ids, r) - 1                   # leading proposals the engine and the reference share
             diff = None if k >= p else k
-            out.append(WindowRef(index, s, list(ids[:p]), kept, r, 1 + leading(r, g), diff,
-                                 None if diff is None else np.asarray(rows)[diff]))
-        e += kept
+            out.append(WindowRef(index, s, p, ids, w.accepted + 1, r, kept_rows(r, [int(x) for x in greedy[s:s + p]]),
+                                 diff, None if diff is None else np.asarray(rows)[diff]))
+        e += w.emitted
     return out
 
 

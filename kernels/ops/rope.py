@@ -74,6 +74,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., R, d], cos/sin [R, r]: rotate channels [0, r), pass the rest (the hybrids' partial rotary)."""
+    """x [..., R, d], cos/sin [R, r]: rotate channels [0, r), pass the rest (the hybrids' partial rotary; the
+    reference's ``reference.ops.rope.partial_rope``)."""
     r = cos.shape[-1]
     return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)

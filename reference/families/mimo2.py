@@ -28,12 +28,12 @@ from bloomery_gates.spec import AttnShape, Mimo2Spec
 from ..ops.attention import sink_attention, window_mask
 from ..ops.moe import routed_experts
 from ..ops.norm import rms_norm
+from ..ops.rope import partial_rope
 from ..rounding import linear, st
 from ..weights import as_f64
 from ..xp import here, ns
 from .ffn import route
 from .qwen3 import RefOut, Weights, embed, head, mlp
-from .qwen38 import partial_rope
 
 __all__ = ["RefOut", "forward", "reference_layer", "decoder_layer", "attention", "project_kv", "kv_rows", "ffn"]
 

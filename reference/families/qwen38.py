@@ -36,7 +36,7 @@ from ..ops.causal_conv import causal_conv, conv_tail
 from ..ops.gated_deltanet import delta_rule, gated_rms_norm, gates, l2norm, sigmoid
 from ..ops.mlp import silu
 from ..ops.norm import rms_norm
-from ..ops.rope import apply_rope
+from ..ops.rope import partial_rope
 from ..rounding import linear, st
 from ..weights import as_f64
 from ..xp import here, ns
@@ -53,12 +53,6 @@ HYBRIDS = keys(hybrid=True)      # the families this wiring runs (qwen35moe: the
 def norm1p(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """Zero-centred RMSNorm: x / sqrt(mean x^2 + eps) * (1 + w) over the last axis."""
     return rms_norm(x, 1.0 + w, eps)
-
-
-def partial_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float) -> np.ndarray:
-    """x [T, heads, d]: rotate channels [0, rotary_dim) by position (rotate-half), pass the rest."""
-    rot = apply_rope(x[..., :rotary_dim], positions, theta)
-    return ns(rot).concatenate([rot, x[..., rotary_dim:]], axis=-1)
 
 
 def gated_attention(spec: Qwen38Spec, w: Weights, prefix: str, a: np.ndarray, positions: np.ndarray,

@@ -102,3 +102,10 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float, scaling: Rope
     _, x, positions = common(x, positions)
     cos, sin = cos_sin(positions, x.shape[-1], theta, scaling)
     return st(x * cos[:, None, :] + rotate_half(x) * sin[:, None, :])
+
+
+def partial_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float) -> np.ndarray:
+    """x [T, heads, d]: rotate channels [0, rotary_dim) by position (rotate-half), pass the rest (the hybrids'
+    partial rotary; the kernel's ``kernels.ops.rope.partial_rope``)."""
+    rot = apply_rope(x[..., :rotary_dim], positions, theta)
+    return ns(rot).concatenate([rot, x[..., rotary_dim:]], axis=-1)
