@@ -98,17 +98,59 @@ def _cost(report: Report, phases: dict[str, float], device: torch.device, select
                 reference=(selection.device.name, selection.seconds, peak_reference_bytes(selection)))
 
 
-def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None,
-              selection: Any) -> tuple[int, Report]:
-    from bloomery_gates.gates.targets import check_target
-    from bloomery_gates.reference.xp import run as on_reference
+@dataclass
+class Run:
+    """What the stages of one gate run share: the inputs checked by ``prepare``, then what each stage adds."""
+
+    gate: GateDef
+    opts: GateOptions
+    selection: Any                       # where the f64 reference runs (refdev)
+    t0: float
+    phases: Phases
+    device: torch.device
+    family: Any                          # the registry entry
+    n: int
+    longest: int                         # the most ids one run emits (n, the (s) runs, the gate's own checks)
+    target_path: Path
+    draft_path: Path
+    target_spec: Any
+    draft_spec: Any
+    prompts: list[list[int]]
+    decision: Any                        # gate_plan.decide_draft: is the draft on
+    draft_dev: Any = None                # --draft-device, parsed
+    report: Report | None = None
+    engine: Any = None
+    draft: Any = None
+    cross: dict[str, Any] = field(default_factory=dict)
+    ref: Any = None
+    prefill: Any = None
+    plain_runs: list[list[int]] = field(default_factory=list)
+    runs: list[tuple] = field(default_factory=list)
+    per_prompt: list[Tally] = field(default_factory=list)
+    pooled: Tally = field(default_factory=Tally)
+    all_same: bool = True
+
+    @property
+    def drafted(self) -> bool:
+        return self.decision.on
+
+    @property
+    def b(self) -> int:
+        return self.gate.block(self.draft_spec)
+
+    def check(self) -> DraftCheck:
+        return DraftCheck(self.target_spec, self.draft_spec, self.engine, self.draft, self.prompts[0], self.prefill,
+                          self.ref, self.opts.dtype)
+
+
+def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
+    """Every input checked, before any weight is read past the headers: exit 2 (``InputError``) on a bad one."""
     from bloomery_gates.registry import FAMILIES
 
     from .draft_device import check_supported, parse_device
-    from .tp import check_tp, make_engine
+    from .tp import check_tp
 
     t0 = time.perf_counter()
-    phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
     device = resolve_device(opts.device)
     if opts.dtype not in DTYPES:
         raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -143,123 +185,153 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
         raise InputError("--oracle", f"no external oracle for family {gate.family}")
     decision = decide_draft(target_path, draft_path, opts.dtype, str(device),
                             policy_of(opts.draft_policy, opts.draft is not None), opts.gpu_mem)
-    if not decision.on:
-        return run_plain_only(gate, opts, family, target_spec, prompts, n, device, target_path, draft_path,
-                              decision, t0, emit, selection)
+    return Run(gate, opts, selection, t0, Phases(), device, family, n, longest, target_path, draft_path, target_spec,
+               draft_spec, prompts, decision, draft_dev)
 
-    report = Report(gate.name, **({"emit": emit} if emit else {}))
-    report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
-    b = gate.block(draft_spec)
-    max_len = max(len(p) for p in prompts) + longest + b + 1
-    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, b, opts.tp, target_path)
-    cross: dict[str, Any] = {}
-    if draft_dev is None:
-        draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
+
+def build(run: Run, emit: Callable[[str], None] | None) -> None:
+    """The header and the load line; the target engine and (drafted) the draft on its device."""
+    from .tp import make_engine
+
+    gate, opts = run.gate, run.opts
+    run.report = report = Report(gate.name, **({"emit": emit} if emit else {}))
+    report.header(str(run.target_path), str(run.draft_path), str(run.device), opts.dtype, run.n, len(run.prompts))
+    b = run.b if run.drafted else None
+    max_len = max(len(p) for p in run.prompts) + (run.longest + run.b + 1 if run.drafted else run.n + 1)
+    run.engine, tp_facts = make_engine(run.family, run.target_spec, run.device, DTYPES[opts.dtype], max_len, b,
+                                       opts.tp, run.target_path)
+    target_resident = tensor_bytes(run.target_spec.tensors)
+    if not run.drafted:
+        report.load_off(run.decision.reason, target_resident=target_resident,
+                        reference=run.selection.device.name, **tp_facts)
+        report.note(f"draft off: plain-only checks (the target's (r) lines and {len(run.prompts)} plain runs of "
+                    f"{run.n} ids); no (w), (b), state or acceptance lines")
+        return
+    if run.draft_dev is None:
+        run.draft = gate.make_draft(run.draft_spec, run.engine, max_len, **opts.draft_options)
     else:
         from .draft_device import bind
-        draft, cross = bind(gate.make_draft, gate.draft_kind, draft_spec, engine, max_len, draft_dev,
-                            **opts.draft_options)
-    draft_spec = getattr(draft, "run_spec", draft_spec)    # a draft that binds a run option into its spec (mimo2-mtp)
-    report.load(gate.draft_kind, resident=tensor_bytes(draft_spec.tensors) + cross.get("draft_shared_copy_bytes", 0),
-                target_resident=tensor_bytes(target_spec.tensors), **gate.describe(draft_spec, **opts.draft_options),
-                **decision.facts, **cross, **tp_facts, reference=selection.device.name)
-    if decision.note:
-        report.note(decision.note)
+        run.draft, run.cross = bind(gate.make_draft, gate.draft_kind, run.draft_spec, run.engine, max_len,
+                                    run.draft_dev, **opts.draft_options)
+    run.draft_spec = getattr(run.draft, "run_spec", run.draft_spec)  # a draft binding a run option (mimo2-mtp)
+    report.load(gate.draft_kind,
+                resident=tensor_bytes(run.draft_spec.tensors) + run.cross.get("draft_shared_copy_bytes", 0),
+                target_resident=target_resident, **gate.describe(run.draft_spec, **opts.draft_options),
+                **run.decision.facts, **run.cross, **tp_facts, reference=run.selection.device.name)
+    if run.decision.note:
+        report.note(run.decision.note)
     for line in gate.anchors:
         report.note(line)
-    phases.lap("load", device)
-
-    # (r) the kernels against the float64 reference (on --reference-device), on the first prompt
-    ref = on_reference(lambda: family.reference(target_spec, prompts[0]))
-    phases.lap("reference", device)
-    prefill = engine.prefill(prompts[0], logits=True)
-    check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
-    gate.check_draft(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0], prefill, ref, opts.dtype))
-    phases.lap("checks", device)
-
-    # (w) lossless: drafted ids == plain ids, per prompt
-    per_prompt: list[Tally] = []
-    all_same = True
-    plain_runs, runs = [], []
-    with progress_bar(f"{gate.name}: plain + drafted runs", len(prompts)) as advance:
-        for i, p in enumerate(prompts):
-            plain = generate(engine, None, p, n)
-            plain_runs.append(plain.ids)
-            try:
-                drafted = generate(engine, draft, p, n, width=width_policy(opts.width, b))
-            except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
-                all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
-                                         f"{type(e).__name__}: {e}", False)
-                continue
-            finally:
-                advance()
-            all_same &= report.ids(i, plain.ids, drafted.ids)
-            per_prompt.append(drafted.tally)
-            runs.append((p, plain, drafted))
-    pooled = Tally()
-    for t in per_prompt:
-        pooled = pooled.merge(t)
-    phases.lap("runs", device)
-    if opts.record is not None:
-        from .engines.record import own_record, write
-        write(own_record(gate.name, opts.dtype, opts.device, n, b - 1, runs), opts.record)
-    report.branches(pooled)
-    check_state(report, family, gate, engine, draft, target_spec, draft_spec, prompts[0], n,
-                width_policy(opts.width, b), opts.dtype)
-    phases.lap("state", device)
-    if all_same:
-        report.identical(n)
-    if cross:
-        report.crossing(pooled, draft.prompt_crossed)
-    if opts.sampling is None:
-        report.acceptance(pooled, per_prompt, b)
-    else:
-        sampled_part(report, engine, draft, prompts, n, opts, b, pooled)
-        phases.lap("sampling", device)
-    report.facts["width_policy"] = opts.width
-    if opts.oracle:
-        check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
-        if gate.check_draft_oracle is not None:
-            gate.check_draft_oracle(report, DraftCheck(target_spec, draft_spec, engine, draft, prompts[0],
-                                                       prefill, ref, opts.dtype), plain_runs[0])
-        phases.lap("oracle", device)
-    _cost(report, phases.facts(), device, selection)
-    code = report.finish()
-    report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
-    if opts.json:
-        write_report(opts.json, report.facts, report.lines, device)
-    return code, report
 
 
-def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompts, n: int, device, target_path: Path,
-                   draft_path: Path, decision, t0: float, emit, selection: Any) -> tuple[int, Report]:
-    """The draft is off (the plan's rule, or asked off): the target's (r) checks and the plain runs only; no
-    draft is built, and the report says so."""
+def check_reference(run: Run) -> None:
+    """(r): the kernels against the float64 reference (on --reference-device), on the first prompt."""
     from bloomery_gates.gates.targets import check_target
     from bloomery_gates.reference.xp import run as on_reference
 
-    report = Report(gate.name, **({"emit": emit} if emit else {}))
-    report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
-    max_len = max(len(p) for p in prompts) + n + 1
-    from .tp import make_engine
-    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, None, opts.tp,
-                                   target_path)
-    report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors),
-                    reference=selection.device.name, **tp_facts)
-    report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
-                "no (w), (b), state or acceptance lines")
-    ref = on_reference(lambda: family.reference(target_spec, prompts[0]))
-    prefill = engine.prefill(prompts[0], logits=True)
-    check_target(report, family, target_spec, prefill, ref, opts.dtype, prompts[0])
-    plain_runs = [generate(engine, None, p, n).ids for p in prompts]
-    report.note(f"plain runs: {len(plain_runs)} prompts x {n} ids (no draft to compare them with)")
-    if opts.oracle:
-        check_oracle(report, family, target_spec, prompts[0], plain_runs[0], prefill, opts.dtype)
-    _cost(report, {"all": time.perf_counter() - t0}, device, selection)
+    run.ref = on_reference(lambda: run.family.reference(run.target_spec, run.prompts[0]))
+    run.phases.lap("reference", run.device)
+    run.prefill = run.engine.prefill(run.prompts[0], logits=True)
+    check_target(run.report, run.family, run.target_spec, run.prefill, run.ref, run.opts.dtype, run.prompts[0])
+    if run.drafted:
+        run.gate.check_draft(run.report, run.check())
+
+
+def plain_and_drafted(run: Run) -> None:
+    """(w) lossless: drafted ids == plain ids, per prompt (plain-only: the plain runs)."""
+    gate, report, n = run.gate, run.report, run.n
+    if not run.drafted:
+        run.plain_runs = [generate(run.engine, None, p, n).ids for p in run.prompts]
+        report.note(f"plain runs: {len(run.plain_runs)} prompts x {n} ids (no draft to compare them with)")
+        return
+    width = width_policy(run.opts.width, run.b)
+    with progress_bar(f"{gate.name}: plain + drafted runs", len(run.prompts)) as advance:
+        for i, p in enumerate(run.prompts):
+            plain = generate(run.engine, None, p, n)
+            run.plain_runs.append(plain.ids)
+            try:
+                drafted = generate(run.engine, run.draft, p, n, width=width)
+            except (RuntimeError, ValueError, IndexError) as e:      # a broken loop or draft is a failed check
+                run.all_same &= report.check(f"(w) prompt {i}: drafted run broke after the plain run: "
+                                             f"{type(e).__name__}: {e}", False)
+                continue
+            finally:
+                advance()
+            run.all_same &= report.ids(i, plain.ids, drafted.ids)
+            run.per_prompt.append(drafted.tally)
+            run.runs.append((p, plain, drafted))
+    for t in run.per_prompt:
+        run.pooled = run.pooled.merge(t)
+    if run.opts.record is not None:
+        from .engines.record import own_record, write
+        write(own_record(gate.name, run.opts.dtype, run.opts.device, n, run.b - 1, run.runs), run.opts.record)
+    report.branches(run.pooled)
+
+
+def state(run: Run) -> None:
+    """The engine's and the draft's state after the loop (state_check)."""
+    check_state(run.report, run.family, run.gate, run.engine, run.draft, run.target_spec, run.draft_spec,
+                run.prompts[0], run.n, width_policy(run.opts.width, run.b), run.opts.dtype)
+
+
+def acceptance(run: Run) -> None:
+    """ids identical, the draft device's crossing, accept_mean (greedy, or at T > 0 with the (s) check)."""
+    report = run.report
+    if run.all_same:
+        report.identical(run.n)
+    if run.cross:
+        report.crossing(run.pooled, run.draft.prompt_crossed)
+    if run.opts.sampling is None:
+        report.acceptance(run.pooled, run.per_prompt, run.b)
+    else:
+        sampled_part(report, run.engine, run.draft, run.prompts, run.n, run.opts, run.b, run.pooled)
+        run.phases.lap("sampling", run.device)
+    report.facts["width_policy"] = run.opts.width
+
+
+def oracles(run: Run) -> None:
+    """Tier 3 (--oracle): transformers / llama.cpp on the target, the gate's own draft oracle."""
+    check_oracle(run.report, run.family, run.target_spec, run.prompts[0], run.plain_runs[0], run.prefill,
+                 run.opts.dtype)
+    if run.drafted and run.gate.check_draft_oracle is not None:
+        run.gate.check_draft_oracle(run.report, run.check(), run.plain_runs[0])
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the pipeline: the phase its wall time is booked to (None: to the next phase booked), whether it
+    needs the draft, and whether the run asked for it."""
+
+    phase: str | None
+    step: Callable[[Run], None]
+    drafted_only: bool = False
+    when: Callable[[Run], bool] = lambda run: True
+
+
+# The one pipeline: a plain-only run (the draft off by the plan's rule, or asked off) is the same list minus the
+# stages that need the draft; the stages themselves print nothing about a draft they do not have.
+PIPELINE = (Stage("checks", check_reference), Stage("runs", plain_and_drafted),
+            Stage("state", state, drafted_only=True), Stage(None, acceptance, drafted_only=True),
+            Stage("oracle", oracles, when=lambda run: run.opts.oracle))
+
+
+def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | None,
+              selection: Any) -> tuple[int, Report]:
+    run = prepare(gate, opts, selection)
+    build(run, emit)
+    run.phases.lap("load", run.device)
+    for stage in PIPELINE:
+        if (stage.drafted_only and not run.drafted) or not stage.when(run):
+            continue
+        stage.step(run)
+        if stage.phase is not None:
+            run.phases.lap(stage.phase, run.device)
+    report = run.report
+    _cost(report, run.phases.facts(), run.device, selection)
     code = report.finish()
-    report.facts["wall_s"] = round(time.perf_counter() - t0, 3)
+    report.facts["wall_s"] = round(time.perf_counter() - run.t0, 3)
     if opts.json:
-        write_report(opts.json, report.facts, report.lines, device)
+        write_report(opts.json, report.facts, report.lines, run.device)
     return code, report
 
 

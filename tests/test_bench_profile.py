@@ -25,7 +25,11 @@ def test_profile_records_each_pass_and_its_ops():
         assert all(g["weight"].count("x") == 1 and g["us"] > 0 for g in prof[label]["gemm"])
     assert any(line.startswith("profile plain wall_ms=") for line in lines)
     assert any(line.startswith("profile gemm weight=") for line in lines)
-    assert rec["bound"]["rows"] == 4 and 0 < rec["bound"]["frac_max"] < 1
+    # the bound is the record's own arithmetic (plain / (verify R4 + the draft's read)), not a timing relation: on a
+    # busy 2-core box a verify of 4 rows can time below a plain step, so frac_max > 1 is a measurement, not a defect
+    bound = rec["bound"]
+    assert bound["rows"] == 4 and bound["frac_max"] > 0
+    assert bound["frac_max"] == pytest.approx(1 / (bound["verify_rel"] + bound["draft_read_rel"]))
 
 
 def test_criterion_bound_is_plain_over_verify_plus_the_drafts_read():
