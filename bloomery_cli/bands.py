@@ -47,6 +47,7 @@ from functools import cache
 
 import numpy as np
 
+from bloomery_gates.dtypes import ALL
 from bloomery_gates.spec import LayerShape
 
 KAPPA = 8.0
@@ -55,7 +56,7 @@ M_RMS = 2.0       # emulated band: multiple of the emulated run's rel_rms
 ALPHA = 1e-3      # small taps: the false-alarm rate of one (r) line whose statistic is a draw over few entries
 SMALL_N = 64      # below this many entries the sampling quantile can exceed M_RMS / M_WORST (see small_tap)
 U_ACC = 2.0**-24  # float32 accumulation
-_UNIT_ROUNDOFF = {"f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11, "f64": 2.0**-53}
+_UNIT_ROUNDOFF = {k: d.unit_roundoff for k, d in ALL.items()}          # bloomery_gates.dtypes
 _ALIASES = {"float32": "f32", "float": "f32", "bfloat16": "bf16", "float16": "f16", "half": "f16",
             "float64": "f64", "double": "f64"}
 

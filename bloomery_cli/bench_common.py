@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.dtypes import TORCH
+
 from .bench_shapes import hf_decode
 from .speculative import generate
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+DTYPES = TORCH          # bloomery_gates.dtypes, the one table
 TAUS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 CRITERION = 0.85                # drafted tok/s >= CRITERION x accept_mean x plain at tau 6 (issue 11)
 

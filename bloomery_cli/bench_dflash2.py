@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from bloomery_gates.dtypes import TORCH
 from bloomery_gates.kernels.graphs import time_replays
 
 
@@ -35,7 +36,7 @@ class BenchShape:
     dtype: str = "bf16"
 
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+DTYPES = TORCH          # bloomery_gates.dtypes, the one table
 
 
 def _sync(device: torch.device) -> None:

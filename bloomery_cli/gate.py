@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.dtypes import run_dtype
 from bloomery_gates.errors import InputError
 
 from .contract import Report
@@ -152,8 +153,7 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
 
     t0 = time.perf_counter()
     device = resolve_device(opts.device)
-    if opts.dtype not in DTYPES:
-        raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
+    run_dtype(opts.dtype)
     unknown = sorted(set(opts.draft_options) - set(gate.options))
     if unknown:
         flag = "--" + unknown[0].replace("_", "-")

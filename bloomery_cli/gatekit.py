@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.dtypes import TORCH
 from bloomery_gates.errors import InputError
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DTYPES = TORCH          # run dtype name -> torch dtype (bloomery_gates.dtypes, the one table)
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bloomery_gates.dtypes import RUN
 from bloomery_gates.errors import InputError
 
 from .plan_model import PlanDraft, PlanModel
 
-ELEM = {"f32": 4, "bf16": 2, "f16": 2}
+ELEM = {k: d.itemsize for k, d in RUN.items()}          # bytes per element (bloomery_gates.dtypes)
 CTX_BASE = 4096
 PREFILL_ROWS = 512
 CUDA_ARENA = 32 << 20

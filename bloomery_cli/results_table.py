@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from bloomery_gates.dtypes import RUN
+
 from .records import write_text_atomic
 from .results_side import Record
 
@@ -144,7 +146,7 @@ def bound_of(r: dict[str, Any]) -> dict[str, Any] | None:
     rows = c.get("verify_rows") or (shape.block if shape else None)
     w = re.search(r"mtp_width=(\d+)", lines)
     passes = int(w.group(1)) if r.get("bench") == "qwen38-mtp" and w else 1
-    esize = {"bf16": 2, "f16": 2, "f32": 4}.get(str(c.get("dtype")), 2)
+    esize = RUN[str(c.get("dtype"))].itemsize if str(c.get("dtype")) in RUN else 2
     if not rows or not any(v["rows"] == rows for v in r["verify"]):
         return None
     head = vocab_hidden[0] * vocab_hidden[1] * esize
