@@ -5,10 +5,13 @@ Exit codes: 0 every check passed, 1 a check failed, 2 the run could not start (b
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -133,20 +136,38 @@ RecordOut = Annotated[Path | None, typer.Option("--record", help="Also write the
                                                 "engine judge` reads it.")]
 
 
+def gate_flags(func: Callable[..., None]) -> Callable[..., None]:
+    """One flag per option the registered gates declare (``GateDef.options``: ``--confidence-cut`` for the DSpark
+    gates, ``--mtp-hidden`` for mimo2-mtp), with the declaring gate's help; their text reaches ``func`` as
+    ``gate_options`` and is parsed there by the gate that runs. A gate adds a flag by declaring it, not here."""
+    declared: dict[str, Any] = {}
+    for g in registry().values():
+        for key, opt in g.options.items():
+            declared.setdefault(key, opt)
+    sig = inspect.signature(func, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.name != "gate_options"]
+    flags = [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        str | None, typer.Option("--" + key.replace("_", "-"), help=opt.help, metavar=opt.metavar)])
+        for key, opt in sorted(declared.items())]
+
+    @functools.wraps(func)
+    def run(**kw: Any) -> None:
+        given = {key: kw.pop(key) for key in declared}
+        return func(**kw, gate_options={k: v for k, v in given.items() if v is not None})
+
+    run.__signature__ = sig.replace(parameters=own + flags)          # typer reads the signature
+    run.__annotations__ = {p.name: p.annotation for p in own + flags}
+    return run
+
+
 @gate_app.command("run")
+@gate_flags
 def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery gate list`).")],
              target: Target = None, draft: DraftOpt = None, device: Device = "cpu", dtype: Dtype = "f32",
              n: N = None, prompts: Prompts = None, json: Json = None, oracle: Oracle = False,
              width: Annotated[str, typer.Option("--width", help="Verify width policy: fixed (every proposal) or "
                                                  "cost (per window, by measured cost and running acceptance; "
                                                  "may change which rows run, never a token).")] = "fixed",
-             confidence_cut: Annotated[float | None, typer.Option(
-                 "--confidence-cut", help="DSpark: cut a proposal before the first draft whose confidence is "
-                 "below this threshold in [0, 1] (0 disables); the gate reports how verify rows and "
-                 "accept_mean change, and ids must stay identical.")] = None,
-             mtp_hidden: Annotated[str | None, typer.Option(
-                 "--mtp-hidden", help="mimo2-mtp: which target hidden the MTP head reads and recycles: post (HF / "
-                 "vLLM, the checkpoint's own; default) or pre (llama.cpp).")] = None,
              draft_policy: Annotated[str | None, typer.Option(
                  "--draft-policy", help="auto (the plan's ctx-first rule may turn the draft off; the default "
                  "without --draft), on (the default with --draft: never turned off), off (plain-only).")] = None,
@@ -166,7 +187,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
                  "--tp", help="Split the target over N processes (tensor parallel: gloo on the CPU, NCCL over "
                  "cuda:<i>..cuda:<i+N-1>); qwen3 family targets.")] = 1,
              engine: Engine = "ours", llama_cpp: LlamaCpp = None, record: RecordOut = None,
-             ) -> None:
+             gate_options: dict[str, str] | None = None) -> None:
     """Run one gate and print the contract lines; the exit code is the verdict.
 
     With --engine llama.cpp the pair runs in llama.cpp's own speculative decoding (built by `bloomery engine
@@ -177,7 +198,8 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
 
     if engine != "ours":
         others = {"--target": target, "--draft": draft, "--oracle": oracle or None, "--temperature": temperature,
-                  "--confidence-cut": confidence_cut, "--mtp-hidden": mtp_hidden, "--draft-policy": draft_policy,
+                  **{"--" + k.replace("_", "-"): v for k, v in (gate_options or {}).items()},
+                  "--draft-policy": draft_policy,
                   "--gpu-mem": gpu_mem, "--draft-device": draft_device, "--tp": tp if tp != 1 else None,
                   "--width": width if width != "fixed" else None,
                   "--reference-device": reference_device if reference_device != "cpu" else None}
@@ -199,15 +221,13 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
         fail_input(e)
 
     gate = lookup(name)
-    extra = {}
-    if confidence_cut is not None:
-        if not 0.0 <= confidence_cut <= 1.0:
-            fail_input(InputError("--confidence-cut", f"{confidence_cut}: expected a threshold in [0, 1]"))
-        extra["confidence_cut"] = confidence_cut
-    if mtp_hidden is not None:
-        if mtp_hidden not in ("post", "pre"):
-            fail_input(InputError("--mtp-hidden", f"{mtp_hidden!r}: expected post or pre"))
-        extra["mtp_hidden"] = mtp_hidden
+    extra: dict[str, Any] = {}
+    for key, text in (gate_options or {}).items():       # the gate's own flags: its GateOption parses them
+        own = gate.options.get(key)                       # one it does not declare: the run names it (exit 2)
+        try:
+            extra[key] = text if own is None else own.value("--" + key.replace("_", "-"), text)
+        except InputError as e:
+            fail_input(e)
     if width not in ("fixed", "cost"):
         fail_input(InputError("--width", f"{width!r}: expected fixed or cost"))
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,

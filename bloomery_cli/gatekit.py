@@ -19,6 +19,44 @@ DTYPES = TORCH          # run dtype name -> torch dtype (bloomery_gates.dtypes, 
 
 
 @dataclass(frozen=True)
+class GateOption:
+    """An option a gate declares (``GateDef.options``): its default, the help of the flag the CLI makes of it
+    (``--name-with-dashes``) and how the flag's text becomes its value (``parse`` raises ValueError saying what
+    was expected; the CLI turns that into exit 2 naming the flag). Gates that declare the same name share one
+    GateOption."""
+
+    default: Any
+    help: str
+    parse: Callable[[str], Any]
+    metavar: str = "VALUE"
+
+    def value(self, flag: str, text: str) -> Any:
+        try:
+            return self.parse(text)
+        except ValueError as e:
+            raise InputError(flag, f"{text!r}: {e}") from None
+
+
+def unit_interval(text: str) -> float:
+    """A threshold in [0, 1]."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise ValueError("expected a number in [0, 1]") from None
+    if not 0.0 <= x <= 1.0:
+        raise ValueError("expected a threshold in [0, 1] (0 disables)")
+    return x
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected {' or '.join(choices)}")
+        return text
+    return parse
+
+
+@dataclass(frozen=True)
 class GateDef:
     """What a (target, drafter) pair brings; the runner does the rest."""
 
@@ -37,7 +75,7 @@ class GateDef:
     n: int = 256
     anchors: tuple[str, ...] = ()                          # published numbers, printed as external
     check_draft_oracle: Callable[..., None] | None = None  # (report, DraftCheck, plain ids) -> (o) lines
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, GateOption] = field(default_factory=dict)   # its own flags (the CLI makes them)
     draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
     own_ids: int = 0                                       # ids its own checks generate (engines are sized for them)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bloomery_cli.bands import Op, layer_ops, logits_band, worst_rel
 from bloomery_cli.contract import Report
-from bloomery_cli.gatekit import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef, GateOption, one_of
 from bloomery_cli.loading import load_mimo2_mtp
 from bloomery_gates.spec import Mimo2MTPSpec
 
@@ -117,6 +117,10 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
                              ref="transformers MtpModel f64")
 
 
+MTP_HIDDEN = GateOption("post", "mimo2-mtp: which target hidden the MTP head reads and recycles: post (HF / vLLM, "
+                        "the checkpoint's own; default) or pre (llama.cpp).", one_of("post", "pre"), "post|pre")
+
+
 def make_draft(spec: Mimo2MTPSpec, engine, max_len: int, mtp_hidden: str = "post") -> Mimo2MTPDraft:
     return Mimo2MTPDraft(spec, engine, max_len, hidden=mtp_hidden)
 
@@ -134,6 +138,6 @@ GATE = GateDef(
           "per layer, own KV stores",
     load_draft=lambda path, target: load_mimo2_mtp(Path(path), target),
     make_draft=make_draft, block=lambda d: d.num_layers + 1, describe=describe, check_draft=check_draft,
-    check_draft_oracle=check_oracle, options={"mtp_hidden": "post"},
+    check_draft_oracle=check_oracle, options={"mtp_hidden": MTP_HIDDEN},
     draft_state=MIMO2_MTP_STATE,
 )

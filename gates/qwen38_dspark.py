@@ -18,7 +18,7 @@ from bloomery_cli.loading import load_dspark
 
 from .draft_oracle import check_dspark
 from .fixtures import FIXTURES, PROMPTS
-from .qwen3_dspark import check_draft, describe, make_draft
+from .qwen3_dspark import CONFIDENCE_CUT, check_draft, describe, make_draft
 from .state_decls import DSPARK_STATE
 
 GATE = GateDef(
@@ -30,6 +30,6 @@ GATE = GateDef(
     make_draft=make_draft, block=lambda d: d.block_size + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 (no DSpark "
              "figure published for a Qwen3.5/3.8 target)",),
-    options={"confidence_cut": 0.0}, check_draft_oracle=check_dspark,
+    options={"confidence_cut": CONFIDENCE_CUT}, check_draft_oracle=check_dspark,
     draft_state=DSPARK_STATE,
 )

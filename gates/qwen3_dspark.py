@@ -23,10 +23,9 @@ import numpy as np
 
 from bloomery_cli.bands import Op
 from bloomery_cli.contract import Report
-from bloomery_cli.gatekit import DraftCheck, GateDef
+from bloomery_cli.gatekit import DraftCheck, GateDef, GateOption, unit_interval
 from bloomery_cli.loading import load_dspark
 from bloomery_cli.speculative import generate
-from bloomery_gates.errors import InputError
 from bloomery_gates.spec import DSparkSpec
 
 from ..kernels.drafts.dspark import DSparkDraft
@@ -124,6 +123,10 @@ def make_draft(spec: DSparkSpec, engine, max_len: int, confidence_cut: float = 0
     return DSparkDraft(spec, engine, max_len, confidence_cut=confidence_cut)
 
 
+CONFIDENCE_CUT = GateOption(0.0, "DSpark: cut a proposal before the first draft whose confidence is below this "
+                            "threshold in [0, 1] (0 disables); the gate reports how verify rows and accept_mean "
+                            "change, and ids must stay identical.", unit_interval, "T")
+
 GATE = GateDef(
     name="qwen3-dspark", family="qwen3", draft_kind="dspark",
     target=FIXTURES / "qwen3-tiny", draft=FIXTURES / "qwen3-tiny-dspark-b7", prompts=PROMPTS,
@@ -132,7 +135,7 @@ GATE = GateDef(
     make_draft=make_draft, block=lambda d: d.block_size + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DSpark paper, T=1 B=7): Qwen3-8B GSM8K DSpark 6.17 vs DFlash 5.33 vs "
              "EAGLE-3 5.30",),
-    options={"confidence_cut": 0.0}, check_draft_oracle=check_dspark,
+    options={"confidence_cut": CONFIDENCE_CUT}, check_draft_oracle=check_dspark,
     draft_state=DSPARK_STATE,
 )
 
@@ -141,8 +144,8 @@ def with_options(gate: GateDef = GATE, confidence_cut: float | None = None) -> G
     """The gate with ``--confidence-cut t`` bound into make_draft / describe (t in [0, 1]; 0 disables)."""
     if confidence_cut is None:
         return gate
-    if not 0.0 <= confidence_cut <= 1.0:
-        raise InputError("--confidence-cut", f"{confidence_cut!r}: expected a threshold in [0, 1] (0 disables)")
-    return replace(gate, options={**gate.options, "confidence_cut": confidence_cut},
+    cut = gate.options["confidence_cut"].value("--confidence-cut", str(confidence_cut))
+    return replace(gate, options={**gate.options, "confidence_cut": replace(gate.options["confidence_cut"],
+                                                                            default=cut)},
                    make_draft=partial(make_draft, confidence_cut=confidence_cut),
                    describe=partial(describe, confidence_cut=confidence_cut))

@@ -231,7 +231,7 @@ def test_gate_registered_with_cut_option(target):
     g = GATES["qwen3-dspark"]
     assert g.block(make_dspark(target)) == 6 and g.draft.name == "qwen3-tiny-dspark-b7"
     g2 = qwen3_dspark.with_options(g, confidence_cut=0.6)
-    assert g2.options["confidence_cut"] == 0.6 and g2.describe(make_dspark(target))["confidence_cut"] == 0.6
+    assert g2.options["confidence_cut"].default == 0.6 and g2.describe(make_dspark(target))["confidence_cut"] == 0.6
     with pytest.raises(InputError):
         qwen3_dspark.with_options(g, confidence_cut=1.5)
     report = gate_report(target, make_dspark(target), cut=0.6)
