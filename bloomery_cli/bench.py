@@ -48,6 +48,8 @@ from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid import bench_hybrid
 from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
+from .bench_moe import bench_moe, plot_moe
+from .bench_moe_shapes import MOE_SHAPES
 from .bench_shapes import SHAPES, random_pair, weight_bytes
 from .gatekit import resolve_device
 from .preflight import check_output_file
@@ -288,7 +290,8 @@ def bench_command(
         name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash, or for a hybrid "
                                             "shape qwen38-dflash2 / qwen38-mtp.")],
         shape: Annotated[str | None, typer.Option("--shape", help=f"Random weights of a model shape made on the "
-                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES])} (default: the gate's checkpoints).")] = None,
+                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES])} (default: the gate's "
+                         "checkpoints).")] = None,
         device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")] = "auto",
         dtype: Annotated[str, typer.Option("--dtype", help="bf16, f16 or f32.")] = "bf16",
         prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt length (--shape).")] = 512,
@@ -308,7 +311,9 @@ def bench_command(
                                               "the draft's block spend their time: kernels by device time, each "
                                               "matrix product's read rate (bloomery_cli/bench_profile.py).")]
         = False,
-        llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None) -> None:
+        llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None,
+        rows: Annotated[int, typer.Option("--rows", help="moe: verify widths 1..ROWS.")] = 16,
+        reps: Annotated[int, typer.Option("--reps", help="moe: timed verifies per width (median).")] = 5) -> None:
     """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
@@ -321,6 +326,18 @@ def bench_command(
         check_output_file(json, "--json")          # before the run, not after it
         peer = find_llama_bench(llama_cpp) if llama_cpp is not None else None
         apply_threads(threads, device)
+        if shape in MOE_SHAPES or name == "moe":
+            if shape not in MOE_SHAPES:
+                raise ValueError(f"{name}: the MoE bench needs --shape ({', '.join(MOE_SHAPES)})")
+            rec = bench_moe(shape, device, dtype, layers, prompt_len, n, rows, reps)
+            save(rec)
+            if json:
+                plot_moe(json.with_name("plot-" + json.stem + ".png"), [rec], [])
+            if not all(rec["checks"].values()):
+                typer.echo("FAILED: a MoE bench check failed: " + ", ".join(k for k, v in rec["checks"].items()
+                                                                           if not v), err=True)
+                raise typer.Exit(1)
+            return
         if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
             if shape is None:
                 raise ValueError(f"{name}: the hybrid bench needs --shape ({', '.join(HYBRID_SHAPES)})")
