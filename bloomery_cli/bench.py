@@ -30,6 +30,7 @@ import typer
 
 from bloomery_gates.errors import InputError
 
+from .bench_chain import host_share
 from .bench_common import (
     CRITERION,
     DTYPES,
@@ -107,7 +108,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
     rec: dict[str, Any] = {"bench": name, "shape": shape or "checkpoint", "complete": False, "lines": lines}
     cond = {"device": str(dev), "dtype": dtype, "prompt_len": prompt_len, "batch": 1, "width": width, "n": n}
-    with stages(10 + (shape is None) + profile + (llama_bench is not None), quiet) as step:
+    with stages(11 + (shape is None) + profile + (llama_bench is not None), quiet) as step:
         step("bandwidth")
         bw = copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (1 << 26))
         step("weights")
@@ -138,6 +139,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
                         "ratio_roofline_read": plain_tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
         log(f"plain tok_s={plain_tok_s:.1f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.3f}")
+        step("host share")
+        guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
+                                                     log=log))
         if llama_bench is not None:
             step("llama.cpp")
             compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)
@@ -348,8 +352,12 @@ def bench_command(
                            err=True)
                 raise typer.Exit(1)
             return
-        bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save, profile=profile,
-              llama_bench=peer)
+        rec = bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save,
+                    profile=profile, llama_bench=peer)
+        if not rec.get("host", {}).get("ids_identical_all"):         # fails closed: a chain that did not run too
+            typer.echo("FAILED: the chained plain decode's ids differ from the plain run's (or it did not run)",
+                       err=True)
+            raise typer.Exit(1)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

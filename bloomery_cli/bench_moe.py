@@ -36,6 +36,7 @@ from bloomery_gates.kernels.ops.moe import Routing
 from .bench_common import DTYPES, sync
 from .bench_dflash2 import copy_bandwidth
 from .bench_moe_shapes import MOE_SHAPES, MoEBenchShape, build_engine, mimo2_layer_types
+from .bench_moe_stack import stack_table
 from .gatekit import resolve_device
 from .moe_bytes import MoEBytes, disjoint_ids, distinct_of, distinct_uniform, distinct_worst, load_spread, moe_bytes
 from .records import conditions
@@ -137,9 +138,12 @@ def _moe_layers(s: MoEBenchShape, layers: int) -> int:
     return sum(m == "sparse" for m in mimo2_layer_types(s, layers)[1]) if s.family == "mimo2" else layers
 
 
-def checks(b: MoEBytes, real: list[dict[str, Any]], worst: list[dict[str, Any]]) -> dict[str, bool]:
+def checks(b: MoEBytes, real: list[dict[str, Any]], worst: list[dict[str, Any]],
+           stack_worst: list[dict[str, Any]]) -> dict[str, bool]:
     k, e = b.top_k, b.experts
-    return {"worst_case_planted": bool(worst) and all(r["distinct_min"] == r["distinct_max"] == r["distinct_worst"]
+    return {"stack_worst_planted": bool(stack_worst) and all(r["distinct_mean"] == min(e, r["rows"] * k)
+                                                             for r in stack_worst),
+            "worst_case_planted": bool(worst) and all(r["distinct_min"] == r["distinct_max"] == r["distinct_worst"]
                                                       for r in worst),
             "realistic_in_range": bool(real) and all(k <= r["distinct_min"] and
                                                      r["distinct_max"] <= min(e, r["rows"] * k) for r in real),
@@ -211,11 +215,22 @@ def bench_moe(shape: str, device: str, dtype: str, layers: int | None, prompt_le
     for name, table in (("verify", rec["verify"]), ("worst", rec["verify_worst"])):
         log(f"{name} plain_step_ms={table[0]['ms']:.3f} " + " ".join(
             f"R{r['rows']}={r['rel_plain']:.3f}/d{r['distinct_mean']:.1f}/b{r['bytes_rel']:.2f}" for r in table))
+    iters = 20 if dev.type == "cuda" else 2
+    try:
+        rec["stack"] = stack_table(engine, b, rows, False, iters)
+        rec["stack_worst"] = stack_table(engine, b, rows, True, iters)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:         # recorded; the check then fails (exit 1)
+        log(f"stack failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        rec["stack"], rec["stack_worst"] = [], []
+    for name, table in (("stack", rec["stack"]), ("stack_worst", rec["stack_worst"])):
+        if table:
+            log(f"{name} graphs={table[0]['graphs']} R1_ms={table[0]['ms']:.3f} " + " ".join(
+                f"R{r['rows']}={r['rel']:.3f}/b{r['bytes_rel']:.2f}/{r['GBps_distinct']:.0f}GBps" for r in table))
     rec["policy"] = policy_vs_best(rec["verify"])
     for p in rec["policy"]:
         log(f"cost_policy a={p['accept']} policy_width={p['policy_width']} best_width={p['best_width']} "
             f"policy_over_best={p['policy_over_best']:.3f} best_tok_s_free_draft={p['tok_s_best']:.1f}")
-    rec["checks"] = checks(b, rec["verify"], rec["verify_worst"])
+    rec["checks"] = checks(b, rec["verify"], rec["verify_worst"], rec["stack_worst"])
     log("checks " + " ".join(f"{k}={'ok' if v else 'FAILED'}" for k, v in rec["checks"].items()))
     rec["complete"] = True
     return rec
@@ -239,6 +254,10 @@ def plot_moe(path: Path, records: list[dict[str, Any]], dense: list[dict[str, An
                 label=f"{lab} measured, worst")
         ax.plot(x, [v["bytes_rel"] for v in r["verify"]], "--", color=c, label=f"{lab} bytes, router")
         ax.plot(x, [v["bytes_rel"] for v in r["verify_worst"]], ":", color=c, label=f"{lab} bytes, worst")
+        if r.get("stack"):
+            ax.plot(x, [v["rel"] for v in r["stack"]], "x-.", color=c, label=f"{lab} MoE stack graphed, router")
+            ax.plot(x, [v["rel"] for v in r["stack_worst"]], "+-.", color=c, alpha=0.6,
+                    label=f"{lab} MoE stack graphed, worst")
     for d in dense:
         ax.plot([v["rows"] for v in d["verify"]], [v["rel_plain"] for v in d["verify"]], "k^-", alpha=0.5,
                 label=f"dense {d.get('shape')} measured")

@@ -95,6 +95,9 @@ def test_bench_moe_record(tmp_path, name):
                                                                   for r in range(1, 7)]
     assert rec["verify"][0]["bytes"] == rec["bytes"]["plain"] and rec["verify"][0]["rel_plain"] == 1.0
     assert all(p["policy_width"] in range(1, 7) and p["best_width"] in range(1, 7) for p in rec["policy"])
+    assert [r["distinct_mean"] for r in rec["stack_worst"]] == [distinct_worst(s.experts, s.top_k, r)
+                                                                 for r in range(1, 7)]
+    assert rec["stack"][0]["bytes_rel"] == 1.0 and len(rec["stack"]) == 6
     assert (tmp_path / f"plot-{name}.png").exists()
 
 
@@ -108,6 +111,15 @@ def test_fail_first_worst_case_not_planted(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_moe, "forced_routing", _not_forced)
     res, rec = _bench(tmp_path, "qwen35moe-tiny")
     assert res.exit_code == 1 and not rec["checks"]["worst_case_planted"]
+
+
+def test_fail_first_stack_worst_not_planted(tmp_path, monkeypatch):
+    """Planted defect: the graphed stack's worst case runs the router's routing -> its check fails, exit 1."""
+    from bloomery_cli import bench_moe_stack
+
+    monkeypatch.setattr(bench_moe_stack, "forced_routing", _not_forced)
+    res, rec = _bench(tmp_path, "mimo2-tiny")
+    assert res.exit_code == 1 and not rec["checks"]["stack_worst_planted"] and rec["checks"]["worst_case_planted"]
 
 
 def test_fail_first_distinct_counted_as_pairs(tmp_path, monkeypatch):
