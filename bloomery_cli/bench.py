@@ -30,6 +30,7 @@ import typer
 
 from bloomery_gates.errors import InputError
 
+from .bench_chain import host_share
 from .bench_common import (
     CRITERION,
     DTYPES,
@@ -48,6 +49,8 @@ from .bench_dflash2 import copy_bandwidth
 from .bench_hybrid import bench_hybrid
 from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
+from .bench_moe import bench_moe, plot_moe
+from .bench_moe_shapes import MOE_SHAPES
 from .bench_shapes import SHAPES, random_pair, weight_bytes
 from .gatekit import resolve_device
 from .preflight import check_output_file
@@ -105,7 +108,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
     rec: dict[str, Any] = {"bench": name, "shape": shape or "checkpoint", "complete": False, "lines": lines}
     cond = {"device": str(dev), "dtype": dtype, "prompt_len": prompt_len, "batch": 1, "width": width, "n": n}
-    with stages(10 + (shape is None) + profile + (llama_bench is not None), quiet) as step:
+    with stages(11 + (shape is None) + profile + (llama_bench is not None), quiet) as step:
         step("bandwidth")
         bw = copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (1 << 26))
         step("weights")
@@ -136,6 +139,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
                         "ratio_roofline_read": plain_tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
         log(f"plain tok_s={plain_tok_s:.1f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.3f}")
+        step("host share")
+        guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
+                                                     log=log))
         if llama_bench is not None:
             step("llama.cpp")
             compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)
@@ -288,7 +294,8 @@ def bench_command(
         name: Annotated[str, typer.Argument(help="Gate name (the pair); with --shape: qwen3-dflash, or for a hybrid "
                                             "shape qwen38-dflash2 / qwen38-mtp.")],
         shape: Annotated[str | None, typer.Option("--shape", help=f"Random weights of a model shape made on the "
-                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES])} (default: the gate's checkpoints).")] = None,
+                         f"device: {', '.join([*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES])} (default: the gate's "
+                         "checkpoints).")] = None,
         device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")] = "auto",
         dtype: Annotated[str, typer.Option("--dtype", help="bf16, f16 or f32.")] = "bf16",
         prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt length (--shape).")] = 512,
@@ -308,7 +315,9 @@ def bench_command(
                                               "the draft's block spend their time: kernels by device time, each "
                                               "matrix product's read rate (bloomery_cli/bench_profile.py).")]
         = False,
-        llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None) -> None:
+        llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None,
+        rows: Annotated[int, typer.Option("--rows", help="moe: verify widths 1..ROWS.")] = 16,
+        reps: Annotated[int, typer.Option("--reps", help="moe: timed verifies per width (median).")] = 5) -> None:
     """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
@@ -321,6 +330,18 @@ def bench_command(
         check_output_file(json, "--json")          # before the run, not after it
         peer = find_llama_bench(llama_cpp) if llama_cpp is not None else None
         apply_threads(threads, device)
+        if shape in MOE_SHAPES or name == "moe":
+            if shape not in MOE_SHAPES:
+                raise ValueError(f"{name}: the MoE bench needs --shape ({', '.join(MOE_SHAPES)})")
+            rec = bench_moe(shape, device, dtype, layers, prompt_len, n, rows, reps)
+            save(rec)
+            if json:
+                plot_moe(json.with_name("plot-" + json.stem + ".png"), [rec], [])
+            if not all(rec["checks"].values()):
+                typer.echo("FAILED: a MoE bench check failed: " + ", ".join(k for k, v in rec["checks"].items()
+                                                                           if not v), err=True)
+                raise typer.Exit(1)
+            return
         if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
             if shape is None:
                 raise ValueError(f"{name}: the hybrid bench needs --shape ({', '.join(HYBRID_SHAPES)})")
@@ -331,8 +352,12 @@ def bench_command(
                            err=True)
                 raise typer.Exit(1)
             return
-        bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save, profile=profile,
-              llama_bench=peer)
+        rec = bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save,
+                    profile=profile, llama_bench=peer)
+        if not rec.get("host", {}).get("ids_identical_all"):         # fails closed: a chain that did not run too
+            typer.echo("FAILED: the chained plain decode's ids differ from the plain run's (or it did not run)",
+                       err=True)
+            raise typer.Exit(1)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -7,7 +7,8 @@ prefix ("model.layers.3." or "mtp.layers.0."), tensors under ``p + "mlp."``:
       experts mlp.experts.{gate_up_proj, down_proj}, shared expert mlp.shared_expert.* (+ mlp.shared_expert_gate)
 
 Inside ``record_routing()`` every MoE FFN call appends (p, Routing) to the yielded list (the gates' tier-1 check of
-the chosen experts, and the fixtures' load-balancing loss).
+the chosen experts, and the fixtures' load-balancing loss). Inside ``forced_routing(fn)`` (benches only: the MoE
+bench's worst case, every row its own expert set) ``route`` returns ``fn(routing)`` instead of the router's choice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..ops.mlp import swiglu
 T = torch.Tensor
 FFN = Callable[[object, Mapping[str, T], str, T], T]
 _RECORD: ContextVar[list | None] = ContextVar("bloomery_moe_routing", default=None)
+_FORCE: ContextVar[Callable | None] = ContextVar("bloomery_moe_forced", default=None)
 
 
 @contextmanager
@@ -39,6 +41,16 @@ def record_routing() -> Iterator[list[tuple[str, kmoe.Routing]]]:
         _RECORD.reset(token)
 
 
+@contextmanager
+def forced_routing(fn: Callable[[kmoe.Routing], kmoe.Routing]) -> Iterator[None]:
+    """Inside the block every ``route`` call returns ``fn(the router's Routing)`` (a bench's planted routing)."""
+    token = _FORCE.set(fn)
+    try:
+        yield
+    finally:
+        _FORCE.reset(token)
+
+
 def dense_ffn(spec, t: Mapping[str, T], p: str, a: T) -> T:
     m = p + "mlp."
     return swiglu(a, t[m + "gate_proj.weight"], t[m + "up_proj.weight"], t[m + "down_proj.weight"])
@@ -48,9 +60,12 @@ def route(moe: MoEShape, t: Mapping[str, T], m: str, x: T) -> kmoe.Routing:
     """The router of ``moe`` on rows x [N, H] (tensors under ``m`` = p + "mlp.")."""
     logits = kmoe.router_logits(x, t[m + "gate.weight"])
     if moe.router == "softmax":
-        return kmoe.softmax_topk(logits, moe.top_k)
-    return kmoe.sigmoid_group_topk(logits, t[m + "gate.e_score_correction_bias"], moe.top_k, moe.n_group,
-                                   moe.topk_group, moe.norm_topk, moe.routed_scale)
+        r = kmoe.softmax_topk(logits, moe.top_k)
+    else:
+        r = kmoe.sigmoid_group_topk(logits, t[m + "gate.e_score_correction_bias"], moe.top_k, moe.n_group,
+                                    moe.topk_group, moe.norm_topk, moe.routed_scale)
+    force = _FORCE.get()
+    return r if force is None else force(r)
 
 
 def moe_ffn(spec, t: Mapping[str, T], p: str, a: T, routed: Callable = kmoe.routed_experts) -> T:
