@@ -7,7 +7,7 @@
   learned layers (``sqrtsoftplus_topk``):
     c = s + b                                    b = e_score_correction_bias [E]: the CHOICE only
     ids = topk_stable(c, k)                      value descending, equal values by lower expert index
-    w_j = s_{ids_j} / (sum_i s_{ids_i} + 1e-20) * routed_scaling_factor          the UNBIASED scores, always renormalised
+    w_j = s_{ids_j} / (sum_i s_{ids_i} + 1e-20) * routed_scaling_factor   UNBIASED scores, always renormalised
 
   hash layers (the first ``hash_layer_count`` / ``mlp_layer_types == "hash_moe"`` layers, ``hash_route``):
     ids = tid2eid[token_id]                      tid2eid [V, k] int: a frozen token id -> expert ids table
