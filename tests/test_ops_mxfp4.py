@@ -12,7 +12,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from ops_check import check, failed, report, stored
+from ops_check import check, failed, on_fake_device, report, stored
 
 from bloomery_cli.bands import Op
 from bloomery_gates.gates import moe_checks
@@ -187,6 +187,21 @@ def test_kernel_equals_unpacked_clamped_experts_bit_for_bit():
     a = kmx.routed_experts_mxfp4(x, routing, gu, dn, LIMIT)
     b = ksc.routed_experts_clamped(x, routing, kmx.dequantize(gu, x.dtype), kmx.dequantize(dn, x.dtype), LIMIT)
     assert torch.equal(a, b)
+
+
+def test_reference_runs_on_the_strict_device_bit_for_bit():
+    w = packed_moe(1)
+    x = w["x"].double().numpy()
+    routing = rmoe.softmax_topk(rmoe.router_logits(x, w["router"].double().numpy()), K)
+
+    def compute(x, gc, gs, dc, ds, ids, wts):
+        gu, dn = rmx.Mxfp4(gc, gs), rmx.Mxfp4(dc, ds)
+        return rmx.dequantize(gu), rmx.routed_experts_mxfp4(x, rmoe.Routing(ids, wts, wts), gu, dn, LIMIT)
+
+    args = (x, w["gate_up"].codes, w["gate_up"].scales, w["down"].codes, w["down"].scales, routing.ids,
+            routing.weights)
+    dev, host = on_fake_device(compute, *args), compute(*args)
+    assert all(np.array_equal(a, b) for a, b in zip(dev, host, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------- FAIL-first (bf16)

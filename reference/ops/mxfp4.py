@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..xp import common, ns
 from .moe import Routing
 from .moe import routed_experts as routed_plain
 from .swiglu_clamp import routed_experts_clamped
@@ -66,13 +67,14 @@ def mxfp4_bytes(n_weights: int) -> int:
 
 def e8m0(scales: np.ndarray) -> np.ndarray:
     """e8m0 bytes [...] -> 2^(e - 127) in float64 (exact), NaN for 255."""
+    xp = ns(scales)
     e = scales.astype(np.int64)
-    return np.where(e == E8M0_NAN, np.nan, np.ldexp(1.0, e - E8M0_BIAS))
+    return xp.where(e == E8M0_NAN, np.nan, xp.ldexp(xp.ones(e.shape), (e - E8M0_BIAS).astype(np.int32)))
 
 
 def unpack_codes(codes: np.ndarray) -> np.ndarray:
     """codes [..., K/2] uint8 -> e2m1 codes [..., K] uint8: element 2j = low nibble of byte j, 2j+1 = high nibble."""
-    out = np.empty((*codes.shape[:-1], 2 * codes.shape[-1]), dtype=np.uint8)
+    out = ns(codes).empty((*codes.shape[:-1], 2 * codes.shape[-1]), dtype=np.uint8)
     out[..., 0::2] = codes & 0x0F
     out[..., 1::2] = codes >> 4
     return out
@@ -86,7 +88,7 @@ def pack_codes(nibbles: np.ndarray) -> np.ndarray:
 
 def dequantize(w: Mxfp4) -> np.ndarray:
     """The exact float64 values: [..., R, K] = E2M1[code] * 2^(e - 127), e the block's scale (module docstring)."""
-    vals = E2M1[unpack_codes(w.codes)]
+    vals = ns(w.codes).asarray(E2M1)[unpack_codes(w.codes)]
     shape = vals.shape
     blocks = vals.reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK)
     return (blocks * e8m0(w.scales)[..., None]).reshape(shape)
@@ -135,8 +137,9 @@ def routed_experts_mxfp4(x: np.ndarray, routing: Routing, gate_up: Mxfp4, down: 
     """The routed experts on the exact dequantised weights: x [T, H], gate_up [E, 2I, H], down [E, H, I] (MXFP4)
     -> [T, H]; SwiGLU clamped at ``limit`` (DeepSeek V4's swiglu_limit, ``reference.ops.swiglu_clamp``) or plain
     (``reference.ops.moe``) when None. Only the chosen experts are dequantised (the rest are never read)."""
-    chosen = np.unique(routing.ids)
-    gu, dn = np.zeros(gate_up.shape), np.zeros(down.shape)
+    xp, ids = common(routing.ids)
+    chosen = xp.unique(ids)
+    gu, dn = xp.zeros(gate_up.shape), xp.zeros(down.shape)
     gu[chosen] = dequantize(Mxfp4(gate_up.codes[chosen], gate_up.scales[chosen]))
     dn[chosen] = dequantize(Mxfp4(down.codes[chosen], down.scales[chosen]))
     if limit is None:
