@@ -89,6 +89,32 @@ def test_reference_equals_hf_gpt_oss_decoder():
     assert np.array_equal(hf.transpose(1, 2).double().numpy(), rmx.dequantize(w))
 
 
+@needs_hf
+def test_reference_routed_equals_hf_deepseek_v4_experts_f64():
+    """The routed experts on the decoded values = HF ``DeepseekV4Experts`` (clamped SwiGLU, swiglu_limit) in f64."""
+    import transformers
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    from bloomery_cli.oracle import Float32AsFloat64
+
+    w = packed_moe(4)
+    cfg = transformers.DeepseekV4Config(hidden_size=H, intermediate_size=I, n_routed_experts=E,
+                                        num_experts_per_tok=K, swiglu_limit=1.0)
+    cfg._experts_implementation = "eager"
+    with Float32AsFloat64():
+        experts = m.DeepseekV4Experts(cfg).double()
+    experts.load_state_dict({"gate_up_proj": torch.tensor(rmx.dequantize(w["gate_up"])),
+                             "down_proj": torch.tensor(rmx.dequantize(w["down"]))})
+    x = w["x"].double().numpy()
+    routing = rmoe.softmax_topk(rmoe.router_logits(x, w["router"].double().numpy()), K)
+    with torch.no_grad(), Float32AsFloat64():
+        hf = experts(torch.tensor(x), torch.tensor(routing.ids), torch.tensor(routing.weights)).numpy()
+    mine = rmx.routed_experts_mxfp4(x, routing, w["gate_up"], w["down"], 1.0)
+    gu = np.einsum("toh,th->to", rmx.dequantize(w["gate_up"])[routing.ids[:, 0]], x)      # first choice [T, 2I]
+    assert (np.abs(gu) > 1.0).mean() > 0.2                                   # the clamp at 1.0 really bites
+    assert np.abs(mine - hf).max() / np.abs(hf).max() < 1e-12
+
+
 def test_quantize_is_near_and_kernel_bytes_equal_reference():
     x = torch.randn(4, 3, 128, generator=torch.Generator().manual_seed(3)) * torch.tensor([1e-3, 1.0, 40.0])[:, None]
     ref, ker = rmx.quantize(x.double().numpy()), kmx.quantize(x)
