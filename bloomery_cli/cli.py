@@ -19,11 +19,13 @@ from bloomery_gates.errors import EXIT_INPUT, InputError
 
 from .engine_cli import engine_app
 from .exits import err, fail_input, print_error
+from .oneline import OneLineGroup
 from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
                        "reference.\n\nExit codes: 0 passed, 1 a check failed, 2 bad input.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  cls=OneLineGroup)
 gate_app = typer.Typer(help="List and run single gates.", no_args_is_help=True)
 fixtures_app = typer.Typer(help="Build or verify the bundled fixtures (small trained checkpoints).",
                            no_args_is_help=True)

@@ -52,17 +52,22 @@ ELEM = {"f32": 4, "bf16": 2, "f16": 2}
 CTX_BASE = 4096
 PREFILL_ROWS = 512
 CUDA_ARENA = 32 << 20
+MAX_BYTES = 1 << 60            # a budget past an exbibyte is a typo, not a machine
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "kb": 10**3, "mb": 10**6, "gb": 10**9,
           "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def parse_bytes(text: str, flag: str = "--gpu-mem") -> int:
     """``80G``, ``24GiB``, ``141e9``, ``123456`` -> bytes (decimal K/M/G/T; KiB/MiB/GiB binary)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise InputError(flag, f"{text!r}: expected bytes, e.g. 80G, 24GiB or 141000000000")
-    value = int(float(m.group(1)) * _UNITS[unit])
+    x = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(x) or x > MAX_BYTES:
+        raise InputError(flag, f"{text!r}: expected at most {MAX_BYTES} bytes (2^60)")
+    value = int(x)
     if value <= 0:
         raise InputError(flag, f"{text!r}: expected a positive number of bytes")
     return value
