@@ -279,6 +279,12 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         if n is not None:
             check_n(n)
         check_output_dir(results, list(names.values()))
+        from .gatekit import check_dtype, resolve_device
+        resolve_device(device)
+        check_dtype(dtype)
+        if draft_device is not None:
+            from .draft_device import parse_device
+            parse_device("--draft-device", draft_device)
         from .refdev import reference_selection
         reference_selection(reference_device, reference_compare)
     except InputError as e:

@@ -18,7 +18,7 @@ from bloomery_gates.errors import InputError
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
 from .gate_plan import decide_draft, policy_of
-from .gatekit import DTYPES, DraftCheck, GateDef, resolve_device
+from .gatekit import DTYPES, DraftCheck, GateDef, check_dtype, resolve_device
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .plan import parse_bytes
@@ -111,8 +111,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     t0 = time.perf_counter()
     phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
     device = resolve_device(opts.device)
-    if opts.dtype not in DTYPES:
-        raise InputError("--dtype", f"{opts.dtype!r}: expected one of {', '.join(DTYPES)}")
+    check_dtype(opts.dtype)
     unknown = sorted(set(opts.draft_options) - set(gate.options))
     if unknown:
         flag = "--" + unknown[0].replace("_", "-")

@@ -55,6 +55,11 @@ class DraftCheck:
     dtype: str
 
 
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise InputError("--dtype", f"{dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
 def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
