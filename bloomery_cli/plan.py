@@ -236,6 +236,9 @@ def make_plan(t: PlanModel, d: PlanDraft | None, *, dtype: str = "bf16", device:
         raise InputError("--draft-policy", f"{policy!r}: expected auto, on or off")
     if ctx is not None and ctx < 1:
         raise InputError("--ctx", f"{ctx}: expected at least one position")
+    if ctx is not None and ctx > t.max_position:
+        raise InputError("--ctx", f"{ctx}: past the target's {t.max_position} positions (max_position_embeddings "
+                                  "or its GGUF context_length); expected at most that")
     e = ELEM[dtype]
     terms = terms_of(t, d, dtype, device)
     without = largest_ctx(t, terms, budget, slots, False, e, prefill_rows)
@@ -249,6 +252,11 @@ def make_plan(t: PlanModel, d: PlanDraft | None, *, dtype: str = "bf16", device:
     res = PlanResult(t.label, t.family, d.label if d else None, d.kind if d else None, dtype, device, slots, budget,
                      budget_source, t.max_position, terms, with_ctx, without, base, policy, on, reason,
                      notes=list(t.notes))
+    alone = bytes_at(t, terms, 1, 1, False, e, prefill_rows)["total"]
+    if without <= 0 and alone > budget:
+        res.notes.insert(0, f"the target alone does not fit: {_human(alone)} ({alone:,} bytes: its weights "
+                            f"{_human(terms.target_weights)} and one position per slot) past the budget "
+                            f"{_human(budget)} ({budget_source}); no context can run here")
     if ctx is not None:
         res.at_ctx = {"ctx": ctx, "without": bytes_at(t, terms, ctx, slots, False, e, prefill_rows)}
         if d is not None:
