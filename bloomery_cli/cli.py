@@ -379,7 +379,12 @@ def fixtures_build(out_dir: Annotated[Path, typer.Option("--out", help="Output f
     import torch
 
     from .fixturegen.build import build
+    from .gatekit import resolve_device
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    try:
+        resolve_device(dev)
+    except InputError as e:
+        fail_input(e)
     build(out_dir, dev, quick=quick)
 
 
@@ -389,7 +394,10 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
     """Check every fixture file against the sha256 in MANIFEST.json."""
     from .fixturegen.build import verify
 
-    problems = verify(out_dir)
+    try:
+        problems = verify(out_dir)
+    except InputError as e:
+        fail_input(e)
     for p in problems:
         err.print(f"[red]{escape(p)}[/]", highlight=False, soft_wrap=True)
     if problems:
