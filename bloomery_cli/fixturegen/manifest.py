@@ -92,7 +92,8 @@ class Manifest:
                 raise InputError(path, f"files key {rel!r}: expected a path inside {root}")
             if not (isinstance(want, dict) and isinstance(want.get("bytes"), int)
                     and not isinstance(want.get("bytes"), bool) and isinstance(want.get("sha256"), str)):
-                raise InputError(path, f"files[{rel!r}]: expected {{\"bytes\": int, \"sha256\": str}}, got {want!r:.80}")
+                raise InputError(path, f"files[{rel!r}]: expected {{\"bytes\": int, \"sha256\": str}}, "
+                                       f"got {want!r:.80}")
         return cls(files=d.get("files", {}), made_by=d.get("made_by", {}), corpus=d.get("corpus", {}),
                    tokenizer=d.get("tokenizer", {}), models=d.get("models", {}), prompts=d.get("prompts", {}),
                    format=d.get("format", ""))
