@@ -196,11 +196,11 @@ def mimo2_from_gguf(path: Path) -> Mimo2Spec:
     for k, counts in kinds.items():
         if len(set(counts)) > 1:
             raise cfg.bad(a + "attention.head_count_kv", f"{kv}: {'SWA' if k else 'full'} blocks disagree")
-    theta = cfg.float(a + "rope.freq_base")
+    theta = cfg.rope_base(a + "rope.freq_base")
     window = _window(cfg, a) if 1 in swa else None
     full = AttnShape(nh, kinds[0][0] if kinds[0] else kv[0], d, dv, theta, rot, None,
                      _kind_sinks(f, list(range(trunk)), swa, 0))
-    swa_attn = AttnShape(nh, kinds[1][0], d, dv, cfg.float(a + "rope.freq_base_swa"), rot, window,
+    swa_attn = AttnShape(nh, kinds[1][0], d, dv, cfg.rope_base(a + "rope.freq_base_swa"), rot, window,
                          _kind_sinks(f, list(range(blocks)), swa, 1)) if kinds[1] else full
     for x in (full, swa_attn):
         if nh % x.num_kv_heads:
