@@ -61,12 +61,25 @@ def check_readable(path: str | Path, what: str) -> None:
         raise unreadable(path, exc, what) from None
 
 
+def _read_upto(f: Any, n: int) -> bytes:
+    """At most ``n`` bytes of ``f`` in chunks of 1 MiB: memory follows what the file holds, not the cap (a single
+    ``read(n)`` allocates all n bytes up front)."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = f.read(min(1 << 20, n - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def read_bytes(path: str | Path, what: str, limit: int | None = None) -> bytes:
     """At most ``limit`` (default ``SMALL_FILE_MAX``) bytes of ``path``; more is ``Unreadable`` (read no further)."""
     cap = SMALL_FILE_MAX if limit is None else limit
     try:
         with open(path, "rb") as f:
-            data = f.read(cap + 1)
+            data = _read_upto(f, cap + 1)
     except OSError as exc:
         raise unreadable(path, exc, what) from None
     except MemoryError:
