@@ -21,7 +21,7 @@ from typing import Any
 from bloomery_gates.errors import BadConfig, InputError, MissingFile
 from bloomery_gates.registry import FAMILIES, Family, of_model_type
 
-from .files import read_json_file
+from .files import exists, read_json_file
 from .formats.config import Cfg
 from .plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 
@@ -37,7 +37,7 @@ def _plan_family(name: str, where: str, key: str, which: str) -> Family:
 
 def _hf_config(path: Path) -> tuple[dict[str, Any], Path]:
     cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
-    if not cfg_path.is_file():
+    if not exists(cfg_path, "checkpoint's config.json"):     # a link to a device is read (and capped), not "missing"
         raise MissingFile(cfg_path, "missing; expected the checkpoint's config.json beside its safetensors")
     data = read_json_file(cfg_path, "checkpoint's config.json")
     if not isinstance(data, dict):

@@ -100,6 +100,14 @@ def test_plan_measure_ctx_past_free_memory(monkeypatch):
                           "cpu"), "--ctx: 4096", "free on cpu")
 
 
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_plan_config_is_an_endless_device(tmp_path):
+    target, _ = make_qwen3_hf(tmp_path / "t")
+    (target / "config.json").unlink()
+    (target / "config.json").symlink_to("/dev/zero")
+    one_line_exit2(invoke("plan", str(target), "--gpu-mem", "1G"), "config.json", "larger than")
+
+
 @pytest.mark.parametrize("value", ["12XB", "0", "1e400"])
 def test_plan_gpu_mem(value):
     one_line_exit2(invoke("plan", "--shape", "tiny", "--gpu-mem", value), "--gpu-mem")
