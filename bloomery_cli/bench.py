@@ -46,6 +46,7 @@ from .bench_common import (
     timed_generate,
 )
 from .bench_dflash2 import copy_bandwidth
+from .bench_flags import DEFAULT_MTP_WIDTH, check_bench_flags, is_oom
 from .bench_hybrid import bench_hybrid
 from .bench_hybrid_shapes import HYBRID_SHAPES
 from .bench_llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
@@ -298,7 +299,8 @@ def bench_command(
                          "checkpoints).")] = None,
         device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")] = "auto",
         dtype: Annotated[str, typer.Option("--dtype", help="bf16, f16 or f32.")] = "bf16",
-        prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt length (--shape).")] = 512,
+        prompt_len: Annotated[int | None, typer.Option("--prompt-len", help="Prompt length (--shape; default "
+                                                       "512).")] = None,
         n: Annotated[int, typer.Option("-n", help="Ids decoded per run.")] = 256,
         json: Annotated[Path | None, typer.Option("--json", help="Write the record here, atomically.")] = None,
         width: Annotated[str, typer.Option("--width", help="Width policy of the drafted runs: fixed or cost.")]
@@ -307,7 +309,8 @@ def bench_command(
                                                    "(real width, fewer layers) (default: all).")] = None,
         block: Annotated[int | None, typer.Option("--block", help="qwen38-dflash2: the drafter's block B "
                                                   "(default: 8).")] = None,
-        mtp_width: Annotated[int, typer.Option("--mtp-width", help="qwen38-mtp: chained drafts per window.")] = 3,
+        mtp_width: Annotated[int | None, typer.Option("--mtp-width", help="qwen38-mtp: chained drafts per window "
+                                                      "(default 3).")] = None,
         hf: Annotated[bool, typer.Option("--hf", help="Hybrid shapes: also HF transformers' Qwen3_5ForCausalLM "
                                          "eager generate on the same weights.")] = False,
         threads: Threads = None,
@@ -327,10 +330,15 @@ def bench_command(
             write_atomic(json, rec)
 
     try:
+        moe = shape in MOE_SHAPES or name == "moe"
+        hybrid = not moe and (shape in HYBRID_SHAPES or name in HYBRID_NAMES)
+        if moe and hf:
+            raise InputError("--hf", f"does not act on `bench {name}` (the MoE bench has no HF comparison)")
+        prompt_len = check_bench_flags(name, shape, hybrid or moe, prompt_len, n, layers, block, mtp_width, hf)
         check_output_file(json, "--json")          # before the run, not after it
         peer = find_llama_bench(llama_cpp) if llama_cpp is not None else None
         apply_threads(threads, device)
-        if shape in MOE_SHAPES or name == "moe":
+        if moe:
             if shape not in MOE_SHAPES:
                 raise ValueError(f"{name}: the MoE bench needs --shape ({', '.join(MOE_SHAPES)})")
             rec = bench_moe(shape, device, dtype, layers, prompt_len, n, rows, reps)
@@ -342,10 +350,11 @@ def bench_command(
                                                                            if not v), err=True)
                 raise typer.Exit(1)
             return
-        if shape in HYBRID_SHAPES or name in HYBRID_NAMES:
+        if hybrid:
             if shape is None:
                 raise ValueError(f"{name}: the hybrid bench needs --shape ({', '.join(HYBRID_SHAPES)})")
-            rec = bench_hybrid(name, shape, device, dtype, prompt_len, n, layers, block, mtp_width, width, hf,
+            rec = bench_hybrid(name, shape, device, dtype, prompt_len, n, layers, block,
+                               mtp_width or DEFAULT_MTP_WIDTH, width, hf,
                                quiet=json is not None, save=save, profile=profile, llama_bench=peer)
             if not rec.get("ids_identical_all"):
                 typer.echo("FAILED: a drafted run's ids differ from the plain run's (or no drafted run finished)",
@@ -360,6 +369,12 @@ def bench_command(
             raise typer.Exit(1)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (MemoryError, RuntimeError) as e:    # torch's CPU allocator refuses with a plain RuntimeError
+        if not is_oom(e):
+            raise
+        typer.echo(f"error: --prompt-len {prompt_len} -n {n}: out of memory on {device} "
+                   f"({' '.join(str(e).split())[:160]})", err=True)
         raise typer.Exit(2) from None
 
 

@@ -22,11 +22,13 @@ from bloomery_gates.errors import EXIT_INPUT, InputError
 
 from .engine_cli import engine_app
 from .exits import err, fail_input, print_error
+from .oneline import OneLineGroup
 from .threads import Threads, apply_threads
 
 app = typer.Typer(help="bloomery gates: gate and benchmark speculative-decoding drafts against a float64 "
                        "reference.\n\nExit codes: 0 passed, 1 a check failed, 2 bad input.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  cls=OneLineGroup)
 gate_app = typer.Typer(help="List and run single gates.", no_args_is_help=True)
 fixtures_app = typer.Typer(help="Build or verify the bundled fixtures (small trained checkpoints).",
                            no_args_is_help=True)
@@ -297,6 +299,14 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         if n is not None:
             check_n(n)
         check_output_dir(results, list(names.values()))
+        from bloomery_gates.dtypes import run_dtype
+
+        from .gatekit import resolve_device
+        resolve_device(device)
+        run_dtype(dtype)
+        if draft_device is not None:
+            from .draft_device import parse_device
+            parse_device("--draft-device", draft_device)
         from .refdev import reference_selection
         reference_selection(reference_device, reference_compare)
     except InputError as e:
@@ -391,7 +401,12 @@ def fixtures_build(out_dir: Annotated[Path, typer.Option("--out", help="Output f
     import torch
 
     from .fixturegen.build import build
+    from .gatekit import resolve_device
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    try:
+        resolve_device(dev)
+    except InputError as e:
+        fail_input(e)
     build(out_dir, dev, quick=quick)
 
 
@@ -401,7 +416,10 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
     """Check every fixture file against the sha256 in MANIFEST.json."""
     from .fixturegen.build import verify
 
-    problems = verify(out_dir)
+    try:
+        problems = verify(out_dir)
+    except InputError as e:
+        fail_input(e)
     for p in problems:
         err.print(f"[red]{escape(p)}[/]", highlight=False, soft_wrap=True)
     if problems:

@@ -22,7 +22,8 @@ from .gate_plan import decide_draft, policy_of
 from .gatekit import DTYPES, DraftCheck, GateDef, resolve_device
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
-from .preflight import check_fits, check_n, check_output_file
+from .plan import parse_bytes
+from .preflight import check_fits, check_n, check_not_an_input, check_output_file
 from .prompts import read_prompts
 from .records import write_report
 from .speculative import generate
@@ -169,7 +170,12 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
     n = check_n(gate.n if opts.n is None else opts.n)
     check_output_file(opts.json, "--json")
     check_output_file(opts.record, "--record")
+    if opts.gpu_mem is not None:
+        parse_bytes(opts.gpu_mem)                 # the budget's spelling, refused here rather than as a plan note
     target_path, draft_path = Path(opts.target or gate.target), Path(opts.draft or gate.draft)
+    inputs = [target_path, draft_path, Path(opts.prompts or gate.prompts)]
+    check_not_an_input(opts.json, "--json", inputs + [opts.record])
+    check_not_an_input(opts.record, "--record", inputs)
     target_spec = load_target(target_path)
     if target_spec.family != gate.family:
         raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")

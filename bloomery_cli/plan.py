@@ -53,17 +53,22 @@ ELEM = {k: d.itemsize for k, d in RUN.items()}          # bytes per element (blo
 CTX_BASE = 4096
 PREFILL_ROWS = 512
 CUDA_ARENA = 32 << 20
+MAX_BYTES = 1 << 60            # a budget past an exbibyte is a typo, not a machine
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "kb": 10**3, "mb": 10**6, "gb": 10**9,
           "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def parse_bytes(text: str, flag: str = "--gpu-mem") -> int:
     """``80G``, ``24GiB``, ``141e9``, ``123456`` -> bytes (decimal K/M/G/T; KiB/MiB/GiB binary)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise InputError(flag, f"{text!r}: expected bytes, e.g. 80G, 24GiB or 141000000000")
-    value = int(float(m.group(1)) * _UNITS[unit])
+    x = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(x) or x > MAX_BYTES:
+        raise InputError(flag, f"{text!r}: expected at most {MAX_BYTES} bytes (2^60)")
+    value = int(x)
     if value <= 0:
         raise InputError(flag, f"{text!r}: expected a positive number of bytes")
     return value
@@ -232,6 +237,9 @@ def make_plan(t: PlanModel, d: PlanDraft | None, *, dtype: str = "bf16", device:
         raise InputError("--draft-policy", f"{policy!r}: expected auto, on or off")
     if ctx is not None and ctx < 1:
         raise InputError("--ctx", f"{ctx}: expected at least one position")
+    if ctx is not None and ctx > t.max_position:
+        raise InputError("--ctx", f"{ctx}: past the target's {t.max_position} positions (max_position_embeddings "
+                                  "or its GGUF context_length); expected at most that")
     e = ELEM[dtype]
     terms = terms_of(t, d, dtype, device)
     without = largest_ctx(t, terms, budget, slots, False, e, prefill_rows)
@@ -245,6 +253,11 @@ def make_plan(t: PlanModel, d: PlanDraft | None, *, dtype: str = "bf16", device:
     res = PlanResult(t.label, t.family, d.label if d else None, d.kind if d else None, dtype, device, slots, budget,
                      budget_source, t.max_position, terms, with_ctx, without, base, policy, on, reason,
                      notes=list(t.notes))
+    alone = bytes_at(t, terms, 1, 1, False, e, prefill_rows)["total"]
+    if without <= 0 and alone > budget:
+        res.notes.insert(0, f"the target alone does not fit: {_human(alone)} ({alone:,} bytes: its weights "
+                            f"{_human(terms.target_weights)} and one position per slot) past the budget "
+                            f"{_human(budget)} ({budget_source}); no context can run here")
     if ctx is not None:
         res.at_ctx = {"ctx": ctx, "without": bytes_at(t, terms, ctx, slots, False, e, prefill_rows)}
         if d is not None:

@@ -11,7 +11,8 @@ from typing import Any
 
 from bloomery_gates.errors import InputError, MissingFile, Refused
 
-from .formats.hf_dir import PICKLE_SUFFIXES
+from .files import read_json_file
+from .formats.hf_dir import PICKLE_SUFFIXES, shards_from_index
 
 _MAX_HEADER = 100 << 20
 
@@ -39,13 +40,7 @@ def _header(f: Path) -> dict[str, Any]:
 def _files(d: Path) -> list[Path]:
     index = sorted(d.glob("*.safetensors.index.json"))
     if index:
-        try:
-            wm = json.loads(index[0].read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            raise InputError(index[0], f"not a readable shard index: {exc}") from None
-        if not isinstance(wm, dict) or not wm:
-            raise InputError(index[0], "expected a non-empty 'weight_map' object {tensor name: shard file}")
-        files = sorted({d / str(v) for v in wm.values()})
+        files = sorted(shards_from_index(index[0])[1])
         for f in files:
             if not f.is_file():
                 raise MissingFile(f, f"named by {index[0].name} but missing")
@@ -86,10 +81,7 @@ def header_model(path: Path):
         cfg_path = path / "config.json"
         cfg: dict[str, Any] = {}
         if cfg_path.is_file():
-            try:
-                cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(cfg_path, f"not readable JSON: {exc}") from None
+            cfg = read_json_file(cfg_path, "model config (config.json)")
             if not isinstance(cfg, dict):
                 raise InputError(cfg_path, "expected a JSON object")
             m.config = cfg_path

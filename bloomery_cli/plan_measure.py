@@ -146,6 +146,24 @@ def measure(res: PlanResult, target: Path | None, draft: Path | None, shape: str
             "within": abs(rel) <= TOLERANCE, "wall_s": round(time.perf_counter() - t0, 3)}
 
 
+def check_measurable(res: PlanResult, device: str, ctx: int) -> None:
+    """Refuse before any allocation: a context too short for the run ``measure`` makes (a prompt of 1, 2 drafted
+    ids and two verify windows of ``verify_rows``), or one whose planned bytes pass what the device has free."""
+    import torch
+
+    from .preflight import available_bytes
+
+    least = 2 * res.terms.verify_rows + 5
+    if ctx < least:
+        raise InputError("--ctx", f"{ctx}: --measure runs a prompt, 2 drafted ids and two verify windows of "
+                                  f"{res.terms.verify_rows} rows; expected --ctx >= {least}")
+    planned = max(v["total"] for v in res.at_ctx.values() if isinstance(v, dict))
+    have = available_bytes(torch.device(device)) if device == "cpu" or torch.cuda.is_available() else None
+    if have is not None and planned > have:
+        raise InputError("--ctx", f"{ctx}: the plan needs {planned:,} bytes at this context, past the {have:,} "
+                                  f"free on {device}; expected a context that fits")
+
+
 def measure_command(res: PlanResult, target, draft, shape, device: str, dtype: str, ctx: int, record: Path | None,
                     console) -> None:
     import typer
@@ -154,6 +172,7 @@ def measure_command(res: PlanResult, target, draft, shape, device: str, dtype: s
     from .records import conditions, write_atomic
 
     check_output_file(record, "--record")
+    check_measurable(res, device, ctx)
     import torch
     rec = measure(res, target, draft, shape, device, dtype, ctx)
     rec["conditions"] = conditions(torch.device("cuda" if device.startswith("cuda") else "cpu"))

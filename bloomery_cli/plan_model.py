@@ -15,13 +15,13 @@ Nothing here is unpickled or run; a missing or odd key is a ``BadConfig`` naming
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from bloomery_gates.errors import BadConfig, InputError, MissingFile
 from bloomery_gates.registry import FAMILIES, Family, of_model_type
 
+from .files import exists, read_json_file
 from .formats.config import Cfg
 from .plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 
@@ -37,12 +37,9 @@ def _plan_family(name: str, where: str, key: str, which: str) -> Family:
 
 def _hf_config(path: Path) -> tuple[dict[str, Any], Path]:
     cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
-    if not cfg_path.is_file():
+    if not exists(cfg_path, "checkpoint's config.json"):     # a link to a device is read (and capped), not "missing"
         raise MissingFile(cfg_path, "missing; expected the checkpoint's config.json beside its safetensors")
-    try:
-        data = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadConfig(cfg_path, f"not readable JSON: {exc}") from None
+    data = read_json_file(cfg_path, "checkpoint's config.json")
     if not isinstance(data, dict):
         raise BadConfig(cfg_path, "expected a JSON object")
     return data, cfg_path

@@ -169,3 +169,18 @@ def check_fits(prompts: Sequence[Sequence[int]], n: int, block: int, target: Any
     """The context check, then the memory check."""
     check_context(prompts, n, block, target)
     check_memory(prompts, n, block, target, draft, dtype, device)
+
+
+def check_not_an_input(path: Path | None, flag: str, inputs: Sequence[Path | None]) -> None:
+    """The record at ``path`` must not overwrite what the run reads: an input file itself, or a file inside an
+    input checkpoint folder (its config.json, a shard), or the other output of the same run."""
+    if path is None:
+        return
+    out = Path(path).resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        src = Path(given).resolve()
+        if out == src or (src.is_dir() and src in out.parents and out.exists()):
+            raise InputError(flag, f"{path} is {'inside ' if out != src else ''}{given}, an input of this run; "
+                                   "expected a separate path for the record")

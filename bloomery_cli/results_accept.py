@@ -7,8 +7,6 @@ README.md (``bloomery results --readme PATH``); nothing outside the markers is t
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -82,28 +80,26 @@ def readme_block(records) -> str:
     return "\n".join([BEGIN, "", note, "", *summary_table(records, "results/"), "", END])
 
 
+def marked_block(path: Path) -> tuple[str, int, int] | None:
+    """The README's text and the span of its marked block (``BEGIN`` .. ``END``); None when it has no markers.
+    An unreadable README (missing, a directory, not UTF-8, past the small-file cap) is a named ``InputError``."""
+    from .files import read_text
+
+    text = read_text(path, "README with the acceptance markers")
+    i, j = text.find(BEGIN), text.find(END)
+    return None if i < 0 or j < i else (text, i, j)
+
+
 def update_readme(path: Path, records) -> bool:
     """Replace the marked block of ``path`` (atomically); False when the file has no markers (left untouched)."""
-    from bloomery_gates.errors import InputError
+    from .records import write_text_atomic
 
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(path, f"cannot read the README: {exc.strerror}") from None
-    i, j = text.find(BEGIN), text.find(END)
-    if i < 0 or j < i:
+    found = marked_block(path)
+    if found is None:
         return False
-    new = text[:i] + readme_block(records) + text[j + len(END):]
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(new)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text, i, j = found
+    write_text_atomic(path, text[:i] + readme_block(records) + text[j + len(END):])
     return True
 
 

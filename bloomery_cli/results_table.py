@@ -10,7 +10,6 @@ bench. PNG plots (``bloomery_cli.plots``) when matplotlib imports. The output de
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,15 +46,10 @@ BENCH_ANCHOR = ("peer (H200, 2026-11-29, random bf16 weights, batch 1, 512-token
 
 
 def load_records(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for path in sorted(Path(results_dir).rglob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(rec, dict):
-            out.append((path.relative_to(results_dir), rec))
-    return out
+    """Every record under ``results_dir``, checked (``results_schema``): a bad one raises, naming it."""
+    from .results_schema import load_checked
+
+    return load_checked(results_dir)
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -361,10 +355,20 @@ def results_command(
 ) -> None:
     """Regenerate results/<device>/README.md (tables, and PNG plots when matplotlib is installed) from the records,
     and results/README.md, their index."""
+    from bloomery_gates.errors import InputError
+
+    from .results_accept import BEGIN, marked_block
+
     if not Path(results_dir).is_dir():
         typer.echo(f"error: {results_dir}: no such folder (expected the results folder with JSON records)", err=True)
         raise typer.Exit(2)
-    records = load_records(results_dir)
+    try:                                   # every check before the first write: a bad input changes nothing
+        records = load_records(results_dir)
+        if readme is not None and marked_block(readme) is None:
+            raise InputError(readme, f"no '{BEGIN}' ... end markers; expected them around the acceptance table")
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     path, pngs = write(results_dir, plots, records)
     dirs = [d / "README.md" for d in device_dirs(Path(results_dir), records)]
     typer.echo(f"wrote {path}" + "".join(f", {p}" for p in dirs) + (f" and {len(pngs)} plots" if pngs else ""))

@@ -57,6 +57,11 @@ class Sampling:
                 "draft_temperature": self.draft_temperature, "draft_top_k": self.draft_top_k, "q": self.q_kind}
 
 
+MIN_TEMPERATURE = 1e-6
+"""The smallest T taken: at 1e-6 a logit gap of 7.1e-4 already gives exp(-gap / T) < 1e-308 (a point mass, the
+greedy run), and logits of 1e3 / T stay far inside float64; a denormal T made them inf and the statistics crash."""
+
+
 def sampling_options(temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
                      draft_temperature: float | None, draft_top_k: int | None) -> Sampling | None:
     """The CLI's sampling flags -> Sampling (None: a greedy run); a bad combination is a named InputError."""
@@ -68,13 +73,16 @@ def sampling_options(temperature: float | None, top_p: float | None, top_k: int 
         return None
     if not (temperature > 0 and np.isfinite(temperature)):
         raise InputError("--temperature", f"{temperature}: expected T >= 0 (0: greedy)")
+    if temperature < MIN_TEMPERATURE:
+        raise InputError("--temperature", f"{temperature}: expected 0 (greedy) or T >= {MIN_TEMPERATURE:g} (below "
+                                          "it logits / T leave float64's range)")
     if top_p is not None and not 0 < top_p <= 1:
         raise InputError("--top-p", f"{top_p}: expected 0 < P <= 1")
     for flag, v in (("--top-k", top_k), ("--draft-top-k", draft_top_k), ("--seed", seed)):
         if v is not None and v < 0:
             raise InputError(flag, f"{v}: expected an integer >= 0")
-    if draft_temperature is not None and not (draft_temperature > 0 and np.isfinite(draft_temperature)):
-        raise InputError("--draft-temperature", f"{draft_temperature}: expected T_d > 0")
+    if draft_temperature is not None and not (draft_temperature >= MIN_TEMPERATURE and np.isfinite(draft_temperature)):
+        raise InputError("--draft-temperature", f"{draft_temperature}: expected T_d >= {MIN_TEMPERATURE:g}")
     if draft_top_k is not None and draft_temperature is None:
         raise InputError("--draft-top-k", "needs --draft-temperature (the drafter's own sampling)")
     return Sampling(float(temperature), 1.0 if top_p is None else float(top_p), top_k or 0, seed or 0,

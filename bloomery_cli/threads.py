@@ -48,8 +48,9 @@ def thread_count(flag: int | None = None, env: dict[str, str] | None = None,
     """The rule: ``flag`` if given, else ``OMP_NUM_THREADS`` if set, else 1 on the CPU and None (torch's own
     default) with the engine on a card."""
     if flag is not None:
-        if flag < 1:
-            raise InputError("--threads", f"{flag}: expected a thread count >= 1")
+        if not 1 <= flag <= max_threads():
+            raise InputError("--threads", f"{flag}: expected a thread count in 1..{max_threads()} "
+                                          f"(4 per CPU of this machine, at least 256)")
         return flag
     raw = (os.environ if env is None else env).get("OMP_NUM_THREADS", "").strip()
     if not raw:
@@ -58,9 +59,14 @@ def thread_count(flag: int | None = None, env: dict[str, str] | None = None,
         n = int(raw)
     except ValueError:
         raise InputError("OMP_NUM_THREADS", f"{raw!r}: expected a positive integer") from None
-    if n < 1:
-        raise InputError("OMP_NUM_THREADS", f"{raw!r}: expected a positive integer")
+    if not 1 <= n <= max_threads():
+        raise InputError("OMP_NUM_THREADS", f"{raw!r}: expected a thread count in 1..{max_threads()}")
     return n
+
+
+def max_threads() -> int:
+    """The most threads taken: 4 per CPU, at least 256 (100000 ran the machine out of memory starting them)."""
+    return max(256, 4 * (os.cpu_count() or 1))
 
 
 @functools.cache

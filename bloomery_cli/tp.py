@@ -82,13 +82,16 @@ def make_engine(family: Any, spec: Any, device: torch.device, dtype: torch.dtype
 
 @contextmanager
 def closing() -> Iterator[None]:
-    """End every TP engine started inside (its workers exit, the process group is destroyed), however it ends."""
-    start = len(_OPEN)
+    """End every TP engine started inside (its workers exit, the process group is destroyed), however it ends:
+    politely after a normal end, at once (``abort``) after an exception or Ctrl-C."""
+    start, ok = len(_OPEN), False
     try:
         yield
+        ok = True
     finally:
         while len(_OPEN) > start:
-            _OPEN.pop().close()
+            engine = _OPEN.pop()
+            engine.close() if ok else engine.abort()
 
 
 def free_port() -> int:
@@ -123,15 +126,17 @@ class TPQwen3Target(RowPasses):
                "WORLD_SIZE": str(world), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         dname = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
         self.workers: list[subprocess.Popen] = []
+        self.closed = False
+        _OPEN.append(self)                       # before the first worker starts: an interrupt here still ends it
         for r in range(1, world):
             dev = f"cuda:{base + r}" if self.backend == "nccl" else "cpu"
             cmd = [sys.executable, "-m", "bloomery_cli.tp_worker", str(Path(target).resolve()), dev, dname,
                    str(max_len), str(rows or 0), str(r), str(world), self.backend, str(port), str(timeout_s())]
-            # cwd: where this process's bloomery_cli was imported from (``-m`` puts the cwd first on sys.path)
+            # cwd: where this process's bloomery_cli was imported from (``-m`` puts the cwd first on sys.path);
+            # a session of its own: a terminal's Ctrl-C reaches rank 0 only, which ends the workers (``abort``)
             self.workers.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 env={**env, "RANK": str(r)}, cwd=Path(__file__).parent.parent))
-        _OPEN.append(self)
-        self.closed = False
+                                                 env={**env, "RANK": str(r)}, cwd=Path(__file__).parent.parent,
+                                                 start_new_session=True))
         self.shard = ShardEngine(spec, self.device, dtype, max_len, rows, 0, world)    # while the workers load
         self._wait_ready()
         dist.init_process_group(self.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
@@ -174,6 +179,14 @@ class TPQwen3Target(RowPasses):
         self._send([OP_RUN, self.length, *ids])
         out = self.shard.run(ids, self.length, True)
         return Pass(out.logits.argmax(-1).tolist(), out.taps, out.logits if want_logits else None)
+
+    def abort(self) -> None:
+        """End the workers now (SIGKILL), then close: after Ctrl-C or an error a worker may sit in a collective
+        waiting for rank 0, which the polite exit would wait out (the process group's timeout, 120 s)."""
+        for w in self.workers:
+            if w.poll() is None:
+                w.kill()
+        self.close()
 
     def close(self) -> None:
         """Tell the workers to exit, wait for them (killed past the timeout), destroy the process group."""

@@ -7,6 +7,7 @@ command rank 0 sends on stdin until OP_EXIT or end-of-file (rank 0 gone), then l
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import sys
 from datetime import timedelta
@@ -38,6 +39,7 @@ def main(argv: list[str]) -> int:
     from .tp import NO_MULTICAST, OP_EXIT, OP_KV, OP_RUN, READY
 
     os.environ.update(NO_MULTICAST)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C to the process group: rank 0 ends the workers
     target, device, dtype, max_len, rows, rank, world, backend, port, timeout = argv
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dev = torch.device(device)

@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bloomery_gates.errors import InputError
+
+from ..files import read_json_file
 from .hashing import sha256_file
 from .links import link_duplicates
 
@@ -73,7 +76,24 @@ class Manifest:
 
     @classmethod
     def read(cls, root: Path) -> Manifest:
-        d = json.loads((Path(root) / MANIFEST_NAME).read_text())
+        """The manifest, its shape checked (an ``InputError`` naming the key): a JSON object whose ``files`` maps
+        relative paths inside ``root`` to ``{"bytes": int, "sha256": str}``."""
+        path = Path(root) / MANIFEST_NAME
+        d = read_json_file(path, "fixtures manifest")
+        if not isinstance(d, dict):
+            raise InputError(path, f"expected a JSON object, got {type(d).__name__}")
+        for key in ("files", "made_by", "corpus", "tokenizer", "models", "prompts"):
+            if not isinstance(d.get(key, {}), dict):
+                raise InputError(path, f"key {key!r}: expected an object, got {type(d[key]).__name__}")
+        if not isinstance(d.get("format", ""), str):
+            raise InputError(path, f"key 'format': expected a string, got {type(d['format']).__name__}")
+        for rel, want in d.get("files", {}).items():
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise InputError(path, f"files key {rel!r}: expected a path inside {root}")
+            if not (isinstance(want, dict) and isinstance(want.get("bytes"), int)
+                    and not isinstance(want.get("bytes"), bool) and isinstance(want.get("sha256"), str)):
+                raise InputError(path, f"files[{rel!r}]: expected {{\"bytes\": int, \"sha256\": str}}, "
+                                       f"got {want!r:.80}")
         return cls(files=d.get("files", {}), made_by=d.get("made_by", {}), corpus=d.get("corpus", {}),
                    tokenizer=d.get("tokenizer", {}), models=d.get("models", {}), prompts=d.get("prompts", {}),
                    format=d.get("format", ""))

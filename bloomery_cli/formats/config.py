@@ -77,6 +77,14 @@ class Cfg:
             raise self.bad(key, f"{value}; expected {what} > 0")
         return number
 
+    def rope_base(self, key: str, default: Any = _MISSING) -> float:
+        """A RoPE base theta: finite and > 1 (f_i = theta^(-2i/d) must fall with i; at theta = 1 every channel
+        turns alike and yarn's correction range, d ln(L0 / 2 pi b) / (2 ln theta), divides by zero)."""
+        theta = self.float(key, default, what="the RoPE base")
+        if not theta > 1.0:
+            raise self.bad(key, f"{theta}; expected the RoPE base > 1")
+        return theta
+
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         value = self.get(key, default, "true or false")
         if not isinstance(value, bool):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from bloomery_gates.errors import BadTensor, InputError, Refused
 from bloomery_gates.spec import ModelSpec
@@ -36,7 +36,7 @@ def read_index_tensor(tensors, name: str, shape: tuple[int, ...], why: str) -> t
     try:
         with safe_open(str(tensors.file_of(name)), framework="pt") as f:
             return f.get_tensor(name)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, MemoryError, SafetensorError) as exc:
         raise InputError(tensors.file_of(name), f"cannot read tensor {name}: {exc}") from None
 
 

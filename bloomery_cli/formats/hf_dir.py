@@ -97,7 +97,7 @@ class SafetensorsTensors(LazyTensors):
         try:
             with safe_open(str(f), framework="pt") as handle:
                 return handle.get_tensor(name)
-        except (SafetensorError, RuntimeError, OSError) as exc:
+        except (SafetensorError, RuntimeError, OSError, MemoryError) as exc:
             raise InputError(f, f"cannot read tensor {name}: {exc}") from None
 
 
@@ -105,11 +105,13 @@ def _open(path: Path) -> Any:
     check_readable(path, "safetensors file")
     try:
         return safe_open(str(path), framework="pt")
-    except (SafetensorError, OSError, RuntimeError) as exc:
+    except (SafetensorError, OSError, RuntimeError, MemoryError) as exc:
         raise InputError(path, f"not a readable safetensors file (truncated or corrupt?): {exc}") from None
 
 
-def _shards_from_index(index_path: Path) -> tuple[dict[str, str], list[Path]]:
+def shards_from_index(index_path: Path) -> tuple[dict[str, str], list[Path]]:
+    """The index's weight map and its shard files, each a plain file name in the index's own folder (the one
+    owner of this check: the gate, inventory and plan all read an index through here)."""
     index = read_json(index_path, "safetensors shard index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -134,7 +136,7 @@ def open_safetensors_dir(directory: Path) -> SafetensorsTensors:
         raise InputError(directory, f"several shard indexes ({', '.join(p.name for p in indexes)}); "
                                     "expected one *.safetensors.index.json")
     if indexes:
-        weight_map, shards = _shards_from_index(indexes[0])
+        weight_map, shards = shards_from_index(indexes[0])
         tensors = SafetensorsTensors(shards)
         for name, shard in weight_map.items():
             if name not in tensors or tensors.file_of(name).name != shard:

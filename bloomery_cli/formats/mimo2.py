@@ -75,12 +75,12 @@ def _rope(cfg: Cfg, kind: str, native_theta: str) -> tuple[float, float]:
     """(theta, partial_rotary_factor) of one layer kind: rope_parameters[kind] or MiMo's rope_theta /
     swa_rope_theta + partial_rotary_factor; both checked when both are set."""
     sub = cfg.sub("rope_parameters").sub(kind) if isinstance(cfg.get("rope_parameters", None), dict) else None
-    theta = sub.float("rope_theta") if sub is not None and sub.get("rope_theta", None) is not None else None
+    theta = sub.rope_base("rope_theta") if sub is not None and sub.get("rope_theta", None) is not None else None
     prf = sub.float("partial_rotary_factor") if sub is not None and sub.get("partial_rotary_factor", None) \
         is not None else None
     if sub is not None and sub.get("rope_type", "default") != "default":
         raise sub.bad("rope_type", f"{sub.get('rope_type')!r}; expected \"default\"")
-    n_theta = cfg.float(native_theta) if cfg.get(native_theta, None) is not None else None
+    n_theta = cfg.rope_base(native_theta) if cfg.get(native_theta, None) is not None else None
     n_prf = cfg.float("partial_rotary_factor") if cfg.get("partial_rotary_factor", None) is not None else None
     _agree(cfg, native_theta, n_theta, f"rope_parameters.{kind}.rope_theta", theta)
     _agree(cfg, "partial_rotary_factor", n_prf, f"rope_parameters.{kind}.partial_rotary_factor", prf)

@@ -71,7 +71,9 @@ def is_mimo2_gguf(path: Path) -> bool:
 def _flags(cfg: Cfg, key: str, blocks: int) -> list[int]:
     v = cfg.get(key, what=f"{blocks} per-block values")
     if isinstance(v, bool) or not isinstance(v, list) or len(v) != blocks:
-        raise cfg.bad(key, f"{v!r}; expected {blocks} per-block values (block_count)")
+        raise cfg.bad(key, f"{v!r:.120}; expected {blocks} per-block values (block_count)")
+    if not all(isinstance(x, int) for x in v):             # a GGUF typed array of strings or floats: named
+        raise cfg.bad(key, f"{v!r:.120}; expected {blocks} per-block integers (or booleans)")
     return [int(x) for x in v]
 
 
@@ -97,9 +99,9 @@ def _moe(cfg: Cfg, a: str) -> MoEShape:
     if cfg.float(a + "expert_weights_scale", 1.0) != 1.0:
         raise cfg.bad(a + "expert_weights_scale", f"{cfg.get(a + 'expert_weights_scale')}; llama.cpp's mimo2 graph "
                                                   "does not read it (it scales by 1); expected absent or 1")
-    widths = cfg.get(a + "expert_feed_forward_length")
-    widths = {int(x) for x in widths if int(x)} if isinstance(widths, list) else {cfg.int(a + "expert_feed_forward_"
-                                                                                          "length")}
+    key = a + "expert_feed_forward_length"
+    widths = ({x for x in cfg.int_list(key, "expert widths (integers)") if x} if isinstance(cfg.get(key), list)
+              else {cfg.int(key)})
     if len(widths) != 1:
         raise cfg.bad(a + "expert_feed_forward_length", f"{sorted(widths)}; expected one expert width")
     ff = widths.pop()
@@ -196,11 +198,11 @@ def mimo2_from_gguf(path: Path) -> Mimo2Spec:
     for k, counts in kinds.items():
         if len(set(counts)) > 1:
             raise cfg.bad(a + "attention.head_count_kv", f"{kv}: {'SWA' if k else 'full'} blocks disagree")
-    theta = cfg.float(a + "rope.freq_base")
+    theta = cfg.rope_base(a + "rope.freq_base")
     window = _window(cfg, a) if 1 in swa else None
     full = AttnShape(nh, kinds[0][0] if kinds[0] else kv[0], d, dv, theta, rot, None,
                      _kind_sinks(f, list(range(trunk)), swa, 0))
-    swa_attn = AttnShape(nh, kinds[1][0], d, dv, cfg.float(a + "rope.freq_base_swa"), rot, window,
+    swa_attn = AttnShape(nh, kinds[1][0], d, dv, cfg.rope_base(a + "rope.freq_base_swa"), rot, window,
                          _kind_sinks(f, list(range(blocks)), swa, 1)) if kinds[1] else full
     for x in (full, swa_attn):
         if nh % x.num_kv_heads:

@@ -50,15 +50,15 @@ def _rope_theta(cfg: Cfg) -> float:
         if rtype != "default":
             raise cfg.bad(f"{key}.rope_type", f"{rtype!r} is not supported; expected \"default\" RoPE")
     if params.get("rope_theta", None) is not None:
-        return params.float("rope_theta")
-    return cfg.float("rope_theta", 10000.0)
+        return params.rope_base("rope_theta")
+    return cfg.rope_base("rope_theta", 10000.0)
 
 
 def _theta(cfg: Cfg) -> float:
     params = cfg.sub("rope_parameters")
     if params.get("rope_theta", None) is not None:
-        return params.float("rope_theta")
-    return cfg.float("rope_theta", 10000.0)
+        return params.rope_base("rope_theta")
+    return cfg.rope_base("rope_theta", 10000.0)
 
 
 def layer_shape_from_hf(cfg: Cfg, sliding: bool = False) -> LayerShape:
@@ -171,7 +171,7 @@ def qwen3_from_gguf(path: Path) -> ModelSpec:
         head_dim=cfg.int(a + "attention.key_length", H // heads),
         intermediate_size=cfg.int(a + "feed_forward_length"),
         rms_eps=cfg.float(a + "attention.layer_norm_rms_epsilon"),
-        rope_theta=cfg.float(a + "rope.freq_base", 10000.0),
+        rope_theta=cfg.rope_base(a + "rope.freq_base", 10000.0),
     )
     check_layer(layer, cfg, a + "attention.head_count", a + "attention.head_count_kv")
     num_layers = cfg.int(a + "block_count", what="the layer count", **layer_bound(f.tensor_names(), "blk."))

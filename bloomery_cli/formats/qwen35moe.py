@@ -96,6 +96,18 @@ class StackedExperts(LazyTensors):
         self.inner, self.e = inner, num_experts
         self.fused: dict[str, list[str]] = {}
         hidden: set[str] = set()
+        stored: dict[str, set[str]] = {}         # per layer: the expert indices its names hold
+        for n in inner:
+            head, sep, rest = n.partition(".experts.")
+            idx = rest.split(".", 1)[0]
+            if sep and idx.isdigit() and rest.endswith(".weight"):
+                stored.setdefault(head, set()).add(idx)
+        for head, have in stored.items():       # before any table sized by the config's claim is built
+            if num_experts > len(have):
+                from bloomery_gates.errors import BadTensor
+                raise BadTensor(f"{inner.file_of(next(iter(inner)))}: tensor {head}.experts.<e>.*",
+                                f"num_experts is {num_experts} but the file stores {len(have)} experts for this "
+                                "layer; expected every expert stored")
         for n in inner:
             head, sep, rest = n.partition(".experts.")
             idx = rest.split(".", 1)[0]

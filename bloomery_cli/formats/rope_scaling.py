@@ -25,6 +25,21 @@ KNOWN = {
 COMMON = {"rope_type", "type", "rope_theta"}
 
 
+MAX_POSITIONS = 1 << 40
+LO, HI = 1e-6, 1e6
+"""yarn's numbers are taken in [1e-6, 1e6] (factor, beta_fast, beta_slow, attention_factor, mscale,
+mscale_all_dim) and lengths up to 2^40: inside these d ln(L0 / (2 pi beta)) / (2 ln theta) and the mscale terms
+are finite for every theta > 1 (``Cfg.rope_base``); transformers' own values are 1 to 64. A denormal beta or an
+original length of 10^400 reached the math unchecked (ZeroDivisionError, OverflowError)."""
+
+
+def _within(sub: Cfg, key: str, what: str) -> float:
+    x = sub.float(key, what=what)
+    if not LO <= x <= HI:
+        raise sub.bad(key, f"{x}; expected {what} in [{LO:g}, {HI:g}]")
+    return x
+
+
 def _one(cfg: Cfg, key: str) -> tuple[str, Cfg]:
     sub = cfg.sub(key)
     rtype = sub.get("rope_type", None) or sub.get("type", "default")
@@ -56,18 +71,19 @@ def rope_scaling_of(cfg: Cfg) -> RopeScaling | None:
     if len(found) == 2 and dict(found[0][2].data) != dict(found[1][2].data):
         raise cfg.bad("rope_scaling", "differs from rope_parameters; expected one non-default RoPE")
     key, rtype, sub = found[0]
-    factor = sub.float("factor", what="the RoPE scaling factor")
+    factor = _within(sub, "factor", "the RoPE scaling factor")
     if rtype == "linear":
         return RopeScaling(kind="linear", factor=factor)
     if cfg.get("original_max_position_embeddings", None) is not None:
-        big = cfg.int("original_max_position_embeddings")
+        big = cfg.int("original_max_position_embeddings", maximum=MAX_POSITIONS, why="2^40 positions")
     elif sub.get("original_max_position_embeddings", None) is not None:
-        big = sub.int("original_max_position_embeddings")
+        big = sub.int("original_max_position_embeddings", maximum=MAX_POSITIONS, why="2^40 positions")
     else:
-        big = cfg.int("max_position_embeddings", what="the context length (yarn's original length)")
+        big = cfg.int("max_position_embeddings", what="the context length (yarn's original length)",
+                      maximum=MAX_POSITIONS, why="2^40 positions")
 
     def opt(name: str) -> float | None:
-        return sub.float(name) if sub.get(name, None) is not None else None
+        return _within(sub, name, f"yarn's {name}") if sub.get(name, None) is not None else None
 
     return RopeScaling(kind="yarn", factor=factor, original_max_position=big,
                        beta_fast=opt("beta_fast") or 32.0, beta_slow=opt("beta_slow") or 1.0,

@@ -54,14 +54,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, Shapes, check_shapes, layer_bound
 from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.formats.sliding import speculators_windows
-from bloomery_gates.errors import BadTensor, Mismatch
+from bloomery_gates.errors import BadTensor, InputError, Mismatch
 from bloomery_gates.spec import LayerShape, ModelSpec
 
 KINDS = ("dflash", "dflash2", "dspark")
@@ -241,8 +241,11 @@ def layer_ids(cfg: Cfg, tensors, target: ModelSpec, mismatch) -> tuple[int, ...]
 
 def _raw(tensors, name: str) -> torch.Tensor:
     """A tensor as stored, any dtype (d2t is int64, t2d bool: the float-only reader refuses those)."""
-    with safe_open(str(tensors.file_of(name)), framework="pt") as f:
-        return f.get_tensor(name)
+    try:
+        with safe_open(str(tensors.file_of(name)), framework="pt") as f:
+            return f.get_tensor(name)
+    except (OSError, RuntimeError, MemoryError, SafetensorError) as exc:
+        raise InputError(tensors.file_of(name), f"cannot read tensor {name}: {exc}") from None
 
 
 class Subset(LazyTensors):

@@ -9,6 +9,7 @@ from typing import Any
 
 from gguf import GGUFReader
 
+from bloomery_cli.files import read_json_file
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import (
     PICKLE_SUFFIXES,
@@ -16,6 +17,7 @@ from bloomery_cli.formats.hf_dir import (
     open_safetensors_dir,
     read_json,
     refuse_pickle,
+    shards_from_index,
 )
 from bloomery_gates.errors import InputError, MissingFile
 
@@ -98,6 +100,8 @@ def _group_inputs(paths: list[Path]) -> list[tuple[str, list[Path]]]:
 
 # -- safetensors ------------------------------------------------------------------------------
 
+_MAX_ST_HEADER = 100 << 20      # the safetensors crate's own header limit
+
 
 def _st_model(kind: str, files: list[Path]) -> ModelInventory:
     if kind == "hf-dir":
@@ -110,11 +114,7 @@ def _st_model(kind: str, files: list[Path]) -> ModelInventory:
         label = str(directory)
     elif kind == "st-index":
         directory = files[0].parent
-        index = read_json(files[0], "safetensors shard index")
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise InputError(files[0], "expected a non-empty 'weight_map' object {tensor name: shard file}")
-        shards = sorted({directory / str(v) for v in weight_map.values()}, key=lambda f: f.name)
+        shards = sorted(shards_from_index(files[0])[1], key=lambda f: f.name)
         st = SafetensorsTensors(shards)
         label = str(files[0])
     else:
@@ -154,10 +154,12 @@ def _st_spans(f: Path) -> dict[str, int]:
     try:
         with f.open("rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
+            if n > _MAX_ST_HEADER:
+                raise ValueError(f"header length {n} past {_MAX_ST_HEADER} bytes")
             header = json.loads(fh.read(n))
         return {k: int(v["data_offsets"][1]) - int(v["data_offsets"][0])
                 for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as exc:
         raise InputError(f, f"cannot read the safetensors header: {type(exc).__name__} {exc}") from None
 
 
@@ -167,10 +169,8 @@ def _shard_notes(m: ModelInventory, directory: Path, kind: str) -> None:
     indexes = sorted(directory.glob("*.safetensors.index.json"))
     if len(indexes) != 1:
         return
-    try:
-        weight_map = json.loads(indexes[0].read_text(encoding="utf-8")).get("weight_map") or {}
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return
+    data = read_json_file(indexes[0], "safetensors shard index")
+    weight_map = (data.get("weight_map") if isinstance(data, dict) else None) or {}
     listed = {str(v) for v in weight_map.values()}
     given = {f.name for f in m.files}
     missing = sorted(listed - given)
