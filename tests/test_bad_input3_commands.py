@@ -262,3 +262,14 @@ def test_gguf_typed_array_of_the_wrong_type(value):
         mimo2_gguf._flags(cfg, "mimo2.attention.sliding_window_pattern", 3)
     with pytest.raises(BadConfig, match="expert_feed_forward_length"):
         mimo2_gguf._moe(cfg, "mimo2.")
+
+
+def test_a_moe_bench_records_checks_are_booleans():
+    from bloomery_cli.results_schema import check_record
+
+    good = {"bench": "moe", "checks": {"worst_case_planted": True}}
+    assert check_record("r.json", good) is good
+    with pytest.raises(InputError, match=r"checks\.worst_case_planted"):
+        check_record("r.json", {"bench": "moe", "checks": {"worst_case_planted": "yes"}})
+    with pytest.raises(InputError, match="expected an array"):                 # a gate record's are check lines
+        check_record("r.json", {"gate": "qwen3-dflash", "checks": {"x": True}})
