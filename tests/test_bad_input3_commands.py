@@ -14,7 +14,7 @@ from conftest_formats import make_qwen3_hf
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_gates.errors import BadConfig, BadTensor
+from bloomery_gates.errors import BadConfig, BadTensor, InputError
 
 runner = CliRunner()
 RESULTS = Path(__file__).resolve().parents[1] / "results"
