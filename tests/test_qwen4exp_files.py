@@ -136,7 +136,7 @@ def write_gguf(path: Path, edit: dict[str, Any] | None = None, extra: tuple[str,
 
 
 def write_mtp(path: Path, shared: bool = True, edit: dict[str, Any] | None = None,
-              extra: tuple[str, ...] = (), own: bool | None = None) -> Path:
+              extra: tuple[str, ...] = (), own: bool | None = None, hnorm: int = HC * H) -> Path:
     """The separate MTP GGUF: blk.4 only; ``own``: write token_embd/output (default: not shared)."""
     w = GGUFWriter(str(path), "qwen4exp")
     keys_common(w, L + 1, edit)
@@ -160,7 +160,7 @@ def write_mtp(path: Path, shared: bool = True, edit: dict[str, Any] | None = Non
     p = f"blk.{L}.nextn."
     w.add_tensor(p + "eh_proj.weight", np.zeros((H, 2 * H), np.float32))
     w.add_tensor(p + "enorm.weight", np.zeros((H,), np.float32))
-    w.add_tensor(p + "hnorm.weight", np.zeros((HC * H,), np.float32))
+    w.add_tensor(p + "hnorm.weight", np.zeros((hnorm,), np.float32))
     w.add_tensor(p + "hc_head_norm.weight", np.zeros((HC * H,), np.float32))
     w.add_tensor(p + "hc_head_down.weight", np.zeros((R, HC * H), np.float32))
     w.add_tensor(p + "hc_head_up.weight", np.zeros((HC, R), np.float32))
@@ -277,6 +277,13 @@ def test_bad_mtp_file_is_refused_by_name(tmp_path, files, edit, extra, shared, n
         qwen4exp_mtp_from_gguf(path, qwen4exp_from_gguf(files["gguf"]))
 
 
+def test_an_hnorm_over_one_stream_is_refused(tmp_path, files):
+    """hnorm is one gain per stream element [count*H]; a [H] one (the mean-of-streams layout) is refused."""
+    path = write_mtp(tmp_path / "m.gguf", hnorm=H)
+    with pytest.raises(InputError, match=r"hnorm.*\[64\], expected \[256\]"):
+        qwen4exp_mtp_from_gguf(path, qwen4exp_from_gguf(files["gguf"]))
+
+
 def test_inventory_names_the_family_and_the_draft_path_but_not_a_gate(files):
     for key in ("gguf", "mtp"):
         m = inventory([files[key]]).models[0]
@@ -315,6 +322,12 @@ def _mtp_shapes() -> list[tuple[int, ...]]:
         s += [(HC * H,), (R, HC * H), (HC, R), (HC, HC * H)]
     s += [(E, H), (E, FF, H), (E, FF, H), (E, H, FF), (FF, H), (128, H), (32, H), (32, H), (H, 64)]
     return s
+
+
+def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):
+    r = runner.invoke(app, ["plan", str(files["hf"]), "--gpu-mem", "1G"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "(qwen4exp)" in r.output, r.output
+    assert "draft path: MTP from the separate shared MTP GGUF" in r.output and "not gated" in r.output, r.output
 
 
 def test_plan_refuses_the_trunk_as_its_own_mtp(files):

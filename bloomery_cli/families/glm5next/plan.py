@@ -23,9 +23,13 @@ from typing import Any
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 from bloomery_gates.errors import InputError
+from bloomery_gates.registry import family
 
 FAMILY = "glm5next"
 VERIFY_ROWS = 4
+NOTES = (f"{FAMILY}: no engine runs this family here yet (issue 25: its files and plan only); these terms are "
+         "counted from its shapes, not measured",
+         f"{FAMILY} draft path: {family(FAMILY).draft_path}; recognised, not gated (no gate runs it yet)")
 
 
 def active_expert_elems(f: dict[str, Any]) -> int:
@@ -53,7 +57,7 @@ def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int
                      _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn, 0,
                      rec, draft, f["nextn_layers"] if draft else 0, meta=meta,
                      embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
-                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count)
+                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES)
 
 
 def glm5next_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:

@@ -22,10 +22,14 @@ from pathlib import Path
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 from bloomery_gates.errors import InputError, Mismatch
+from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape
 
 FAMILY = "qwen4exp"
 VERIFY_ROWS = 4                  # bloomery's qwen4exp MTP windows are 4 rows (issue 25)
+NOTES = (f"{FAMILY}: no engine runs this family here yet (issue 25: its files and plan only); these terms are "
+         "counted from its shapes, not measured",
+         f"{FAMILY} draft path: {family(FAMILY).draft_path}; recognised, not gated (no gate runs it yet)")
 
 
 def active_expert_elems(H: int, moe: MoEShape, layers: int) -> int:
@@ -51,7 +55,7 @@ def _model(path: Path, inv, fmt: str, layer: LayerShape, hy: HybridShape, moe: M
                      _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn,
                      hy.rotary_dim, rec, _elems(inv, ("mtp_nextn",)), 1 if _elems(inv, ("mtp_nextn",)) else 0,
                      meta=meta, embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
-                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=hc.count)
+                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=hc.count, notes=NOTES)
 
 
 def qwen4exp_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
@@ -68,19 +72,19 @@ def qwen4exp_gguf_target(path: Path, inv) -> PlanModel:
     is planned as a draft only (``draft_kind`` "mtp", its keys read; checked against a target by ``qwen4exp_draft``)."""
     from bloomery_cli.formats.gguf_file import GGUFFile
 
-    from .reader_gguf import A, gguf_cfg, qwen4exp_from_gguf, trunk_shapes
+    from .reader_gguf import A, gguf_cfg, qwen4exp_from_gguf, shared_shapes
 
     if inv.tensors and all(t.group == "mtp_nextn" or t.block is None for t in inv.tensors):
         c = gguf_cfg(GGUFFile(path))
         blocks = c.int(A + "block_count")
-        layer, _, moe, hc = trunk_shapes(c, blocks - 1)
+        layer, moe, hc = shared_shapes(c)
         names = {t.name for t in inv.tensors}
         return PlanModel(path.name, FAMILY, "gguf", layer.hidden_size, layer.num_heads, c.int(A + "vocab_size"), 0,
                          0, 0, inv.total_bytes, True, _elems(inv, ("token_embd",)), (), 0,
                          draft_elems=sum(prod(t.shape) for t in inv.tensors), draft_layers=1, draft_kind="mtp",
                          meta={"arch": "qwen4exp", "mtp_file": True, "block": blocks - 1,
                                "hc": {"count": hc.count, "low_rank": hc.low_rank},
-                               "borrows": "token_embd.weight" not in names}, residual_streams=hc.count)
+                               "borrows": "token_embd.weight" not in names}, residual_streams=hc.count, notes=NOTES)
     s = qwen4exp_from_gguf(path)
     return _model(path, inv, "gguf", s.layer, s.hybrid, s.moe, s.hc, s.vocab_size, s.max_position,
                   s.tie_word_embeddings, {"arch": "qwen4exp"})

@@ -50,7 +50,22 @@ def check_arch(g: GGUFFile, c: Cfg) -> None:
 
 
 def trunk_shapes(c: Cfg, trunk: int) -> tuple[LayerShape, HybridShape, MoEShape, HCShape]:
-    """The keys a qwen4exp target and its MTP file share (attention, GDN, experts, HC)."""
+    """The target's keys: the shared ones (``shared_shapes``) and the GDN layers'."""
+    layer, moe, hc = shared_shapes(c)
+    d, rot = layer.head_dim, c.int(A + "rope.dimension_count")
+    every = c.int(A + "full_attention_interval")
+    types = tuple("linear_attention" if (i + 1) % every else "full_attention" for i in range(trunk))
+    st, grp, nv = c.int(A + "ssm.state_size"), c.int(A + "ssm.group_count"), c.int(A + "ssm.time_step_rank")
+    inner = c.int(A + "ssm.inner_size")
+    if inner % nv or nv % grp:
+        raise c.bad(A + "ssm.inner_size", f"{inner} with time_step_rank {nv}, group_count {grp}: expected "
+                                          "inner a multiple of time_step_rank, time_step_rank of group_count")
+    hy = HybridShape(types, rot / d, rot, grp, nv, st, inner // nv, c.int(A + "ssm.conv_kernel"))
+    return layer, hy, moe, hc
+
+
+def shared_shapes(c: Cfg) -> tuple[LayerShape, MoEShape, HCShape]:
+    """The keys a qwen4exp target and its MTP file share (attention, experts, HC)."""
     H = c.int(A + "embedding_length")
     heads, kv = c.int(A + "attention.head_count"), c.int(A + "attention.head_count_kv")
     if heads % kv:
@@ -67,17 +82,9 @@ def trunk_shapes(c: Cfg, trunk: int) -> tuple[LayerShape, HybridShape, MoEShape,
         raise c.bad(A + "rope.dimension_count", f"{rot}; expected an even number")
     layer = LayerShape(H, heads, kv, d, ff, c.float(A + "attention.layer_norm_rms_epsilon"),
                        c.float(A + "rope.freq_base"))
-    every = c.int(A + "full_attention_interval")
-    types = tuple("linear_attention" if (i + 1) % every else "full_attention" for i in range(trunk))
-    st, grp, nv = c.int(A + "ssm.state_size"), c.int(A + "ssm.group_count"), c.int(A + "ssm.time_step_rank")
-    inner = c.int(A + "ssm.inner_size")
-    if inner % nv or nv % grp:
-        raise c.bad(A + "ssm.inner_size", f"{inner} with time_step_rank {nv}, group_count {grp}: expected "
-                                          "inner a multiple of time_step_rank, time_step_rank of group_count")
-    hy = HybridShape(types, rot / d, rot, grp, nv, st, inner // nv, c.int(A + "ssm.conv_kernel"))
     hc = HCShape(c.int(A + "hyper_connection.count", minimum=2, what="the stream count"),
                  c.int(A + "hyper_connection.low_rank"))
-    return layer, hy, moe, hc
+    return layer, moe, hc
 
 
 def compress_ratios(c: Cfg, blocks: int, trunk: int) -> list[int]:

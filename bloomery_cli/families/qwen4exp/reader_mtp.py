@@ -35,7 +35,7 @@ from .reader_gguf import (
     check_tensors,
     compress_ratios,
     gguf_cfg,
-    trunk_shapes,
+    shared_shapes,
     trunk_tensor_shapes,
 )
 
@@ -80,7 +80,7 @@ def qwen4exp_mtp_from_gguf(path: Path, target: Qwen4ExpSpec) -> Qwen4ExpMTPSpec:
     ratios = compress_ratios(c, n + 1, n)
     if ratios[-1] != 0:
         raise c.bad(A + "attention.compress_ratios", f"the MTP layer's ratio is {ratios[-1]}; expected 0 (dense)")
-    layer, _, moe, hc = trunk_shapes(c, n)
+    layer, moe, hc = shared_shapes(c)
     shared = c.bool(A + "nextn_shared_target_tensors", False)
     H, hcH = layer.hidden_size, hc.count * layer.hidden_size
     p = f"blk.{n}."
