@@ -129,7 +129,8 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
     # read and planned, not run (issue 25): no engine, reference or gate yet; ``draft_path`` is what inventory says
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
            mtp="sidecar", hybrid=True,
-           draft_path="MTP from the separate shared MTP GGUF (one nextn block fed the 4 raw HC streams)",
+           draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
+                      "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
                  "plan_hf": QX + "plan:qwen4exp_target", "plan_gguf": QX + "plan:qwen4exp_gguf_target",
                  "plan_draft": QX + "plan:qwen4exp_draft"}),

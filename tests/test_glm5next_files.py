@@ -225,3 +225,12 @@ def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):
     r = runner.invoke(app, ["plan", str(files["gguf"]), "--gpu-mem", "1G"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "(glm5next)" in r.output, r.output
     assert "draft path: NextN layer in-file" in r.output and "not gated" in r.output, r.output
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_loading_detects_the_family_by_the_registry(files, fmt):
+    from bloomery_cli.loading import load_target
+
+    assert load_target(files[fmt]).family == "glm5next"
+    r = runner.invoke(app, ["gate", "run", "qwen35moe-mtp", "--target", str(files[fmt])])
+    assert r.exit_code == 2 and "is a glm5next target" in r.output and "Traceback" not in r.output, r.output

@@ -53,8 +53,7 @@ def write_hf(d: Path, cfg: dict[str, Any] | None = None, mtp: bool = True) -> Pa
         t.update({p + "gate.weight": z(E, H), p + "experts.gate_up_proj": z(E, 2 * FF, H),
                   p + "experts.down_proj": z(E, H, FF), p + "shared_expert.gate_proj.weight": z(FF, H),
                   p + "shared_expert.up_proj.weight": z(FF, H), p + "shared_expert.down_proj.weight": z(H, FF),
-                  p + "shared_expert_gate.weight": z(1, H),
-                  f"model.layers.{i}.hyper_connection.down.weight": z(R, HC * H)})
+                  p + "shared_expert_gate.weight": z(1, H)})
     if mtp:
         t.update({"mtp.fc_embedding.weight": z(H, H), "mtp.fc_hidden.weight": z(H, HC * H),
                   "mtp.layers.0.mlp.gate.weight": z(E, H)})
@@ -327,9 +326,27 @@ def _mtp_shapes() -> list[tuple[int, ...]]:
 def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):
     r = runner.invoke(app, ["plan", str(files["hf"]), "--gpu-mem", "1G"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "(qwen4exp)" in r.output, r.output
-    assert "draft path: MTP from the separate shared MTP GGUF" in r.output and "not gated" in r.output, r.output
+    assert "draft path: MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF" in r.output, r.output
+    assert "not gated" in r.output, r.output
 
 
 def test_plan_refuses_the_trunk_as_its_own_mtp(files):
     r = runner.invoke(app, ["plan", str(files["gguf"]), "--draft", str(files["gguf"]), "--gpu-mem", "1G"])
     assert r.exit_code == 2 and "separate MTP GGUF" in r.output, r.output
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_loading_detects_the_family_by_the_registry(files, fmt):
+    from bloomery_cli.loading import load_target
+
+    assert load_target(files[fmt]).family == "qwen4exp"
+    r = runner.invoke(app, ["gate", "run", "qwen35moe-mtp", "--target", str(files[fmt])])
+    assert r.exit_code == 2 and "is a qwen4exp target" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_plan_takes_the_hf_mtp_layer_as_the_draft(files):
+    r = runner.invoke(app, ["plan", str(files["hf"]), "--draft", str(files["hf"]), "--gpu-mem", "1G", "--dtype",
+                            "f32", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["draft_kind"] == "mtp" and p["terms"]["draft_weights"] == 4 * (H * H + H * HC * H + E * H)
