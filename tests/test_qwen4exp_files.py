@@ -73,7 +73,7 @@ def keys_common(w: GGUFWriter, blocks: int, skip: dict[str, Any] | None = None) 
             w.add_uint32(a + k, v)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(a + "rope.freq_base", 10000.0)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", (skip or {}).get("eos", 1))
     w.add_uint32("tokenizer.ggml.padding_token_id", 0)
 
 
@@ -144,6 +144,8 @@ def write_mtp(path: Path, shared: bool = True, edit: dict[str, Any] | None = Non
                             "attention.compress_ratios": [0, 0, 0, 2, 0]}
     vals.update(edit or {})
     for k, v in vals.items():
+        if k == "eos":
+            continue
         if isinstance(v, list):
             w.add_array(a + k, v)
         elif v is not None:
@@ -258,7 +260,7 @@ MTP_BAD = [({"expert_gating_func": 2}, (), True, "expert_gating_func"),
            ({"attention.compress_ratios": [0, 0, 0, 2, 2]}, (), True, "compress_ratios"),
            ({"expert_count": 16}, (), True, "expert_count"),
            ({"hyper_connection.low_rank": 8}, (), True, "hyper_connection.low_rank"),
-           ({"vocab_size": 64}, (), True, "vocab_size"),
+           ({"vocab_size": 64}, (), True, "vocab_size"), ({"eos": 2}, (), True, "eos_token_id"),
            ({}, ("blk.4.ssm_a",), True, "ssm_a"), ({}, ("blk.4.ple_key.weight",), True, "ple_key"),
            ({}, ("blk.3.attn_q.weight",), True, r"blk\.3"),
            ({}, (), "own-but-shared", "token_embd"), ({}, (), "neither", "token_embd")]
