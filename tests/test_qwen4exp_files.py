@@ -213,7 +213,8 @@ def test_gguf_and_mtp_read_back(files):
     assert m.block == 4
 
 
-HF_BAD = [("hc_count", 1, "hc_count"), ("hc_lowrank", None, "hc_lowrank"), ("indexer_kv_heads", 2, "indexer_kv_heads"),
+HF_BAD = [("hc_count", 1, "hc_count"), ("hc_lowrank", None, "hc_lowrank"),
+          ("hc_lowrank", 257, "hc_lowrank"), ("indexer_kv_heads", 2, "indexer_kv_heads"),
           ("indexer_budget", 5, "indexer_budget"), ("ple_layer_ids", [4], "ple_layer_ids"),
           ("ngram_size", 9, "ngram_size"), ("ple_embed_dim", 30, "ple_embed_dim"),
           ("partial_rotary_factor", None, "partial_rotary_factor"), ("num_experts_per_tok", 9, "num_experts_per_tok"),
@@ -233,7 +234,8 @@ def test_bad_hf_key_exits_2_naming_it(tmp_path, key, value, named):
     assert len(r.output.strip().splitlines()) == 1, r.output
 
 
-GGUF_BAD = [("hyper_connection.count", None, 1), ("embedding_length_out", None, 200),
+GGUF_BAD = [("hyper_connection.count", None, 1), ("hyper_connection.low_rank", None, 257),
+            ("embedding_length_out", None, 200),
             ("attention.compress_ratios", None, [0, 2, 0, 2]), ("ple.layers", None, [3]),
             ("ple.ngram_size", None, 1), ("ple.head_vocab_sizes", None, [1024] * 3),
             ("attention.indexer.top_k", None, 3), ("ssm.inner_size", None, 66),

@@ -48,8 +48,9 @@ def moe_shape(cfg: Cfg) -> MoEShape:
 
 
 def hc_shape(cfg: Cfg) -> HCShape:
-    return HCShape(count=cfg.int("hc_count", minimum=2, what="the stream count"),
-                   low_rank=cfg.int("hc_lowrank", minimum=1))
+    count = cfg.int("hc_count", minimum=2, what="the stream count")
+    width = count * cfg.int("hidden_size")
+    return HCShape(count=count, low_rank=cfg.int("hc_lowrank", maximum=width, why=f"hc_count * hidden_size = {width}"))
 
 
 def qsa_shape(cfg: Cfg) -> QSAShape:

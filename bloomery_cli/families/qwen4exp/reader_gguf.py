@@ -82,8 +82,8 @@ def shared_shapes(c: Cfg) -> tuple[LayerShape, MoEShape, HCShape]:
         raise c.bad(A + "rope.dimension_count", f"{rot}; expected an even number")
     layer = LayerShape(H, heads, kv, d, ff, c.float(A + "attention.layer_norm_rms_epsilon"),
                        c.float(A + "rope.freq_base"))
-    hc = HCShape(c.int(A + "hyper_connection.count", minimum=2, what="the stream count"),
-                 c.int(A + "hyper_connection.low_rank"))
+    count = c.int(A + "hyper_connection.count", minimum=2, what="the stream count")
+    hc = HCShape(count, c.int(A + "hyper_connection.low_rank", maximum=count * H, why=f"count * H = {count * H}"))
     return layer, moe, hc
 
 
