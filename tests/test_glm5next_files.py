@@ -160,11 +160,24 @@ def test_reads_back_every_key(files, fmt):
         assert (m.n_group, m.topk_group, s.max_position) == (2, 1, 2048)
 
 
+def test_the_published_spellings_read_the_same(tmp_path, files):
+    """layer_types' deepseek_sparse_attention and the nested linear_attn_config give the same spec."""
+    cfg = {k: v for k, v in CONFIG.items() if not k.startswith("linear_")}
+    cfg.update(layer_types=[t.replace("indexed_attention", "deepseek_sparse_attention") for t in TYPES],
+               linear_attn_config={"num_heads": NH, "head_dim": D, "gate_lower_bound": -5.0,
+                                   "short_conv_kernel_size": 4},
+               scoring_func="sigmoid", mla_use_nope=True)
+    a, b = glm5next_from_hf(files["hf"]), glm5next_from_hf(write_hf(tmp_path / "pub", cfg))
+    assert (a.layer_types, a.kda, a.mla, a.dsa, a.moe) == (b.layer_types, b.kda, b.mla, b.dsa, b.moe)
+
+
 HF_BAD = [("qk_rope_head_dim", 8), ("num_key_value_heads", 2), ("index_kpool", 1), ("index_topk", 5),
           ("indexer_types", ["full", "shared", "full", "full"]), ("linear_num_heads", 2),
           ("linear_lower_bound", 1.0), ("num_experts_per_tok", 9), ("n_group", 3), ("topk_group", 3),
           ("hc_mult", 1), ("hc_eps", 0), ("layer_types", ["linear_attention"] * 3), ("mlp_layer_types", ["moe"] * 4),
-          ("linear_attn_config", {"num_heads": 4}), ("swiglu_limit", None), ("model_type", "glm5")]
+          ("linear_attn_config", {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4}),
+          ("linear_attn_config", {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4, "gate_lower_bound": 1}),
+          ("scoring_func", "softmax"), ("mla_use_nope", False), ("swiglu_limit", None), ("model_type", "glm5")]
 
 
 @pytest.mark.parametrize("key,value", HF_BAD)

@@ -4,13 +4,16 @@ read and range-checked or refused by name (exit 2):
 
     size       hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (= heads), vocab_size,
                intermediate_size (the dense layers), rms_norm_eps, max_position_embeddings, tie_word_embeddings
-    kinds      layer_types (linear_attention | indexed_attention; default idx % 4 == 3 indexed), mlp_layer_types
+    kinds      layer_types (linear_attention | indexed_attention, or its alias deepseek_sparse_attention;
+               default idx % 4 == 3 indexed), mlp_layer_types
                (dense | sparse; default 3 dense then sparse)
     MLA        q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim, qk_rope_head_dim = 0 (NoPE)
     DSA        index_topk, index_head_dim, index_n_heads, index_kpool (> 1, divides index_topk),
                index_kpool_always_select_tail, indexer_types (full | shared per indexed layer; the first full)
     KDA        linear_head_dim, linear_num_heads (= num_attention_heads), linear_conv_kernel_dim,
-               linear_lower_bound (< 0); a nested linear_attn_config is refused (its key names are not pinned here)
+               linear_lower_bound (< 0); or nested, linear_attn_config {head_dim, num_heads,
+               short_conv_kernel_size, gate_lower_bound}
+    router     scoring_func = sigmoid and mla_use_nope = true where present
     experts    n_routed_experts, num_experts_per_tok, n_shared_experts, moe_intermediate_size,
                routed_scaling_factor, n_group (divides the experts), topk_group <= n_group, norm_topk_prob,
                swiglu_limit
@@ -58,12 +61,34 @@ def dsa_types(c: Cfg, key: str, raw: Any, types: tuple[str, ...]) -> tuple[str, 
     return out
 
 
+def kda_shape(c: Cfg, heads: int) -> KDAShape:
+    """The flat linear_* keys, or the nested linear_attn_config {num_heads, head_dim, gate_lower_bound,
+    short_conv_kernel_size} (the key names of a published glm5_next text config)."""
+    if c.get("linear_attn_config", None) is not None:
+        n = c.sub("linear_attn_config")
+        names = ("num_heads", "head_dim", "short_conv_kernel_size", "gate_lower_bound")
+    else:
+        n, names = c, ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "linear_lower_bound")
+    lb = n.float(names[3], -5.0, positive=False)
+    if lb >= 0:
+        raise n.bad(names[3], f"{lb}; expected a number < 0 (the gate's lower bound)")
+    return KDAShape(n.int(names[0], heads, minimum=heads, maximum=heads, what=f"num_attention_heads {heads}"),
+                    n.int(names[1]), n.int(names[2]), lb)
+
+
 def read_shapes(c: Cfg) -> dict[str, Any]:
     """Every number of a glm5_next text config (the keys above) as the spec's fields."""
     n = c.int("num_hidden_layers")
     heads = c.int("num_attention_heads")
     c.int("num_key_value_heads", heads, minimum=heads, maximum=heads, what=f"num_attention_heads {heads}")
-    types = _kinds(c, "layer_types", n, KINDS, [KINDS[i % 4 == 3] for i in range(n)])
+    raw = c.get("layer_types", [KINDS[i % 4 == 3] for i in range(n)])
+    if isinstance(raw, list):       # a published text config spells the MLA + DSA kind deepseek_sparse_attention
+        raw = ["indexed_attention" if t == "deepseek_sparse_attention" else t for t in raw]
+    types = _kinds(Cfg({**c.data, "layer_types": raw}, c.where, c.prefix), "layer_types", n, KINDS, raw)
+    if c.get("scoring_func", "sigmoid") != "sigmoid":
+        raise c.bad("scoring_func", f"{c.get('scoring_func')!r}; expected \"sigmoid\" (glm5_next's router)")
+    if not c.bool("mla_use_nope", True):
+        raise c.bad("mla_use_nope", "false; expected true (glm5_next's MLA has no RoPE)")
     mlp = _kinds(c, "mlp_layer_types", n, MLP_KINDS, [MLP_KINDS[i >= 3] for i in range(n)])
     c.int("qk_rope_head_dim", 0, minimum=0, maximum=0, what="0 (glm5_next is NoPE)")
     mla = MLAShape(heads, c.int("q_lora_rank"), c.int("kv_lora_rank"), c.int("qk_nope_head_dim"), c.int("v_head_dim"))
@@ -73,13 +98,7 @@ def read_shapes(c: Cfg) -> dict[str, Any]:
     dsa = DSAShape(c.int("index_n_heads"), c.int("index_head_dim"), topk, kpool,
                    c.bool("index_kpool_always_select_tail", True),
                    dsa_types(c, "indexer_types", c.get("indexer_types", ["full"] * n), types))
-    if c.get("linear_attn_config", None) is not None:
-        raise c.bad("linear_attn_config", "a nested KDA config is not read here; expected the flat linear_* keys")
-    lb = c.float("linear_lower_bound", -5.0, positive=False)
-    if lb >= 0:
-        raise c.bad("linear_lower_bound", f"{lb}; expected a number < 0 (the gate's lower bound)")
-    kda = KDAShape(c.int("linear_num_heads", heads, minimum=heads, maximum=heads, what=f"num_attention_heads {heads}"),
-                   c.int("linear_head_dim"), c.int("linear_conv_kernel_dim"), lb)
+    kda = kda_shape(c, heads)
     e, k = c.int("n_routed_experts"), c.int("num_experts_per_tok")
     if k > e:
         raise c.bad("num_experts_per_tok", f"{k} is more than n_routed_experts {e}; expected <= {e}")
