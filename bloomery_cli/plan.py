@@ -15,7 +15,8 @@ and S slots. The terms follow what this harness's device engine allocates (kerne
                      extra rows: the target's caches hold R more positions (R = the verify's rows), a recurrent
                      verify keeps R per-row states [R x state_f32] f32 per linear layer until the commit (V_R)
     workspace        ws(r, C) = the largest phase of one pass of r rows over C keys (r = the larger of the prefill
-                     chunk and R), T = e (L + 1) r H the taps every layer's output keeps for the pass:
+                     chunk and R), T = e (L + 1) r n_s H the taps every layer's output keeps for the pass
+                     (n_s: the residual streams, 1 or a hyper-connected family's count):
                        attention  r C (s heads + 2) + T + 6 e r W    (the f32 scores and their softmax alive at once,
                                                                       s = 8, + e for the probabilities' cast when the
                                                                       run dtype is not f32; the mask and its negation,
@@ -159,7 +160,7 @@ def gathered(t: PlanModel, rows: int, e: int) -> int:
 def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:
     """ws(r, C): the peak of one pass of ``rows`` rows over ``ctx`` keys (module doc), the largest of its phases."""
     layers = t.attention_layers + sum(r.layers for r in t.recurrent)
-    taps = (layers + 1) * rows * t.hidden * e                 # every layer's output rows, kept for the pass
+    taps = (layers + 1) * rows * t.residual_streams * t.hidden * e   # every layer's output rows (all HC streams)
     score = t.score_bytes or 8 + (e if e < 4 else 0)   # f32 scores + softmax, + the cast when e < 4 (or the family's)
     width = max(t.hidden, t.heads * (t.attn[0].head_dim if t.attn else t.hidden // t.heads))   # q / gate / o rows
     attn = rows * ctx * (score * t.heads + 2) + taps + 6 * rows * width * e

@@ -76,6 +76,7 @@ class PlanModel:
     score_bytes: int | None = None             # bytes per attention score alive at once (None: the module doc's)
     experts: Experts | None = None             # routed experts run by gathering (kernels.ops.moe.routed_experts)
     notes: tuple[str, ...] = ()                # what the plan's reader should know (printed with the plan)
+    residual_streams: int = 1                  # hyper-connections: each layer's output is this many rows of H
 
     @property
     def attention_layers(self) -> int:

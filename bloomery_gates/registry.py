@@ -51,6 +51,7 @@ class Family:
     hybrid: bool = False                       # recurrent (DeltaNet) layers beside attention
     plan_as: str | None = None                 # plan's built-in layout ("qwen3", "qwen38", "nemotron") or None
     llama_bench: bool = False                  # bench --llama-cpp writes its GGUF (bench_llamacpp.write_gguf)
+    draft_path: str | None = None              # the draft path inventory names for a family no gate runs yet
     code: dict[str, str] = field(default_factory=dict)
 
     def has(self, role: str) -> bool:
@@ -90,6 +91,7 @@ def resolve(ref: str) -> Any:
 
 K, R, G, C = "bloomery_gates.kernels.families.", "bloomery_gates.reference.families.", "bloomery_gates.gates.", \
     "bloomery_cli."
+QX, GN = C + "families.qwen4exp.", C + "families.glm5next."
 
 FAMILIES: dict[str, Family] = {f.key: f for f in (
     Family("qwen3", "Qwen3 dense (also the Llama layout's plan)", ("qwen3",), ("qwen3",), ("llama",),
@@ -124,9 +126,20 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "layer_ops": QWEN3_OPS, "plan_hf": C + "plan_mimo2:mimo2_target",
                  "plan_gguf": C + "plan_mimo2:mimo2_gguf_target", "plan_draft": C + "plan_mimo2:mimo2_draft"}),
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
-    Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.3)", related_types=("qwen4_exp", "qwen4exp"),
-           mtp="sidecar"),
-    Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.5)", related_types=("glm5_next", "glm5next")),
+    # read and planned, not run (issue 25): no engine, reference or gate yet; ``draft_path`` is what inventory says
+    Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
+           mtp="sidecar", hybrid=True,
+           draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
+                      "HF: the mtp.* layer in the file)",
+           code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
+                 "plan_hf": QX + "plan:qwen4exp_target", "plan_gguf": QX + "plan:qwen4exp_gguf_target",
+                 "plan_draft": QX + "plan:qwen4exp_draft"}),
+    Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
+           mtp="in-file", hybrid=True,
+           draft_path="NextN layer in-file (a plain-residual MLA + DSA + MoE block fed norm(mean of the streams))",
+           code={"read_hf": GN + "reader:glm5next_from_hf", "read_gguf": GN + "reader_gguf:glm5next_from_gguf",
+                 "plan_hf": GN + "plan:glm5next_target", "plan_gguf": GN + "plan:glm5next_gguf_target",
+                 "plan_draft": GN + "plan:glm5next_draft"}),
     Family("deepseek41", "DeepSeek V4 / V4.1 (docs/FAMILIES_MOE.md 4.4)",
            related_types=("deepseek_v4", "deepseek41")),
     Family("nemotron", "NVIDIA Nemotron-H (Mamba-2 hybrid)", related_types=("nemotron_h", "nemotron_h_moe"),

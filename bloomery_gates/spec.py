@@ -345,3 +345,133 @@ class Mimo2MTPSpec:
     vocab_size: int
     tensors: Tensors = field(repr=False)
     hidden: str = "post"           # which target hidden layer 0 reads and each layer recycles: post | pre
+
+
+# --- the third wave's shapes (issue 25; docs/FAMILIES_MOE.md 4.3, 4.5, 6): files only, no engine yet --------------
+
+
+@dataclass(frozen=True)
+class HCShape:
+    """Hyper-connections: the residual is ``count`` streams x [T, count, H] instead of one [T, H].
+
+    qwen4exp's gated low-rank form (``low_rank`` r > 0): per sublayer a grouped zero-centred norm over the count*H
+    elements, ``mix = sigmoid(up(silu(down(x^)/count)))`` with down [r, count*H], ``inject = 2 sigmoid(...)``.
+    GLM's mHC (``sinkhorn_iters`` > 0): ``fn`` [(2 + count) count, count H], Sinkhorn-normalised mixing with ``eps``.
+    """
+
+    count: int
+    low_rank: int = 0
+    sinkhorn_iters: int = 0
+    eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class PLEShape:
+    """qwen4exp's hashed n-gram embeddings (PLE) on ``layers`` (0-based, linear layers only): for n in 2..ngram_size
+    ``heads_per_ngram`` hashed heads, each a table of ``embed_dim / heads`` columns, a dilated depthwise conv of
+    ``conv_kernel`` taps and a per-stream sigmoid gate. HF gives the hashing's inputs (``vocab_base``,
+    ``divisible_by``, ``seed``, ``split_parts``); a GGUF gives its outputs (``head_vocab_sizes``); the other side's
+    fields are 0 / ()."""
+
+    layers: tuple[int, ...]
+    embed_dim: int
+    conv_kernel: int
+    ngram_size: int
+    heads_per_ngram: int
+    vocab_base: int = 0
+    divisible_by: int = 0
+    seed: int = 0
+    split_parts: int = 0
+    head_vocab_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class QSAShape:
+    """qwen4exp's QSA block mask on its indexed-attention layers: ``num_heads`` indexer heads of ``head_dim`` over
+    one kv head; each query keeps ``budget / compress_ratio`` blocks of ``compress_ratio`` mean-pooled keys, plus the
+    incomplete tail."""
+
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    budget: int
+    compress_ratio: int
+
+
+@dataclass(frozen=True)
+class Qwen4ExpSpec(Qwen35MoeSpec):
+    """A qwen4exp target (Qwen3.8-Flash-Next): the qwen35moe hybrid (GDN + gated attention, R1 softmax MoE) with no
+    block norms, every sublayer wrapped in gated low-rank hyper-connections ``hc``, QSA on the indexed layers
+    (``hybrid.layer_types`` says "full_attention" for them) and PLE on one linear layer."""
+
+    hc: HCShape
+    qsa: QSAShape
+    ple: PLEShape | None
+
+
+@dataclass(frozen=True)
+class Qwen4ExpMTPSpec(MTPSpec):
+    """qwen4exp's MTP head from its separate GGUF (FAMILIES_MOE.md 6): one nextn block ``block`` (= the target's layer
+    count) fed the 4 raw streams: per stream s ``[rms(e) enorm | rms(h_s) hnorm_s]`` (hnorm [count*H]), eh_proj
+    [H, 2H], an HC dense gated-GQA attention and an HC MoE, then ``nextn.hc_head``. ``borrows``: the file carries
+    neither token_embd nor output and takes the target's (``nextn_shared_target_tensors``). Tensors keep GGUF names."""
+
+    block: int
+    hc: HCShape
+    moe: MoEShape
+    borrows: bool
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention without RoPE: q = q_b(norm(q_a x)) [heads, nope]; the KV cache holds the latent
+    [kv_lora_rank] per token, expanded by kv_b [heads (nope + v), kv_lora_rank]."""
+
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class DSAShape:
+    """The DSA k-pool indexer on the indexed layers: ``num_heads`` x ``head_dim`` scores over keys pooled by ``kpool``;
+    each query keeps ``topk`` keys (the incomplete tail pool kept when ``select_tail``). ``types`` per layer: "full"
+    (its own indexer), "shared" (the previous full layer's choice) or "" (a KDA layer)."""
+
+    num_heads: int
+    head_dim: int
+    topk: int
+    kpool: int
+    select_tail: bool
+    types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KDAShape:
+    """Kimi delta attention: ``num_heads`` x ``head_dim`` recurrent state S [heads, d, d] f32 per layer, short convs
+    of ``conv_kernel`` taps on q, k, v, the per-channel gate bounded below by ``lower_bound``."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    lower_bound: float
+
+
+@dataclass(frozen=True)
+class Glm5NextSpec(ModelSpec):
+    """A glm5next target (GLM-5.3): ``layer_types`` "linear_attention" (KDA) or "indexed_attention" (MLA + DSA),
+    ``mlp_types`` "dense" (``layer.intermediate_size``) or "sparse" (``moe``: R2 sigmoid + bias router, shared expert,
+    SwiGLU clamp ``swiglu_limit``), mHC ``hc`` streams collapsed by their mean then the final norm; NoPE throughout.
+    ``nextn_layers``: NextN blocks after the trunk in the same file (plain residual MLA + DSA + MoE, no mHC)."""
+
+    layer_types: tuple[str, ...]
+    mlp_types: tuple[str, ...]
+    mla: MLAShape
+    dsa: DSAShape
+    kda: KDAShape
+    moe: MoEShape
+    hc: HCShape
+    swiglu_limit: float
+    nextn_layers: int

@@ -109,6 +109,10 @@ def _drafter_line(m: ModelInventory, kinds: frozenset[str] | set[str], what: str
     who = f"family {fam}" if fam else f"model_type/arch {m.arch!r} (no family here)"
     if fam and hits:
         return f"drafter here: gate {', '.join(hits)}"
+    entry = _registered(m)
+    if entry is not None and entry.draft_path:     # the registry names the path; no gate runs it
+        return (f"draft path recognised: {entry.draft_path}; not gated: no gate here runs family {fam}'s draft "
+                "yet, so nothing here drafts with it")
     return f"the {what} tensors are present but {who} has no {what} drafter here yet; nothing drafts with them"
 
 

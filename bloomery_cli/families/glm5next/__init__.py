@@ -1,0 +1,1 @@
+"""glm5next (GLM-5.3): its HF and GGUF readers and its plan terms."""

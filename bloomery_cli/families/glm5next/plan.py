@@ -1,0 +1,90 @@
+"""``bloomery plan`` terms of a glm5next target and its in-file NextN layer, from config / GGUF keys and tensor
+headers only. No engine exists yet (issue 25): these are the terms such an engine must hold.
+
+Target (e the run dtype's bytes; n_s = hc_mult streams):
+
+    MLA latent KV per position   e L_mla kv_lora          (NoPE: no rope part; the latent is the whole cache row)
+    indexer keys per position    e L_full index_head_dim  (the DSA indexer's keys on its full-indexer layers; a
+                                                          shared layer reuses the previous full layer's choice)
+    KDA state per slot           L_kda (4 h d d + e (k - 1) 3 h d)   (S [h, d, d] f32, the q/k/v conv tails)
+    HC activations               each layer's output is n_s rows of H (``residual_streams``)
+    active experts               per token, elements L_sparse (k 3 H ff + 3 H ff n_shared + E H)
+                                 (``meta["active_expert_elems"]``)
+
+Draft: the NextN block(s) in the target's own file (model.layers.{n}.* / blk.{n}.*), one MLA layer's latent KV
+(kv heads 1, width kv_lora, no V) and a verify of 4 rows; no rope.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bloomery_cli.formats.config import Cfg
+from bloomery_cli.plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
+from bloomery_gates.errors import InputError
+from bloomery_gates.registry import family
+
+FAMILY = "glm5next"
+VERIFY_ROWS = 4
+NOTES = (f"{FAMILY}: no engine runs this family here yet (issue 25: its files and plan only); these terms are "
+         "counted from its shapes, not measured",
+         f"{FAMILY} draft path: {family(FAMILY).draft_path}; recognised, not gated (no gate runs it yet)")
+
+
+def active_expert_elems(f: dict[str, Any]) -> int:
+    H, moe = f["layer"].hidden_size, f["moe"]
+    sparse = sum(t == "sparse" for t in f["mlp_types"])
+    return sparse * (moe.top_k * 3 * H * moe.expert_ff + 3 * H * (moe.shared_ff or 0) + moe.num_experts * H)
+
+
+def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int, tied: bool,
+           meta: dict[str, Any]) -> PlanModel:
+    types, mla, dsa, kda, moe = f["layer_types"], f["mla"], f["dsa"], f["kda"], f["moe"]
+    n_mla = sum(t == "indexed_attention" for t in types)
+    n_full = sum(t == "full" for t in dsa.types)
+    attn = tuple(g for g in (AttnGroup(n_mla, 1, mla.kv_lora_rank, None, 0),
+                             AttnGroup(n_full, 1, dsa.head_dim, None, 0)) if g.layers)
+    n_kda, h, d = len(types) - n_mla, kda.num_heads, kda.head_dim
+    rec = (Recurrent("kda", n_kda, h * d * d, (kda.conv_kernel - 1) * 3 * h * d, 3 * h * d),) if n_kda else ()
+    L = f["layer"]
+    meta = {**meta, "hc": {"count": f["hc"].count, "sinkhorn_iters": f["hc"].sinkhorn_iters},
+            "active_expert_elems": active_expert_elems(f), "mla_layers": n_mla, "kv_lora": mla.kv_lora_rank,
+            "indexer_full_layers": n_full}
+    draft = _elems(inv, ("mtp_nextn",))
+    return PlanModel(path.name, FAMILY, fmt, L.hidden_size, L.num_heads, vocab,
+                     max(L.intermediate_size, moe.top_k * moe.expert_ff, moe.shared_ff or 0), maxpos,
+                     _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn, 0,
+                     rec, draft, f["nextn_layers"] if draft else 0, meta=meta,
+                     embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
+                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES)
+
+
+def glm5next_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
+    """An HF glm5_next checkpoint (``c``: its text config), by the reader's own key rules."""
+    from .reader import read_shapes
+
+    return _model(path, inv, "hf", read_shapes(c), c.int("vocab_size"), c.int("max_position_embeddings", 1 << 20),
+                  c.bool("tie_word_embeddings", False), {"model_type": str(c.get("model_type")), "config": str(where)})
+
+
+def glm5next_gguf_target(path: Path, inv) -> PlanModel:
+    """A glm5-next GGUF, through the loader's own reader (keys and tensor infos)."""
+    from .reader_gguf import glm5next_from_gguf
+
+    s = glm5next_from_gguf(path)
+    f = {k: getattr(s, k) for k in ("layer", "layer_types", "mlp_types", "mla", "dsa", "kda", "moe", "hc",
+                                    "nextn_layers")}
+    return _model(path, inv, "gguf", f, s.vocab_size, s.max_position, s.tie_word_embeddings, {"arch": "glm5-next"})
+
+
+def glm5next_draft(path: Path, target: PlanModel, own: PlanModel | None) -> PlanDraft:
+    """The NextN layer in the target's own file (``own`` None), or in a glm5next file of the same trunk."""
+    src = target if own is None else own
+    if own is not None and (own.family, own.hidden, own.vocab) != (FAMILY, target.hidden, target.vocab):
+        raise InputError(path, "expected the target's own glm5next file (or one with the same trunk) for its NextN")
+    if not src.draft_elems:
+        raise InputError(path, "holds no NextN layer (model.layers.{n}.* / blk.{n}.nextn.*); expected a glm5next "
+                               "file with num_nextn_predict_layers > 0")
+    return PlanDraft(path.name, "mtp", src.draft_elems, src.draft_layers, 1, target.meta["kv_lora"], 0,
+                     VERIFY_ROWS, target.vocab, v_head_dim=0)
