@@ -16,7 +16,7 @@ import numpy as np
 from .metrics import Tally
 from .sampling import Sampler, Sampling, SeededChoice
 from .sampling_stats import pit, two_sample_test
-from .speculative import generate
+from .speculative import Run, generate
 
 RUNS = 64          # per arm
 POSITIONS = 16     # the per-position test's positions, both arms
@@ -58,11 +58,12 @@ def check_sampling(report, engine, draft, prompt: list[int], cond: Sampling, wid
 
 
 def sampled_acceptance(engine, draft, prompts: list[list[int]], n: int, cond: Sampling,
-                       width=None) -> tuple[Tally, list[Tally]]:
-    """Drafted sampled runs of every prompt: (pooled tally, per-prompt tallies)."""
-    per_prompt = [generate(engine, draft, p, n, width=width, sampler=Sampler(cond, SeededChoice(cond.seed, 2, i))).tally
-                  for i, p in enumerate(prompts)]
+                       width=None) -> tuple[Tally, list[Tally], list[Run]]:
+    """Drafted sampled runs of every prompt: (pooled tally, per-prompt tallies, the runs)."""
+    runs = [generate(engine, draft, p, n, width=width, sampler=Sampler(cond, SeededChoice(cond.seed, 2, i)))
+            for i, p in enumerate(prompts)]
+    per_prompt = [r.tally for r in runs]
     pooled = Tally()
     for t in per_prompt:
         pooled = pooled.merge(t)
-    return pooled, per_prompt
+    return pooled, per_prompt, runs

@@ -1,0 +1,81 @@
+"""Planted defects for issue 29's FAIL-first tests (test code only: every plant is a monkeypatch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import bloomery_cli.sampling as sampling
+from bloomery_cli.sampling import process
+
+
+def residual_not_renormalised(monkeypatch) -> None:
+    """norm(max(p - q, 0)) left as max(p - q, 0): the draw takes u against a CDF that ends below 1."""
+    def residual(p, q, d):
+        r = p.copy()
+        if q is None:
+            r[d] = 0.0
+        else:
+            r = np.maximum(p - q, 0.0)
+        return r
+
+    monkeypatch.setattr(sampling, "residual", residual)
+
+
+def _window_with_bonus(monkeypatch, bonus_of) -> None:
+    """Sampler.window whose all-accepted bonus is drawn from ``bonus_of(sampler, p_rows, k)``."""
+    def window(self, logits, proposals, q_rows):
+        p_rows = self.probs(logits)
+        out = []
+        for j, d in enumerate(proposals):
+            a = sampling.accept_prob(p_rows[j], q_rows[j], d)
+            if self.choose(np.array([1.0 - a, a])) == 1:
+                out.append(d)
+                continue
+            out.append(self.choose(sampling.residual(p_rows[j], q_rows[j], d)))
+            return j + 1, out
+        out.append(self.choose(bonus_of(self, p_rows, len(proposals))))
+        return len(proposals) + 1, out
+
+    monkeypatch.setattr(sampling.Sampler, "window", window)
+
+
+def bonus_from_last_draft_row(monkeypatch) -> None:
+    """The bonus drawn from p_k (the last draft row's target distribution) instead of p_{k+1}."""
+    _window_with_bonus(monkeypatch, lambda self, p_rows, k: p_rows[max(k - 1, 0)])
+
+
+def bonus_from_draft(monkeypatch) -> None:
+    """The bonus drawn from the draft's distribution: process(draft logits / T) of the row after the last
+    proposal (the draft's last row where it has no further one)."""
+    real = sampling.Sampler.proposals
+
+    def proposals(self, draft, anchor, k):
+        prop = draft.propose(anchor, detail=True)
+        self._draft_rows = prop.logits.double().cpu().numpy()
+        if self.cond.draft_temperature is None:
+            return prop.ids[:k], [None] * len(prop.ids[:k])
+        return real(self, _Once(prop), anchor, k)
+
+    def bonus_of(self, p_rows, k):
+        if k == 0:                                   # a plain pass: no draft row to draw from
+            return p_rows[0]
+        rows = self._draft_rows
+        return process(rows[min(k, len(rows) - 1)][None], self.cond.temperature)[0]
+
+    monkeypatch.setattr(sampling.Sampler, "proposals", proposals)
+    _window_with_bonus(monkeypatch, bonus_of)
+
+
+class _Once:
+    """A draft that answers propose with a proposal already made (the plant must not propose twice)."""
+
+    def __init__(self, prop):
+        self.prop = prop
+
+    def propose(self, anchor, detail=False):
+        return self.prop
+
+
+SAMPLING_PLANTS = {"residual not renormalised": residual_not_renormalised,
+                   "bonus from the draft's distribution": bonus_from_draft,
+                   "bonus from the last draft row's p": bonus_from_last_draft_row}
