@@ -79,3 +79,34 @@ class _Once:
 SAMPLING_PLANTS = {"residual not renormalised": residual_not_renormalised,
                    "bonus from the draft's distribution": bonus_from_draft,
                    "bonus from the last draft row's p": bonus_from_last_draft_row}
+
+
+def cut_one_late(monkeypatch) -> None:
+    """DSpark's cut keeps one draft past the first low confidence."""
+    import bloomery_gates.kernels.drafts.dspark as dspark
+
+    real = dspark.keep_count
+
+    def keep_count(confidence, threshold, b, device):
+        k = real(confidence, threshold, b, device)
+        return k if confidence is None or threshold <= 0 else (k + 1).clamp(max=b)
+
+    monkeypatch.setattr(dspark, "keep_count", keep_count)
+
+
+def cut_on_raw_logit(monkeypatch) -> None:
+    """DSpark's cut compares the raw confidence logit z with t, not sigmoid(z)."""
+    import torch
+
+    import bloomery_gates.kernels.drafts.dspark as dspark
+
+    real = dspark.keep_count
+
+    def keep_count(confidence, threshold, b, device):
+        z = None if confidence is None else torch.logit(confidence.double()).float()
+        return real(z, threshold, b, device)
+
+    monkeypatch.setattr(dspark, "keep_count", keep_count)
+
+
+CUT_PLANTS = {"cut one draft too late": cut_one_late, "cut on the raw logit": cut_on_raw_logit}
