@@ -110,3 +110,32 @@ def cut_on_raw_logit(monkeypatch) -> None:
 
 
 CUT_PLANTS = {"cut one draft too late": cut_one_late, "cut on the raw logit": cut_on_raw_logit}
+
+
+def ties_candidates_by_id_descending(monkeypatch) -> None:
+    """DFlash2's top-K: equal values ordered by the higher id first (the rule says the lower)."""
+    import bloomery_gates.kernels.ops.selector as selector
+
+    def topk_candidates(l, k):
+        u, c = selector.torch.topk(l, k, dim=-1, sorted=True)
+        c, perm = c.sort(dim=-1, descending=True)
+        u = u.gather(-1, perm)
+        u, perm = u.sort(dim=-1, descending=True, stable=True)
+        return u, c.gather(-1, perm)
+
+    monkeypatch.setattr(selector, "topk_candidates", topk_candidates)
+
+
+def ties_walk_last_argmax(monkeypatch) -> None:
+    """DFlash2's walk: the last index of the maximum (the rule says the first)."""
+    import bloomery_gates.kernels.ops.selector as selector
+
+    real = selector.first_argmax
+
+    def last_argmax(x):
+        return x.shape[-1] - 1 - real(x.flip(-1))
+
+    monkeypatch.setattr(selector, "first_argmax", last_argmax)
+
+
+TIE_PLANTS = {"candidate tie order": ties_candidates_by_id_descending, "walk last argmax": ties_walk_last_argmax}
