@@ -139,3 +139,34 @@ def ties_walk_last_argmax(monkeypatch) -> None:
 
 
 TIE_PLANTS = {"candidate tie order": ties_candidates_by_id_descending, "walk last argmax": ties_walk_last_argmax}
+
+
+def accept_mean_without_bonus(monkeypatch) -> None:
+    """accept_mean computed over accepted drafts only (the bonus row left out of kept)."""
+    from bloomery_cli.metrics import Tally
+
+    monkeypatch.setattr(Tally, "accept_mean",
+                        property(lambda self: sum(k - 1 for k in self.kept) / self.windows if self.windows else 0.0))
+
+
+def gate_run(gate: str, prompts, dtype: str, *flags: str, n: int = 24) -> tuple[int, list[str]]:
+    """``bloomery gate run`` through the CLI on the given prompts file: (exit code, printed lines)."""
+    from typer.testing import CliRunner
+
+    from bloomery_cli.cli import app
+
+    result = CliRunner().invoke(app, ["gate", "run", gate, "-n", str(n), "--prompts", str(prompts), "--dtype", dtype,
+                                      *flags])
+    return result.exit_code, result.output.splitlines()
+
+
+def shrink_s(monkeypatch, runs: int = 4) -> None:
+    """The (s) statistical line on ``runs`` runs per arm: the tests that use it assert other lines."""
+    import bloomery_cli.sampling_gate as sampling_gate
+
+    real = sampling_gate.check_sampling
+    monkeypatch.setattr(sampling_gate, "check_sampling", lambda *a, **k: real(*a, **{**k, "runs": runs}))
+
+
+def line(lines: list[str], head: str) -> str:
+    return next(x for x in lines if x.startswith(head))
