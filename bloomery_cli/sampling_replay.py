@@ -201,10 +201,13 @@ def check_replay(engine, draft, prompts: list[list[int]], n: int, cond, width, b
     for arm, wd in widths:
         for i, prompt in enumerate(prompts):
             tape = Tape(engine, draft)
-            run = generate(tape.target, tape.draft, prompt, n, width=wd,
-                           sampler=Sampler(cond, SeededChoice(cond.seed, arm, i)))
             stream = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cond.seed, arm, i])))
-            windows, ids, where, near = replay(run, tape, cond, stream)
+            try:
+                run = generate(tape.target, tape.draft, prompt, n, width=wd,
+                               sampler=Sampler(cond, SeededChoice(cond.seed, arm, i)))
+                windows, ids, where, near = replay(run, tape, cond, stream)
+            except (RuntimeError, ValueError, IndexError) as e:      # a broken run or tape: a difference, never PASS
+                windows, ids, where, near = 0, 0, f"broke: {type(e).__name__}: {e}", False
             res.runs += 1
             res.windows += windows
             res.ids += ids
