@@ -18,6 +18,17 @@ from .sampling import Sampler, Sampling, SeededChoice
 from .sampling_stats import pit, two_sample_test
 from .speculative import Run, generate
 
+# The (s) statistical line's power against each sampling defect class, measured (issue 29: the defect planted,
+# the gate run at its default budget, f32 CPU, first prompt, n=32; tests/issue29_plants.py): the p it printed. Every
+# class is caught by the (s) replay line (exact, common random numbers), in f32 and bf16 (tests/test_issue29_*).
+POWER_BY_DEFECT = {
+    "residual not renormalised": {"qwen38-mtp T=1": {"p": 1.18e-39, "seen": True}},
+    "bonus from the draft's distribution": {"qwen38-mtp T=1": {"p": 0.0352, "seen": False}},
+    "bonus from the last draft row's p": {"qwen38-mtp T=1": {"p": 0.146, "seen": False}},
+    "resample from p instead of the residual": {"qwen38-mtp T=1": {"p": 3e-12, "seen": True}},
+    "bonus dropped (all accepted)": {"qwen38-mtp T=1": {"p": 0.21, "seen": False}},
+}
+
 RUNS = 64          # per arm
 POSITIONS = 16     # the per-position test's positions, both arms
 PIT_POSITIONS = 48 # the drafted runs' length: their PITs
@@ -53,7 +64,8 @@ def check_sampling(report, engine, draft, prompt: list[int], cond: Sampling, wid
                                      "p_marginal": res.p_marginal, "p_pit_hist": res.p_pit_hist,
                                      "p_pit_mean": res.p_pit_mean, "worst_position": res.worst_position + 1,
                                      "detectable_w": round(res.detectable_w, 4),
-                                     "detectable_shift": round(res.detectable_shift, 4), "categories": res.categories}
+                                     "detectable_shift": round(res.detectable_shift, 4), "categories": res.categories,
+                                     "power_by_defect": POWER_BY_DEFECT}
     return report.sampling(res)
 
 
