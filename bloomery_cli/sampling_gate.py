@@ -22,9 +22,15 @@ from .speculative import Run, generate
 # the gate run at its default budget, f32 CPU, first prompt, n=32; tests/issue29_plants.py): the p it printed. Every
 # class is caught by the (s) replay line (exact, common random numbers), in f32 and bf16 (tests/test_issue29_*).
 POWER_BY_DEFECT = {
-    "residual not renormalised": {"qwen38-mtp T=1": {"p": 1.18e-39, "seen": True}},
-    "bonus from the draft's distribution": {"qwen38-mtp T=1": {"p": 0.0352, "seen": False}},
-    "bonus from the last draft row's p": {"qwen38-mtp T=1": {"p": 0.146, "seen": False}},
+    "residual not renormalised": {"qwen38-mtp T=1": {"p": 1.18e-39, "seen": True},
+                                  "qwen3-dflash T=1": {"p": 3.72e-05, "seen": True},
+                                  "qwen3-dflash T=1 Td=0.7": {"p": 2.03e-76, "seen": True}},
+    "bonus from the draft's distribution": {"qwen38-mtp T=1": {"p": 0.0352, "seen": False},
+                                            "qwen3-dflash T=1": {"p": 1.0, "seen": False},
+                                            "qwen3-dflash T=1 Td=0.7": {"p": 0.205, "seen": False}},
+    "bonus from the last draft row's p": {"qwen38-mtp T=1": {"p": 0.146, "seen": False},
+                                          "qwen3-dflash T=1": {"p": 1.0, "seen": False},
+                                          "qwen3-dflash T=1 Td=0.7": {"p": 0.205, "seen": False}},
     # measured before issue 29 (docs/CONTRACT.md, tests/test_sampling_gate.py)
     "resample from p instead of the residual": {"qwen38-mtp T=1": {"p": 3e-12, "seen": True, "earlier": True}},
     "bonus dropped (all accepted)": {"qwen38-mtp T=1": {"p": 0.21, "seen": False, "earlier": True}},
