@@ -165,6 +165,46 @@ class Report:
                   f"pos_accept={fmt_list(pooled.pos_accept())} pos_accept_cond={fmt_list(pooled.pos_accept_cond())} "
                   f"draft_share={pooled.draft_share:.3f} verify_rows={verify_rows}")
 
+    def acceptance_rederived(self, runs: int, windows: int, ids: int, differ: list[str]) -> bool:
+        """(a) accept_mean, the kept histogram and both per-position rates re-derived from the runs' emitted ids and
+        window boundaries (``acceptance_check``), equal to the printed figures; no drafted window is a FAIL."""
+        what = "accept_mean kept pos_accept pos_accept_cond equal" if not differ else \
+            f"{len(differ)} differ: " + "; ".join(differ[:3])
+        self.facts.setdefault("acceptance_rederived", []).append(
+            {"runs": runs, "windows": windows, "ids": ids, "differ": differ[:20]})
+        return self.check(f"(a) acceptance re-derived from the emitted ids: {runs} runs, {windows} windows, "
+                          f"{ids} ids: {what}", not differ)
+
+    def sampling_replay(self, res: Any) -> bool:
+        """(s) the kernel's sampled runs replayed by the host rule on the same uniforms (``sampling_replay``): ids
+        and kept equal window by window; a differing draw within 1e-12 of a cell boundary is excused."""
+        near = f", {res.excused} at a draw within 1e-12 of a boundary" if res.excused else ""
+        where = f": {res.first[0]}" if res.first else ""
+        self.facts["sampling_replay"] = {"runs": res.runs, "windows": res.windows, "ids": res.ids,
+                                         "differ": res.differ, "excused": res.excused, "first": res.first}
+        return self.check(f"(s) sampling replay vs host rule, common random numbers: {res.runs} runs, "
+                          f"{res.windows} windows, {res.ids} ids, {res.differ} runs differ{near}{where}",
+                          res.runs > 0 and res.windows > 0 and res.differ == res.excused)
+
+    def cut_windows(self, t: float, probe: bool, windows: int, cut: int, differ: int, excused: int,
+                    where: str = "") -> bool:
+        """(r) DSpark's confidence cut on every window of a drafted run: the kernel's kept drafts against the host
+        rule on its confidence logits (tier 1); ``probe``: the gate has no threshold and the check runs at t."""
+        how = "probe t" if probe else "t"
+        note = f", {excused} within 1e-6 of t" if excused else ""
+        at = f": {where}" if where else ""
+        self.facts.setdefault("confidence_cut_windows", []).append(
+            {"t": t, "probe": probe, "windows": windows, "cut": cut, "differ": differ, "excused": excused})
+        return self.check(f"(r) dspark confidence cut {how}={t:g} vs host rule: {windows} windows ({cut} cut), "
+                          f"{differ} differ{note}{at}", windows > 0 and differ == excused)
+
+    def ties(self, what: str, cases: int, differ: int, where: str = "") -> bool:
+        """(r) a planted tie case (values made equal on purpose): the kernel's integer outputs against the host rule's
+        (tier 1, exact: the tied values are small integers, exact in every run dtype)."""
+        at = f": {where}" if where else ""
+        return self.check(f"(r) ties: {what} vs host rule: {cases} planted cases, {differ} differ{at}",
+                          cases > 0 and differ == 0)
+
     def crossing(self, pooled: Tally, prompt: Any) -> None:
         """A draft on its own device: what crossed per window and its time, apart from the draft share (a note)."""
         w = pooled.transfer_windows

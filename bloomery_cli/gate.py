@@ -287,6 +287,7 @@ def acceptance(run: Run) -> None:
         report.identical(run.n)
     if run.cross:
         report.crossing(run.pooled, run.draft.prompt_crossed)
+    rederived(report, [r[2] for r in run.runs], run.pooled)
     if run.opts.sampling is None:
         report.acceptance(run.pooled, run.per_prompt, run.b)
     else:
@@ -352,12 +353,24 @@ def sampled_part(report: Report, engine, draft, prompts: list[list[int]], n: int
     """T > 0: the greedy acceptance as a note, the sampling conditions, the (s) check on the first prompt, and
     accept_mean at T over every prompt (``sampling_gate``)."""
     from .sampling_gate import check_sampling, sampled_acceptance
+    from .sampling_replay import check_replay
 
     report.greedy_acceptance(greedy)
     report.sampling_conditions(opts.sampling.facts())
     check_sampling(report, engine, draft, prompts[0], opts.sampling, width_policy(opts.width, b))
-    pooled, per_prompt = sampled_acceptance(engine, draft, prompts, n, opts.sampling, width_policy(opts.width, b))
+    report.sampling_replay(check_replay(engine, draft, prompts, n, opts.sampling, width_policy(opts.width, b), b))
+    pooled, per_prompt, runs = sampled_acceptance(engine, draft, prompts, n, opts.sampling,
+                                                  width_policy(opts.width, b))
+    rederived(report, runs, pooled)
     report.acceptance(pooled, per_prompt, b)
+
+
+def rederived(report: Report, runs: list, pooled: Tally) -> bool:
+    """(a) the acceptance figures re-derived from the runs' emitted ids and window boundaries (``acceptance_check``)."""
+    from .acceptance_check import compare
+
+    got, differ = compare(runs, pooled)
+    return report.acceptance_rederived(len(runs), len(got.kept), got.ids, differ)
 
 
 def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: list[int], prefill, dtype: str) -> None:

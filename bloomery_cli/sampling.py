@@ -159,14 +159,16 @@ def verify_window(p_rows: np.ndarray, proposals: list[int], q_rows: list[np.ndar
 
 class SeededChoice:
     """choose(dist) -> one index drawn by inverse CDF from a seeded PCG64 stream: u ~ U[0, 1), the first i with
-    cumsum(dist)[i] > u * sum(dist) (a zero-probability index is never drawn)."""
+    cumsum(dist)[i] > u (a zero-probability index is never drawn; the last index if none). ``dist`` is a
+    distribution: it sums to 1 and the draw does not rescale it, so a distribution left unnormalised draws
+    differently from the rule (``sampling_replay`` states the order the draws are consumed in and checks it)."""
 
     def __init__(self, *seed: int):
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(seed))))
 
     def __call__(self, dist: np.ndarray) -> int:
         c = np.cumsum(dist)
-        i = int(np.searchsorted(c, self.rng.random() * c[-1], side="right"))
+        i = int(np.searchsorted(c, self.rng.random(), side="right"))
         return min(i, len(dist) - 1)
 
 

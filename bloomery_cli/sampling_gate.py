@@ -16,7 +16,25 @@ import numpy as np
 from .metrics import Tally
 from .sampling import Sampler, Sampling, SeededChoice
 from .sampling_stats import pit, two_sample_test
-from .speculative import generate
+from .speculative import Run, generate
+
+# The (s) statistical line's power against each sampling defect class, measured (issue 29: the defect planted,
+# the gate run at its default budget, f32 CPU, first prompt, n=32; tests/issue29_plants.py): the p it printed. Every
+# class is caught by the (s) replay line (exact, common random numbers), in f32 and bf16 (tests/test_issue29_*).
+POWER_BY_DEFECT = {
+    "residual not renormalised": {"qwen38-mtp T=1": {"p": 1.18e-39, "seen": True},
+                                  "qwen3-dflash T=1": {"p": 3.72e-05, "seen": True},
+                                  "qwen3-dflash T=1 Td=0.7": {"p": 2.03e-76, "seen": True}},
+    "bonus from the draft's distribution": {"qwen38-mtp T=1": {"p": 0.0352, "seen": False},
+                                            "qwen3-dflash T=1": {"p": 1.0, "seen": False},
+                                            "qwen3-dflash T=1 Td=0.7": {"p": 0.205, "seen": False}},
+    "bonus from the last draft row's p": {"qwen38-mtp T=1": {"p": 0.146, "seen": False},
+                                          "qwen3-dflash T=1": {"p": 1.0, "seen": False},
+                                          "qwen3-dflash T=1 Td=0.7": {"p": 0.205, "seen": False}},
+    # measured before issue 29 (docs/CONTRACT.md, tests/test_sampling_gate.py)
+    "resample from p instead of the residual": {"qwen38-mtp T=1": {"p": 3e-12, "seen": True, "earlier": True}},
+    "bonus dropped (all accepted)": {"qwen38-mtp T=1": {"p": 0.21, "seen": False, "earlier": True}},
+}
 
 RUNS = 64          # per arm
 POSITIONS = 16     # the per-position test's positions, both arms
@@ -53,16 +71,18 @@ def check_sampling(report, engine, draft, prompt: list[int], cond: Sampling, wid
                                      "p_marginal": res.p_marginal, "p_pit_hist": res.p_pit_hist,
                                      "p_pit_mean": res.p_pit_mean, "worst_position": res.worst_position + 1,
                                      "detectable_w": round(res.detectable_w, 4),
-                                     "detectable_shift": round(res.detectable_shift, 4), "categories": res.categories}
+                                     "detectable_shift": round(res.detectable_shift, 4), "categories": res.categories,
+                                     "power_by_defect": POWER_BY_DEFECT}
     return report.sampling(res)
 
 
 def sampled_acceptance(engine, draft, prompts: list[list[int]], n: int, cond: Sampling,
-                       width=None) -> tuple[Tally, list[Tally]]:
-    """Drafted sampled runs of every prompt: (pooled tally, per-prompt tallies)."""
-    per_prompt = [generate(engine, draft, p, n, width=width, sampler=Sampler(cond, SeededChoice(cond.seed, 2, i))).tally
-                  for i, p in enumerate(prompts)]
+                       width=None) -> tuple[Tally, list[Tally], list[Run]]:
+    """Drafted sampled runs of every prompt: (pooled tally, per-prompt tallies, the runs)."""
+    runs = [generate(engine, draft, p, n, width=width, sampler=Sampler(cond, SeededChoice(cond.seed, 2, i)))
+            for i, p in enumerate(prompts)]
+    per_prompt = [r.tally for r in runs]
     pooled = Tally()
     for t in per_prompt:
         pooled = pooled.merge(t)
-    return pooled, per_prompt
+    return pooled, per_prompt, runs

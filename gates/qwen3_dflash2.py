@@ -33,6 +33,7 @@ from ..reference.rounding import emulate
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .dflash2_bands import dflash2_ops, set_excused
+from .dflash2_ties import check_ties
 from .draft_checks import kernel_taps
 from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
@@ -90,6 +91,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     differ, excused = greedy_flips(logits, ref.logits, band)
     report.integer_match(f"{NAME} slot argmax ids", logits.shape[0], differ, excused)
     check_selector(report, c, got, ref, emu, band)
+    check_ties(report, c)
 
 
 def describe(d: DFlash2Spec) -> dict:

@@ -33,6 +33,7 @@ from ..reference.drafts import dspark as ref_dspark
 from .close import close, exact_and_emulated
 from .draft_checks import draft_ops, kernel_taps
 from .draft_oracle import check_dspark
+from .dspark_cut import check_cut_windows
 from .fixtures import FIXTURES, PROMPTS
 from .state_decls import DSPARK_STATE
 from .targets import greedy_flips, to_np
@@ -108,6 +109,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     ref, emu = exact_and_emulated(
         c.dtype, lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev))
     check_block(report, c, got, ref, emu, anchor)
+    check_cut_windows(report, c)
     if c.draft.confidence_cut > 0 and c.draft_spec.confidence:
         compare_cut(report, c)
 

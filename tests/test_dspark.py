@@ -175,7 +175,8 @@ def failed(report: Report) -> list[str]:
 
 def test_gate_checks_pass_on_the_kernel(target):
     report = gate_report(target, make_dspark(target))
-    assert report.failed == 0 and len([x for x in report.lines if x.startswith("(r) dspark")]) == 6, report.lines
+    # 6 one-block lines, then the cut on every window at the probe thresholds 0.5 and 0.9 (issue 29)
+    assert report.failed == 0 and len([x for x in report.lines if x.startswith("(r) dspark")]) == 8, report.lines
 
 
 def test_fail_first_infill_convention(target):
