@@ -52,6 +52,7 @@ class GateOptions:
     draft_device: str | None = None                               # the draft on a device of its own (draft_device)
     tp: int = 1                                                   # the target split over tp processes (tp)
     record: Path | None = None                                    # the engine-agnostic record (engines.record)
+    engine: str = "ours"                                          # ours | fast (the bench's engines: fast_engine)
 
 
 def tensor_bytes(tensors) -> int:
@@ -105,7 +106,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     from bloomery_gates.registry import FAMILIES
 
     from .draft_device import check_supported, parse_device
-    from .tp import check_tp, make_engine
+    from .tp import check_tp
 
     t0 = time.perf_counter()
     phases = Phases()                    # wall seconds per phase: each lap ends the phase before it
@@ -120,6 +121,11 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     if opts.sampling is not None and opts.sampling.draft_temperature is not None:
         from .sampling import check_sampleable
         check_sampleable(gate.name, gate.draft_kind)
+    if opts.engine == "fast":
+        from .fast_engine import check
+        check(gate, opts.tp, opts.draft_device, opts.sampling)
+    elif opts.engine != "ours":
+        raise InputError("--engine", f"{opts.engine!r}: expected ours, fast or llama.cpp")
     draft_dev = None
     if opts.draft_device is not None:
         check_supported(gate.name, gate.family, gate.draft_kind)
@@ -151,9 +157,11 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
     b = gate.block(draft_spec)
     max_len = max(len(p) for p in prompts) + longest + b + 1
-    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, b, opts.tp, target_path)
+    engine, tp_facts = build_engine(opts, family, target_spec, device, max_len, b, target_path)
     cross: dict[str, Any] = {}
-    if draft_dev is None:
+    if opts.engine == "fast":
+        draft = gate.make_fast_draft(draft_spec, engine, max_len, **opts.draft_options)
+    elif draft_dev is None:
         draft = gate.make_draft(draft_spec, engine, max_len, **opts.draft_options)
     else:
         from .draft_device import bind
@@ -231,6 +239,17 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
     return code, report
 
 
+def build_engine(opts: GateOptions, family, spec, device, max_len: int, rows: int | None,
+                 target_path: Path) -> tuple[Any, dict[str, Any]]:
+    """The target engine the run asked for: ours (split with --tp) or the bench's (``--engine fast``) -> (engine,
+    load-line facts)."""
+    if opts.engine == "fast":
+        from .fast_engine import make_engine as make_fast
+        return make_fast(family, spec, device, DTYPES[opts.dtype], max_len, rows)
+    from .tp import make_engine
+    return make_engine(family, spec, device, DTYPES[opts.dtype], max_len, rows, opts.tp, target_path)
+
+
 def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompts, n: int, device, target_path: Path,
                    draft_path: Path, decision, t0: float, emit, selection: Any) -> tuple[int, Report]:
     """The draft is off (the plan's rule, or asked off): the target's (r) checks and the plain runs only; no
@@ -241,9 +260,7 @@ def run_plain_only(gate: GateDef, opts: GateOptions, family, target_spec, prompt
     report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(target_path), str(draft_path), str(device), opts.dtype, n, len(prompts))
     max_len = max(len(p) for p in prompts) + n + 1
-    from .tp import make_engine
-    engine, tp_facts = make_engine(family, target_spec, device, DTYPES[opts.dtype], max_len, None, opts.tp,
-                                   target_path)
+    engine, tp_facts = build_engine(opts, family, target_spec, device, max_len, None, target_path)
     report.load_off(decision.reason, target_resident=tensor_bytes(target_spec.tensors),
                     reference=selection.device.name, **tp_facts)
     report.note(f"draft off: plain-only checks (the target's (r) lines and {len(prompts)} plain runs of {n} ids); "
