@@ -51,6 +51,13 @@ def check(gate: Any, tp: int, draft_device: str | None, sampling: Any) -> None:
                                    "on the target's device, greedy)")
 
 
+def check_draft(gate: Any, draft_spec: Any) -> None:
+    """Exit 2 before any work for a draft the fast classes refuse (sliding-window DFlash layers: ``--draft``)."""
+    if any(w is not None for w in getattr(draft_spec, "windows", ()) or ()):
+        raise InputError(f"--engine fast, gate {gate.name}", "the draft has sliding-window layers; the fast DFlash "
+                                                             "drafts have none (run it on --engine ours)")
+
+
 def make_engine(family: Any, spec: Any, device: torch.device, dtype: torch.dtype, max_len: int,
                 rows: int | None) -> tuple[Any, dict[str, Any]]:
     """The family's fast engine, every verify padded to ``rows`` -> (engine, load-line facts)."""

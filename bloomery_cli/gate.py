@@ -139,6 +139,9 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
         raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")
     check_tp(opts.tp, target_spec, device, target_path)
     draft_spec = gate.load_draft(draft_path, target_spec)
+    if opts.engine == "fast":
+        from .fast_engine import check_draft
+        check_draft(gate, draft_spec)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
     longest = n if opts.sampling is None else max(n, sampled_length())      # the (s) runs may be longer than n
