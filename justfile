@@ -13,6 +13,10 @@ test *ARGS:
 gates device="cpu" dtype="f32":
     bloomery gates --device {{device}} --dtype {{dtype}}
 
+# every gate the fast engine (the bench's: Triton + CUDA graphs on CUDA, its torch path elsewhere) supports
+gates-fast device="cpu" dtype="f32":
+    bloomery gates --engine fast --device {{device}} --dtype {{dtype}}
+
 # build (train) the bundled fixtures; on the H200 through `device`, CPU fallback
 fixtures device="auto":
     bloomery fixtures build --out fixtures --device {{device}}

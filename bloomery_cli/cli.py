@@ -128,7 +128,8 @@ Oracle = Annotated[bool, typer.Option("--oracle", help="Also compare against tra
                                       "tier 3.")]
 
 
-Engine = Annotated[str, typer.Option("--engine", help="Which engine runs the pair: ours (default) or llama.cpp "
+Engine = Annotated[str, typer.Option("--engine", help="Which engine runs the pair: ours (default), fast (the "
+                                      "engines `bloomery bench` measures, under every line of the gate) or llama.cpp "
                                       "(its own speculative decoding, judged against the float64 reference).")]
 LlamaCpp = Annotated[Path | None, typer.Option("--llama-cpp", help="With --engine llama.cpp: a `bloomery engine "
                                                "build --out DIR` folder (default: $BLOOMERY_LLAMA_CPP, else "
@@ -198,7 +199,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     from .gate import GateOptions, run_gate
     from .sampling import sampling_options
 
-    if engine != "ours":
+    if engine not in ("ours", "fast"):
         others = {"--target": target, "--draft": draft, "--oracle": oracle or None, "--temperature": temperature,
                   **{"--" + k.replace("_", "-"): v for k, v in (gate_options or {}).items()},
                   "--draft-policy": draft_policy,
@@ -235,7 +236,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     opts = GateOptions(target, draft, device, dtype, n, prompts, json, oracle, draft_options=extra, width=width,
                        draft_policy=draft_policy, gpu_mem=gpu_mem,
                        sampling=sampling, reference_device=reference_device, reference_compare=reference_compare,
-                       draft_device=draft_device, tp=tp, record=record)
+                       draft_device=draft_device, tp=tp, record=record, engine=engine)
     try:
         code, _ = run_gate(gate, opts)
     except InputError as e:
@@ -272,7 +273,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     the pairs it cannot run are listed with the reason."""
     import importlib.util
 
-    if engine != "ours":
+    if engine not in ("ours", "fast"):
         from .engine_cli import engine_gates
         engine_gates(registry(), engine, llama_cpp, device, dtype, n, results, threads, expect)
         return
@@ -294,7 +295,14 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     except InputError as e:
         fail_input(e)
     tag = f"-t{sampling.temperature:g}" if sampling else ""
-    names = {g.name: f"{g.name}-{device.replace(':', '')}-{dtype}{tag}.json" for g in registry().values()}
+    fast = engine == "fast"
+    if fast and (sampling is not None or draft_device is not None):
+        fail_input(InputError("--temperature" if sampling is not None else "--draft-device",
+                              "not supported with --engine fast"))
+    from .fast_engine import why_not
+    skipped = {g.name: why_not(g) for g in registry().values() if fast and why_not(g)}
+    names = {g.name: f"{g.name}-{'fast-' if fast else ''}{device.replace(':', '')}-{dtype}{tag}.json"
+             for g in registry().values() if g.name not in skipped}
     try:                                   # the flags every gate shares: checked once, before the first gate runs
         if n is not None:
             check_n(n)
@@ -313,6 +321,9 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         fail_input(e)
     rows, worst, marginal = [], 0, []
     for g in registry().values():
+        if g.name in skipped:
+            rows.append((g.name, "n/a", "-", "-", "-", "-", "-"))
+            continue
         t0 = time.perf_counter()
         moved = draft_device if draft_device is not None and draft_device_ok(g) else None
         if draft_device is not None and moved is None:
@@ -320,7 +331,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                       f"{g.draft_kind} pair)", highlight=False, soft_wrap=True)
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
                            oracle=oracle, sampling=sampling, reference_device=reference_device,
-                           reference_compare=reference_compare, draft_device=moved)
+                           reference_compare=reference_compare, draft_device=moved, engine=engine)
         try:
             code, rep = run_gate(g, opts)
         except InputError as e:
@@ -336,16 +347,19 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
                      f"{time.perf_counter() - t0:.1f}s"))
         marginal += [(g.name, line, m) for line, m in rep.marginal()]
         worst = max(worst, code)
-    table = Table(title=f"gates on {device} {dtype}" + (f" at T={sampling.temperature:g}" if sampling else "")
+    table = Table(title=f"gates{' on the fast engine' if fast else ''} on {device} {dtype}"
+                  + (f" at T={sampling.temperature:g}" if sampling else "")
                   + f", {n_threads} CPU thread(s) (bloomery_cli.threads)",
                   caption="ids: ids identical per prompt, accept: accept_mean, share: draft_share, "
                           "band: the largest statistic / band of the gate's banded lines")
     for col in ("gate", "verdict", "ids", "accept", "share", "band", "wall"):
         table.add_column(col, no_wrap=True, justify="left" if col in ("gate", "verdict") else "right")
     for r in rows:
-        style = "green" if r[1] == "PASSED" else "red"
+        style = {"PASSED": "green", "n/a": "dim"}.get(r[1], "red")
         table.add_row(*r, style=style)
     out.print(table)
+    for name, why in skipped.items():
+        out.print(f"n/a {name}: {escape(why)}", highlight=False, soft_wrap=True)
     print_marginal(marginal)
     raise typer.Exit(1 if worst == 1 else worst)
 

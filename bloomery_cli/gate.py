@@ -54,6 +54,7 @@ class GateOptions:
     draft_device: str | None = None                               # the draft on a device of its own (draft_device)
     tp: int = 1                                                   # the target split over tp processes (tp)
     record: Path | None = None                                    # the engine-agnostic record (engines.record)
+    engine: str = "ours"                                          # ours | fast (the bench's engines: fast_engine)
 
 
 def tensor_bytes(tensors) -> int:
@@ -163,6 +164,11 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
     if opts.sampling is not None and opts.sampling.draft_temperature is not None:
         from .sampling import check_sampleable
         check_sampleable(gate.name, gate.draft_kind)
+    if opts.engine == "fast":
+        from .fast_engine import check
+        check(gate, opts.tp, opts.draft_device, opts.sampling)
+    elif opts.engine != "ours":
+        raise InputError("--engine", f"{opts.engine!r}: expected ours, fast or llama.cpp")
     draft_dev = None
     if opts.draft_device is not None:
         check_supported(gate.name, gate.family, gate.draft_kind)
@@ -181,6 +187,9 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
         raise InputError(target_path, f"is a {target_spec.family} target; gate {gate.name} needs {gate.family}")
     check_tp(opts.tp, target_spec, device, target_path)
     draft_spec = gate.load_draft(draft_path, target_spec)
+    if opts.engine == "fast":
+        from .fast_engine import check_draft
+        check_draft(gate, draft_spec)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(target_path), opts.max_prompts,
                            vocab=target_spec.vocab_size)
     longest = n if opts.sampling is None else max(n, sampled_length())      # the (s) runs may be longer than n
@@ -197,15 +206,12 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
 
 def build(run: Run, emit: Callable[[str], None] | None) -> None:
     """The header and the load line; the target engine and (drafted) the draft on its device."""
-    from .tp import make_engine
-
     gate, opts = run.gate, run.opts
     run.report = report = Report(gate.name, **({"emit": emit} if emit else {}))
     report.header(str(run.target_path), str(run.draft_path), str(run.device), opts.dtype, run.n, len(run.prompts))
     b = run.b if run.drafted else None
     max_len = max(len(p) for p in run.prompts) + (run.longest + run.b + 1 if run.drafted else run.n + 1)
-    run.engine, tp_facts = make_engine(run.family, run.target_spec, run.device, DTYPES[opts.dtype], max_len, b,
-                                       opts.tp, run.target_path)
+    run.engine, tp_facts = build_engine(opts, run.family, run.target_spec, run.device, max_len, b, run.target_path)
     target_resident = tensor_bytes(run.target_spec.tensors)
     if not run.drafted:
         report.load_off(run.decision.reason, target_resident=target_resident,
@@ -213,7 +219,9 @@ def build(run: Run, emit: Callable[[str], None] | None) -> None:
         report.note(f"draft off: plain-only checks (the target's (r) lines and {len(run.prompts)} plain runs of "
                     f"{run.n} ids); no (w), (b), state or acceptance lines")
         return
-    if run.draft_dev is None:
+    if opts.engine == "fast":
+        run.draft = gate.make_fast_draft(run.draft_spec, run.engine, max_len, **opts.draft_options)
+    elif run.draft_dev is None:
         run.draft = gate.make_draft(run.draft_spec, run.engine, max_len, **opts.draft_options)
     else:
         from .draft_device import bind
@@ -228,6 +236,17 @@ def build(run: Run, emit: Callable[[str], None] | None) -> None:
         report.note(run.decision.note)
     for line in gate.anchors:
         report.note(line)
+
+
+def build_engine(opts: GateOptions, family, spec, device, max_len: int, rows: int | None,
+                 target_path: Path) -> tuple[Any, dict[str, Any]]:
+    """The target engine the run asked for: ours (split with --tp) or the bench's (``--engine fast``) -> (engine,
+    load-line facts)."""
+    if opts.engine == "fast":
+        from .fast_engine import make_engine as make_fast
+        return make_fast(family, spec, device, DTYPES[opts.dtype], max_len, rows)
+    from .tp import make_engine
+    return make_engine(family, spec, device, DTYPES[opts.dtype], max_len, rows, opts.tp, target_path)
 
 
 def check_reference(run: Run) -> None:

@@ -78,6 +78,7 @@ class GateDef:
     options: dict[str, GateOption] = field(default_factory=dict)   # its own flags (the CLI makes them)
     draft_state: tuple = ()                                # StateDecls: the draft's store after a run (state_check)
     own_ids: int = 0                                       # ids its own checks generate (engines are sized for them)
+    make_fast_draft: Callable[..., Any] | None = None      # make_draft on the family's fast_engine (--engine fast)
 
 
 @dataclass

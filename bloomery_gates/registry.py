@@ -16,6 +16,8 @@ Roles (what ``load`` returns):
 
     read_hf, read_gguf    (path) -> ModelSpec                      the readers (bloomery_cli/formats)
     engine                class (spec, device, dtype, max_len, rows=) the device engine (kernels/families)
+    fast_engine           class (spec, device, dtype, max_len, rows=) the bench's engine (fused ops, CUDA graphs,
+                          Triton on CUDA, its torch path elsewhere): ``--engine fast`` runs the gate on it
     reference             (spec, ids) -> RefOut                     the float64 forward (reference/families)
     reference_layer       (spec, l, h [T, H]) -> [T, H]             layer l on its own
     final_norm            (spec, h [T, H]) -> [T, H]                the rows that enter the head
@@ -77,8 +79,8 @@ class Family:
         return (*self.hf_model_types, *self.gguf_archs, *self.related_types)
 
 
-ROLES = ("read_hf", "read_gguf", "engine", "reference", "reference_layer", "final_norm", "oracle", "state",
-         "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
+ROLES = ("read_hf", "read_gguf", "engine", "fast_engine", "reference", "reference_layer", "final_norm", "oracle",
+         "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
 
 
 def resolve(ref: str) -> Any:
@@ -97,7 +99,8 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
     Family("qwen3", "Qwen3 dense (also the Llama layout's plan)", ("qwen3",), ("qwen3",), ("llama",),
            runs=True, tp=True, draft_device=True, plan_as="qwen3", llama_bench=True,
            code={"read_hf": C + "formats.qwen3:qwen3_from_hf", "read_gguf": C + "formats.qwen3:qwen3_from_gguf",
-                 "engine": K + "qwen3:Qwen3Target", "reference": R + "qwen3:forward",
+                 "engine": K + "qwen3:Qwen3Target", "fast_engine": K + "qwen3:FastQwen3Target",
+                 "reference": R + "qwen3:forward",
                  "reference_layer": R + "qwen3:reference_layer", "final_norm": R + "qwen3:final_norm",
                  "oracle": C + "oracle:hf_qwen3_logits", "state": G + "state_decls:QWEN3_STATE",
                  "layer_ops": QWEN3_OPS}),
@@ -105,7 +108,8 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
            ("qwen35",), runs=True, mtp="in-file", draft_device=True, hybrid=True,
            plan_as="qwen38", llama_bench=True,
            code={"read_hf": C + "formats.qwen38:qwen38_from_hf", "read_gguf": C + "formats.qwen38:qwen38_from_gguf",
-                 "engine": K + "qwen38:Qwen38Target", "reference": R + "qwen38:forward",
+                 "engine": K + "qwen38:Qwen38Target", "fast_engine": K + "qwen38_fast:FastQwen38Target",
+                 "reference": R + "qwen38:forward",
                  "reference_layer": R + "qwen38:reference_layer", "final_norm": R + "qwen38:final_norm",
                  "oracle": C + "oracle:hf_qwen38_logits", "state": G + "state_decls:QWEN38_STATE",
                  "layer_ops": QWEN3_OPS}),

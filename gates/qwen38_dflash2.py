@@ -17,6 +17,7 @@ from bloomery_cli.gatekit import GateDef
 from bloomery_cli.loading import load_dflash2
 
 from ..kernels.drafts.dflash2 import DFlash2Draft
+from ..kernels.drafts.dflash2_fast import FastDFlash2Draft
 from .draft_oracle import check_dflash2
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dflash2 import ANCHORS, check_draft, describe
@@ -29,6 +30,7 @@ GATE = GateDef(
           "B-1 drafts)",
     load_draft=lambda path, target: load_dflash2(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlash2Draft(spec, engine, max_len),
+    make_fast_draft=lambda spec, engine, max_len: FastDFlash2Draft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, anchors=ANCHORS,
     check_draft_oracle=check_dflash2,
     draft_state=DFLASH2_STATE,

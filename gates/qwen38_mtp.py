@@ -26,6 +26,7 @@ from bloomery_cli.loading import load_mtp
 from bloomery_gates.spec import MTPSpec
 
 from ..kernels.drafts.mtp import MTPDraft
+from ..kernels.drafts.mtp_fast import FastMTPDraft
 from ..reference.drafts import mtp as ref_mtp
 from ..reference.families.qwen38 import norm1p
 from ..reference.weights import as_f64
@@ -153,6 +154,7 @@ GATE = GateDef(
     about="qwen38 hybrid target + its shipped MTP head (mtp.*): 3 chained drafts per window, own KV store",
     load_draft=lambda path, target: load_mtp(Path(path), target),
     make_draft=lambda spec, engine, max_len: MTPDraft(spec, engine, max_len, WIDTH),
+    make_fast_draft=lambda spec, engine, max_len: FastMTPDraft(spec, engine, max_len, WIDTH),
     block=lambda d: WIDTH + 1, describe=describe, check_draft=check_draft,
     anchors=("anchor (external, DFlash2 blog, Qwen3.8-27B B=8, thinking on, T=1): MTP tau 4.28; "
              "Qwen3.5-4B mean of 5 sets: MTP 4.54",),

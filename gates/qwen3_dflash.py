@@ -9,7 +9,7 @@ from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_dflash
 from bloomery_gates.spec import DFlashSpec
 
-from ..kernels.drafts.dflash import DFlashDraft
+from ..kernels.drafts.dflash import DFlashDraft, FastDFlashDraft
 from ..reference.drafts import dflash as ref_dflash
 from .draft_checks import check_block, kernel_taps
 from .draft_oracle import check_dflash
@@ -37,6 +37,7 @@ GATE = GateDef(
     about="Qwen3 target + DFlash block drafter (B-1 drafts per block, bidirectional block attention)",
     load_draft=lambda path, target: load_dflash(Path(path), target),
     make_draft=lambda spec, engine, max_len: DFlashDraft(spec, engine, max_len),
+    make_fast_draft=lambda spec, engine, max_len: FastDFlashDraft(spec, engine, max_len),
     block=lambda d: d.block_size, describe=describe, check_draft=check_draft, check_draft_oracle=check_dflash,
     anchors=("anchor (external, z-lab DFlash, Qwen3-8B B=16 T=0 on B200): tau 6.55 GSM8K, 5.84 code avg, "
              "3.71 chat avg",),

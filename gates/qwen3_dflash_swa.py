@@ -13,4 +13,5 @@ GATE = replace(
     DFLASH, name="qwen3-dflash-swa", draft=FIXTURES / "qwen3-tiny-dflash-b8-swa",
     about="Qwen3 target + DFlash drafter with sliding-window layers (W=16, causal, p - W < j <= p)",
     check_draft_oracle=check_swa, anchors=(),
+    make_fast_draft=None,             # FastDFlashDraft has no sliding-window layers (the bench runs none)
 )

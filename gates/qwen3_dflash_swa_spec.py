@@ -14,4 +14,5 @@ GATE = replace(
     DFLASH, name="qwen3-dflash-swa-spec", draft=FIXTURES / "qwen3-tiny-dflash-b8-swa-speculators",
     about="Qwen3 target + sliding-window DFlash, speculators layout and rule (W=16 context rows before the block)",
     anchors=(),
+    make_fast_draft=None,             # FastDFlashDraft has no sliding-window layers (the bench runs none)
 )

@@ -55,10 +55,12 @@ def test_fast_draft_matches_eager_draft_and_stays_lossless():
         fast.commit(kept)
         anchor = va.argmax[kept - 1]
     with pytest.raises(ValueError, match="this draft reads"):
-        FastDFlashDraft(d, FastQwen3Target(t, "cpu", torch.float32, 96, max_width=4, impl="torch"), 96)
+        FastDFlashDraft(d, FastQwen3Target(t, "cpu", torch.float32, 96, max_width=4, tap_ids=(1,), impl="torch"), 96)
     plain = generate(FastQwen3Target(t, "cpu", torch.float32, 96, max_width=4, impl="torch"), None, PROMPT, 40)
     eng = FastQwen3Target(t, "cpu", torch.float32, 96, max_width=4, tap_ids=(1, 3), impl="torch")
     assert generate(eng, FastDFlashDraft(d, eng, 96), PROMPT, 40).ids == plain.ids
+    every = FastQwen3Target(t, "cpu", torch.float32, 96, max_width=4, impl="torch")    # every tap (the gate's)
+    assert generate(every, FastDFlashDraft(d, every, 96), PROMPT, 40).ids == plain.ids
 
 
 def test_stack_rows_views_adjacent_blocks_and_copies_others():

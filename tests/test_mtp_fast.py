@@ -67,13 +67,17 @@ def test_fast_mtp_equals_eager_mtp_along_a_drafted_run():
 def test_fail_first_chained_row_at_the_wrong_slot():
     """Plant: the chained rows are written one slot early (over the row before): the draft leaves the band."""
     def plant(fast):
-        def chain(e, h, slot0):
+        def chain(e, h, slot0, rec=None):
             ops, eps, n = fast.ops, fast.eps, e.shape[0]
-            g = ops.rms(fast._rows(e, h, slot0)[-1:].contiguous(), fast.norm, eps)
+            y = fast._rows(e, h, slot0)[-1:].contiguous()
+            g = ops.rms(y, fast.norm, eps)
             for i in range(fast.width):
                 if i:
                     x = torch.index_select(fast.embed, 0, fast.ids_buf[i - 1:i])
-                    g = ops.rms(fast._rows(x, g, slot0 + n + i - 2), fast.norm, eps)      # planted: - 2, not - 1
+                    y = fast._rows(x, g, slot0 + n + i - 2)                                 # planted: - 2, not - 1
+                    g = ops.rms(y, fast.norm, eps)
+                if rec is not None:
+                    rec.append(y.clone())
                 torch.mm(g, fast.head.t(), out=fast.logits_buf[i:i + 1])
                 torch.argmax(fast.logits_buf[i:i + 1], dim=-1, out=fast.ids_buf[i:i + 1])
         fast._chain = chain

@@ -256,6 +256,7 @@ def build_mimo2(out_dir: Path, quick: bool = False, progress=None, config: Mimo2
         mq = {k: v.float() for k, v in m_bf16.items()}
         mstats["held_out_greedy"] = eval_mtp(mq, tq, shape, tspec, held_pool, cfg.prefix)
         rep.log(f"mimo2 mtp: {mstats}")
+        options = option_report(tspec, held, rep)
 
     work = fresh_work(out_dir, "mimo2")
     d = work / NAME
@@ -282,11 +283,25 @@ def build_mimo2(out_dir: Path, quick: bool = False, progress=None, config: Mimo2
                      "rows": f"{cfg.pool_size} greedy rows (P {cfg.prefix} + the target's greedy continuation to "
                              f"{seq}) x {cfg.greedy_repeat} and {cfg.real_rows} random {seq}-token windows",
                      **mstats},
-             "made_by": made_by}
+             "options": options, "made_by": made_by}
     man = install_model(work, out_dir, NAME, files, entry, MAX_FIXTURE_BYTES)
     clean_work(work)
     rep.log(f"{NAME} written to {out_dir} (fixtures total {man.total_bytes} bytes)")
     return man
+
+
+def option_report(tspec, held: torch.Tensor, rep: Reporter, window: int = 64) -> dict:
+    """Each configured option's effect on the trained target's float64 logits over a held-out window
+    (``option_effects``): logged, and an option whose removal changes nothing is logged as such (it hides a path)."""
+    from bloomery_gates.reference.families.mimo2 import forward
+
+    from .option_effects import MIMO2_OPTIONS, inert
+
+    effects = inert(tspec, held[:window].tolist(), MIMO2_OPTIONS, forward)
+    for e in effects:
+        rep.log(("INERT " if e.inert else "") + e.line())
+    return {e.option: {"value": e.value, "removed": e.removed, "max_rel_change": e.effect, "inert": e.inert}
+            for e in effects}
 
 
 def _readback(d: Path, want: dict) -> None:

@@ -183,28 +183,37 @@ class GraphedPropose:
     proposal: type = Proposal                   # the draft kind's proposal record (DFlash2's carries more fields)
 
     def propose(self, anchor: int, detail: bool = False):
+        """With ``detail`` the same pass runs eagerly (never replayed) and records what the gate's draft checks
+        read: each layer's output [n_layers, B, H] and the rest ``detail_pass`` returns."""
         if self.ctx_len + self.b > self.cap:
             raise ValueError(f"draft context of {self.cap} positions is full")
         self.inp.put([self.ctx_len, anchor])
+        if detail:
+            return self.detail_pass()
         self.propose_graph.run(0)
         ids = self.ids_buf.tolist()
-        return self.proposal(ids, self.logits_buf.clone() if detail else None)
+        return self.proposal(ids)
+
+    def detail_pass(self):
+        raise NotImplementedError
 
 
 class FastDFlashDraft(GraphedPropose):
-    """DFlashDraft's interface bound to a ``FastQwen3Target`` (whose ``tap_ids`` must be the draft's feature
-    taps, l_j + 1): fused weights and ops, and on CUDA one graph for ``propose`` and one per width for the
-    context extension. The block's K/V are written into the context cache at s..s+B-1 (transient: the next
-    extension overwrites them) and every block row attends keys < s + B, which is DFlash's rule (context < s,
-    the whole block). ``accept`` extends every row of the last verify and advances by ``kept``: rows past it
-    sit beyond the context and are overwritten before any block can read them."""
+    """DFlashDraft's interface bound to a ``FastQwen3Target`` (whose ``tap_ids`` must hold the draft's feature
+    taps, l_j + 1: exactly those in the bench, every layer under the gate): fused weights and ops, and on CUDA one
+    graph for ``propose`` and one per width for the context extension. The block's K/V are written into the
+    context cache at s..s+B-1 (transient: the next extension overwrites them) and every block row attends keys
+    < s + B, which is DFlash's rule (context < s, the whole block). ``accept`` extends every row of the last
+    verify and advances by ``kept``: rows past it sit beyond the context and are overwritten before any block can
+    read them."""
 
     def __init__(self, spec: DFlashSpec, target, max_len: int, graphs: bool = True):
         if any(w is not None for w in spec.windows):
             raise ValueError("FastDFlashDraft: sliding-window draft layers run on DFlashDraft only")
         want = tuple(l + 1 for l in spec.target_layer_ids)
-        if tuple(target.tap_ids) != want:
+        if not set(want) <= set(target.tap_ids):
             raise ValueError(f"the target keeps taps {target.tap_ids}; this draft reads {want}")
+        self.tap_index = tuple(tuple(target.tap_ids).index(t) for t in want)   # where each feature sits in taps
         self.spec, self.shape, self.b, self.target = spec, spec.layer, spec.block_size, target
         self.device, self.dtype, self.ops = target.device, target.dtype, target.ops
         cast = lambda x: x.to(device=self.device, dtype=self.dtype)  # noqa: E731
@@ -236,7 +245,7 @@ class FastDFlashDraft(GraphedPropose):
         n, r, h = taps.shape
         last = self.target.spec.num_layers
         feats = [ops.rms(taps[j], self.target.final32, self.target.shape.rms_eps)
-                 if l + 1 == last else taps[j] for j, l in enumerate(self.spec.target_layer_ids)]
+                 if l + 1 == last else taps[j] for j, l in zip(self.tap_index, self.spec.target_layer_ids, strict=True)]
         u = ops.rms(torch.mm(torch.cat(feats, dim=-1), self.fc.t()), self.hidden32, s.rms_eps)
         nq, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         for i, w in enumerate(self.layers):
@@ -244,7 +253,18 @@ class FastDFlashDraft(GraphedPropose):
             ops.qk_rope_store(kv, 0, nkv, d, None, w.k_norm, self.cos, self.sin, p0, self.k_ctx[i], self.v_ctx[i],
                               s.rms_eps)
 
-    def _propose_pass(self) -> None:
+    def context_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only views of draft layer ``layer``'s context store, positions 0..ctx_len-1: (k, v), each
+        [nkv, ctx_len, d] (k after k_norm and RoPE)."""
+        return self.k_ctx[layer, :, :self.ctx_len], self.v_ctx[layer, :, :self.ctx_len]
+
+    def detail_pass(self) -> Proposal:
+        outs: list[torch.Tensor] = []
+        self._propose_pass(outs)
+        return Proposal(self.ids_buf.tolist(), self.logits_buf.clone(), torch.stack(outs))
+
+    def _propose_pass(self, rec: list | None = None) -> None:
+        """The propose step (graph-safe); ``rec`` (eager runs only) collects each layer's output [B, H]."""
         s, ops = self.shape, self.ops
         nh, nkv, d, eps = s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps
         self.block[:1].copy_(self.inp.dev[1:2])
@@ -258,6 +278,8 @@ class FastDFlashDraft(GraphedPropose):
             o = ops.attention(qkv, nh, nkv, d, self.k_ctx[i], self.v_ctx[i], p0, causal=False)
             h = torch.addmm(h, o, w.wo.t())
             h = torch.addmm(h, ops.silu_mul(torch.mm(ops.rms(h, w.ln_post, eps), w.wgu.t())), w.wd.t())
+            if rec is not None:
+                rec.append(h.clone())
         torch.mm(ops.rms(h[1:], self.norm32, eps), self.head.t(), out=self.logits_buf)
         torch.argmax(self.logits_buf, dim=-1, out=self.ids_buf)
 

@@ -81,8 +81,18 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
             self.k_ctx[i].index_copy_(2, pos, k)
             self.v_ctx[i].index_copy_(2, pos, v)
 
-    def _propose_pass(self, s: T, anchor: T) -> None:
-        """DFlash2Draft.propose with s and the anchor on the device (graph-safe)."""
+    def detail_pass(self) -> Proposal:
+        """The propose pass run eagerly, recording each layer's output and the selector's candidates, their
+        logits, scores and walked indices (what the gate's draft checks read)."""
+        rec: dict = {"outs": []}
+        self._propose_pass(self.inp.dev[:1], self.inp.dev[1:2], rec)
+        sel = rec["sel"]
+        return Proposal(self.ids_buf.tolist(), self.logits_buf.clone(), torch.stack(rec["outs"]), sel.cand, sel.unary,
+                        sel.scores, sel.idx)
+
+    def _propose_pass(self, s: T, anchor: T, rec: dict | None = None) -> None:
+        """DFlash2Draft.propose with s and the anchor on the device (graph-safe); ``rec`` (eager runs only)
+        collects each layer's output [B, H] and the selection."""
         b, sp = self.b, self.spec
         h = F.embedding(block_ids(anchor, sp.mask_token_id, b), self.embed)                   # [1, B, H]
         if sp.input_embedding_scale != 1.0:
@@ -94,8 +104,12 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
             def with_context(q, k, v, i=i):
                 return attend(q, torch.cat([self.k_ctx[i], k], dim=2), torch.cat([self.v_ctx[i], v], dim=2), allowed)
             h = conv_layer(h, w, cw, sp, cos, sin, with_context, b, self.conv)
+            if rec is not None:
+                rec["outs"].append(h[0].clone())
         rows = draft_rows(rms_norm(h[0], self.norm, self.shape.rms_eps))                      # [B-1, H]
         logits = head_logits(rows, self.head, sp.output_multiplier, sp.final_logit_softcapping)
         sel = select(logits, F.linear(rows, self.w_hp), anchor[0], self.a, self.bs, sp.selector_top_k, self.fused)
         self.logits_buf.copy_(logits)
         self.ids_buf.copy_(sel.ids)
+        if rec is not None:
+            rec["sel"] = sel

@@ -80,6 +80,11 @@ class FastMTPDraft(ChainStore):
         if self.next_slot + n + self.width - 1 > self.cap:
             raise ValueError(f"MTP KV store of {self.cap} positions is full (pass ends at "
                              f"{self.next_slot + n + self.width - 1})")
+        if detail:                                  # the same pass, eager, recording each row's layer output
+            ys: list[T] = []
+            self._chain(e, h, torch.tensor([self.next_slot], device=self.device), ys)
+            self.written(n)
+            return Proposal(self.ids_buf.tolist(), self.logits_buf.clone(), torch.cat(ys)[None])
         if n <= self.max_rows:
             self.in_e[:n].copy_(e)
             self.in_h[:n].copy_(h)
@@ -88,8 +93,7 @@ class FastMTPDraft(ChainStore):
         else:
             self._chain(e, h, torch.tensor([self.next_slot], device=self.device))
         self.written(n)
-        ids = self.ids_buf.tolist()
-        return Proposal(ids, self.logits_buf.clone() if detail else None)
+        return Proposal(self.ids_buf.tolist())
 
     # ------------------------------------------------------------------------------------------ the pass
 
@@ -105,13 +109,18 @@ class FastMTPDraft(ChainStore):
                             eps)
         return ffn_into(ops, y, self.layer.mlp, eps)
 
-    def _chain(self, e: T, h: T, slot0: T) -> None:
-        """The propose step (graph-safe): n real rows at slot0.., then width-1 chained rows at slot0+n.."""
+    def _chain(self, e: T, h: T, slot0: T, rec: list | None = None) -> None:
+        """The propose step (graph-safe): n real rows at slot0.., then width-1 chained rows at slot0+n..; ``rec``
+        (eager runs only) collects the layer's output of each drafted row [1, H]."""
         ops, eps, n = self.ops, self.eps, e.shape[0]
-        g = ops.rms(self._rows(e, h, slot0)[-1:].contiguous(), self.norm, eps)               # [1, H]
+        y = self._rows(e, h, slot0)[-1:].contiguous()
+        g = ops.rms(y, self.norm, eps)                                                        # [1, H]
         for i in range(self.width):
             if i:
                 x = torch.index_select(self.embed, 0, self.ids_buf[i - 1:i])
-                g = ops.rms(self._rows(x, g, slot0 + n + i - 1), self.norm, eps)
+                y = self._rows(x, g, slot0 + n + i - 1)
+                g = ops.rms(y, self.norm, eps)
+            if rec is not None:
+                rec.append(y.clone())
             torch.mm(g, self.head.t(), out=self.logits_buf[i:i + 1])
             torch.argmax(self.logits_buf[i:i + 1], dim=-1, out=self.ids_buf[i:i + 1])

@@ -310,6 +310,10 @@ class FastQwen3Target:
     def reset(self) -> None:
         self.length = 0
 
+    def kv_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only views of layer ``layer``'s committed rows [nkv, length, d]: (k after k_norm and RoPE, v)."""
+        return self.k_cache[layer, :, :self.length], self.v_cache[layer, :, :self.length]
+
     def capture(self, widths) -> None:
         """Capture the passes of these widths now (they are otherwise captured on first use)."""
         self.inp.put([self.length] + [0] * self.max_width)
