@@ -66,7 +66,7 @@ gate-qwen35moe-dflash *ARGS:
 
 # the mimo2 fixture (MiMo-V2-Flash layout + its 3 MTP layers), ~25 min on 2 busy CPU cores
 fixtures-mimo2:
-    OMP_NUM_THREADS=1 python -m bloomery_cli.fixturegen.mimo2 --out fixtures
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.mimo2.fixture --out fixtures
 
 gate-qwen35moe-mtp *ARGS:
     bloomery gate run qwen35moe-mtp {{ARGS}}
@@ -81,7 +81,7 @@ bench-fixtures device="auto":
 
 # DFlash2's fused conv / selector kernels against the torch path and the bandwidth floor (H200)
 bench-dflash2-kernels:
-    python3 -m bloomery_cli.bench_dflash2 --device cuda --json results/h200/bench-dflash2-kernels.json
+    python3 -m bloomery_cli.bench.dflash2 --device cuda --json results/h200/bench-dflash2-kernels.json
 
 # regenerate results/<device>/README.md, their index results/README.md and the plots from the committed records
 results:
@@ -101,13 +101,13 @@ oracle-llamacpp-qwen35moe:
     #!/usr/bin/env bash
     set -euo pipefail
     mkdir -p .fixtures-work
-    python -m bloomery_cli.fixturegen.qwen35moe --out fixtures --gguf-only --gguf-out .fixtures-work/qwen35moe-tiny.gguf
+    python -m bloomery_cli.families.qwen35moe.fixture --out fixtures --gguf-only --gguf-out .fixtures-work/qwen35moe-tiny.gguf
     bloomery gate run qwen35moe-mtp --target .fixtures-work/qwen35moe-tiny.gguf \
         --draft .fixtures-work/qwen35moe-tiny.gguf --oracle --json results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.json \
         | tee results/cpu/qwen35moe-mtp-gguf-oracle-cpu-f32.log
 
 # tier 3 on the mimo2 GGUF layout (bundled: fixtures/mimo2-tiny.gguf, rewritten from the HF fixture by
-# `python -m bloomery_cli.fixturegen.mimo2_gguf --out fixtures`): llama.cpp's trunk and its 3 chained MTP layers
+# `python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures`): llama.cpp's trunk and its 3 chained MTP layers
 oracle-llamacpp-mimo2:
     #!/usr/bin/env bash
     set -euo pipefail

@@ -15,11 +15,11 @@ echo "gates exit $?" | tee -a $R/gates-cuda-bf16.log
 grep -E "^(PASSED|FAILED)|^ids identical|^accept_mean|FAIL$|^│" $R/gates-cuda-bf16.log
 tar -C /tmp -cf $OUT/gates.tar h200
 # 2. decode speed at the Qwen3-8B shape (the record is saved after every stage)
-timeout 150 python3 -P -m bloomery_cli.bench qwen3-dflash --shape qwen3-8b --device cuda \
+timeout 150 python3 -P -m bloomery_cli.bench.command qwen3-dflash --shape qwen3-8b --device cuda \
   --json $OUT/bench-qwen3-8b-cuda-bf16.json > $OUT/bench-qwen3-8b-cuda-bf16.log 2>&1; echo "bench exit $?"
 tail -45 $OUT/bench-qwen3-8b-cuda-bf16.log
 # 3. GPU-only tests (Triton kernels, CUDA graphs)
 timeout 45 python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/ > $OUT/pytest-gpu.log 2>&1; tail -3 $OUT/pytest-gpu.log
 # 4. the bench on the fixtures (real draft, measured acceptance)
-timeout 25 python3 -P -m bloomery_cli.bench qwen3-dflash --device cuda -n 128 \
+timeout 25 python3 -P -m bloomery_cli.bench.command qwen3-dflash --device cuda -n 128 \
   --json $OUT/bench-qwen3-dflash-fixtures-cuda-bf16.json > /dev/null 2>&1; echo "bench fixtures exit $?"

@@ -12,7 +12,7 @@ source .ci/device-setup.sh || exit 2
 L=${LAYERS:+--layers $LAYERS}
 smoke() {  # name tag args...: a 4-layer run at the 27B width first (SMOKE=0 skips), so an engine failure shows fast
   local name=$1 tag=$2; shift 2
-  timeout 300 python3 -P -m bloomery_cli.bench $name --shape qwen38-27b --device cuda -n 32 --layers 4 "$@" \
+  timeout 300 python3 -P -m bloomery_cli.bench.command $name --shape qwen38-27b --device cuda -n 32 --layers 4 "$@" \
     --json $OUT/bench-smoke-$tag-cuda-bf16.json > $OUT/bench-smoke-$tag-cuda-bf16.log 2>&1
   echo "smoke $tag exit $?"; grep -E "^(engine|plain|verify|draft|reference|ids identical)|Error" \
     $OUT/bench-smoke-$tag-cuda-bf16.log | cut -c1-400
@@ -23,7 +23,7 @@ if [ "${SMOKE:-1}" = 1 ]; then
 fi
 run() {  # name tag args...
   local name=$1 tag=$2; shift 2
-  timeout $T python3 -P -m bloomery_cli.bench $name --shape qwen38-27b --device cuda -n $N $L "$@" \
+  timeout $T python3 -P -m bloomery_cli.bench.command $name --shape qwen38-27b --device cuda -n $N $L "$@" \
     --json $OUT/bench-$tag-cuda-bf16.json > $OUT/bench-$tag-cuda-bf16.log 2>&1
   echo "$tag exit $?"; grep -vE "^\[transformers\]" $OUT/bench-$tag-cuda-bf16.log | cut -c1-400
 }

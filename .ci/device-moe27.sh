@@ -10,12 +10,12 @@ N=${N:-64}; P=${P:-128}; T=${T:-80}; REPS=${REPS:-9}; SHAPES=${SHAPES:-qwen35moe
 source .ci/device-setup.sh || exit 2
 { device_info; } | tee $OUT/device-moe27.txt
 if [ "${CHAIN:-1}" = 1 ]; then
-  timeout 60 python3 -P -m bloomery_cli.bench_chain --shape qwen3-8b --device cuda -n 256 --k 8,16 \
+  timeout 60 python3 -P -m bloomery_cli.bench.chain --shape qwen3-8b --device cuda -n 256 --k 8,16 \
     --json $OUT/bench-chain-qwen3-8b-cuda-bf16.json > $OUT/bench-chain-qwen3-8b-cuda-bf16.log 2>&1
   echo "chain exit $?"; cut -c1-400 $OUT/bench-chain-qwen3-8b-cuda-bf16.log | tail -12
 fi
 for s in $SHAPES; do
-  timeout $T python3 -P -m bloomery_cli.bench moe --shape $s --device cuda --dtype bf16 -n $N --prompt-len $P \
+  timeout $T python3 -P -m bloomery_cli.bench.command moe --shape $s --device cuda --dtype bf16 -n $N --prompt-len $P \
     --reps $REPS --json $OUT/bench-moe-$s-cuda-bf16.json > $OUT/bench-moe-$s-cuda-bf16.log 2>&1
   echo "$s exit $?"; grep -vE "^\[transformers\]" $OUT/bench-moe-$s-cuda-bf16.log | cut -c1-1500
 done

@@ -8,10 +8,10 @@ source .ci/device-setup.sh || exit 2
 R=/tmp/profile && mkdir -p $R
 { device_info "profile"; python3 -P -c "import torch, numpy; print('torch threads', torch.get_num_threads(), 'numpy', numpy.__version__)"; nproc; } > $R/device.txt
 cat $R/device.txt
-timeout ${T:-150} python3 -P -m bloomery_cli.bench qwen3-dflash --shape qwen3-8b --device cuda -n 32 --profile \
+timeout ${T:-150} python3 -P -m bloomery_cli.bench.command qwen3-dflash --shape qwen3-8b --device cuda -n 32 --profile \
   --json $R/profile-qwen3-8b-cuda-bf16.json > $R/profile-qwen3-8b-cuda-bf16.log 2>&1
 echo "qwen3-8b exit $?"; grep -E "^(engine|plain|verify|draft|criterion|profile)" $R/profile-qwen3-8b-cuda-bf16.log | cut -c1-200
-timeout ${T:-150} python3 -P -m bloomery_cli.bench qwen38-dflash2 --shape qwen38-27b --layers ${LAYERS:-16} --block 8 \
+timeout ${T:-150} python3 -P -m bloomery_cli.bench.command qwen38-dflash2 --shape qwen38-27b --layers ${LAYERS:-16} --block 8 \
   --device cuda -n 32 --profile --json $R/profile-qwen38-27b-l${LAYERS:-16}-cuda-bf16.json \
   > $R/profile-qwen38-27b-l${LAYERS:-16}-cuda-bf16.log 2>&1
 echo "qwen38-27b exit $?"; grep -E "^(engine|plain|verify|draft|criterion|profile)" $R/profile-qwen38-27b-l*-cuda-bf16.log | cut -c1-200

@@ -197,7 +197,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     build`) and is judged against the float64 reference: (w) ids identical, (e) plain ids vs f64, (a) drafts and
     acceptance vs an f64 replay of the same windows (docs/ENGINES.md)."""
     from .gate import GateOptions, run_gate
-    from .sampling import sampling_options
+    from .sampling.rule import sampling_options
 
     if engine not in ("ours", "fast"):
         others = {"--target": target, "--draft": draft, "--oracle": oracle or None, "--temperature": temperature,
@@ -245,7 +245,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
 
 
 def draft_device_ok(g) -> bool:
-    from .draft_device import FAMILIES, KINDS
+    from .parallel.draft_device import FAMILIES, KINDS
     return g.family in FAMILIES and g.draft_kind in KINDS
 
 
@@ -288,7 +288,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     if oracle is None:
         oracle = importlib.util.find_spec("transformers") is not None
     from .preflight import check_n, check_output_dir
-    from .sampling import sampling_options
+    from .sampling.rule import sampling_options
 
     try:
         sampling = sampling_options(temperature, top_p, top_k, seed, None, None)
@@ -313,7 +313,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         resolve_device(device)
         run_dtype(dtype)
         if draft_device is not None:
-            from .draft_device import parse_device
+            from .parallel.draft_device import parse_device
             parse_device("--draft-device", draft_device)
         from .refdev import reference_selection
         reference_selection(reference_device, reference_compare)
@@ -383,7 +383,7 @@ def bands(shape: Annotated[str, typer.Option("--shape", help="A bench shape: qwe
           prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt rows to check.")] = 64,
           json: Json = None) -> None:
     """The gate's (r) lines and their emulated bands on random weights of a real model's shape (qwen3-dflash)."""
-    from .band_probe import probe
+    from .bench.band_probe import probe
 
     try:
         code, _ = probe(shape, device, dtype, prompt_len, json)
@@ -443,9 +443,9 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
 
 def _register_late() -> None:
     """Commands whose modules pull in more (bench, results): imported when the app is built."""
-    from .bench import bench_command
-    from .plan_cli import plan_command
-    from .results_table import results_command
+    from .bench.command import bench_command
+    from .plan.command import plan_command
+    from .results.table import results_command
 
     app.command("bench")(bench_command)
     app.command("results")(results_command)

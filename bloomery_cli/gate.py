@@ -18,14 +18,14 @@ from bloomery_gates.errors import InputError
 
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
-from .gate_plan import decide_draft, policy_of
 from .gatekit import DTYPES, DraftCheck, GateDef, resolve_device
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
-from .plan import parse_bytes
+from .plan.core import parse_bytes
+from .plan.decide import decide_draft, policy_of
 from .preflight import check_fits, check_n, check_not_an_input, check_output_file
 from .prompts import read_prompts
-from .records import write_report
+from .results.records import write_report
 from .speculative import generate
 from .state_check import check_state
 from .width import width_policy
@@ -84,8 +84,8 @@ def run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | Non
     gate ends, passed, failed or raised (``tp.closing``)."""
     from bloomery_gates.reference.xp import select
 
+    from .parallel.tp import closing
     from .refdev import reference_selection
-    from .tp import closing
 
     selection = reference_selection(opts.reference_device, opts.reference_compare)
     with closing(), select(selection):
@@ -150,8 +150,8 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
     """Every input checked, before any weight is read past the headers: exit 2 (``InputError``) on a bad one."""
     from bloomery_gates.registry import FAMILIES
 
-    from .draft_device import check_supported, parse_device
-    from .tp import check_tp
+    from .parallel.draft_device import check_supported, parse_device
+    from .parallel.tp import check_tp
 
     t0 = time.perf_counter()
     device = resolve_device(opts.device)
@@ -162,7 +162,7 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
         raise InputError(flag, f"gate {gate.name} does not act on it (it takes: "
                                f"{', '.join('--' + k.replace('_', '-') for k in gate.options) or 'no draft options'})")
     if opts.sampling is not None and opts.sampling.draft_temperature is not None:
-        from .sampling import check_sampleable
+        from .sampling.rule import check_sampleable
         check_sampleable(gate.name, gate.draft_kind)
     if opts.engine == "fast":
         from .fast_engine import check
@@ -224,7 +224,7 @@ def build(run: Run, emit: Callable[[str], None] | None) -> None:
     elif run.draft_dev is None:
         run.draft = gate.make_draft(run.draft_spec, run.engine, max_len, **opts.draft_options)
     else:
-        from .draft_device import bind
+        from .parallel.draft_device import bind
         run.draft, run.cross = bind(gate.make_draft, gate.draft_kind, run.draft_spec, run.engine, max_len,
                                     run.draft_dev, **opts.draft_options)
     run.draft_spec = getattr(run.draft, "run_spec", run.draft_spec)  # a draft binding a run option (mimo2-mtp)
@@ -245,7 +245,7 @@ def build_engine(opts: GateOptions, family, spec, device, max_len: int, rows: in
     if opts.engine == "fast":
         from .fast_engine import make_engine as make_fast
         return make_fast(family, spec, device, DTYPES[opts.dtype], max_len, rows)
-    from .tp import make_engine
+    from .parallel.tp import make_engine
     return make_engine(family, spec, device, DTYPES[opts.dtype], max_len, rows, opts.tp, target_path)
 
 
@@ -363,7 +363,7 @@ def _run_gate(gate: GateDef, opts: GateOptions, emit: Callable[[str], None] | No
 
 def sampled_length() -> int:
     """The ids a (s) drafted run emits (``sampling_gate``)."""
-    from .sampling_gate import PIT_POSITIONS, POSITIONS
+    from .sampling.gate import PIT_POSITIONS, POSITIONS
     return max(POSITIONS, PIT_POSITIONS) + 1
 
 
@@ -371,8 +371,8 @@ def sampled_part(report: Report, engine, draft, prompts: list[list[int]], n: int
                  greedy: Tally) -> None:
     """T > 0: the greedy acceptance as a note, the sampling conditions, the (s) check on the first prompt, and
     accept_mean at T over every prompt (``sampling_gate``)."""
-    from .sampling_gate import check_sampling, sampled_acceptance
-    from .sampling_replay import check_replay
+    from .sampling.gate import check_sampling, sampled_acceptance
+    from .sampling.replay import check_replay
 
     report.greedy_acceptance(greedy)
     report.sampling_conditions(opts.sampling.facts())
@@ -418,6 +418,6 @@ def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: lis
     bad = [j for j in range(m) if int(hf[p - 1 + j].argmax()) != plain_ids[j]]
     excused = sum(flip_excused(hf[p - 1 + j], kband) for j in bad)
     report.integer_match("plain run greedy ids", m, len(bad), excused, tag="(o)", ref="transformers f64")
-    from .oracle_llamacpp import check_target, is_gguf_target
+    from .oracle.llamacpp import check_target, is_gguf_target
     if is_gguf_target(spec):            # llama.cpp on the same GGUF, beside transformers (a note if not importable)
         check_target(report, spec, seq, ref.logits, p, plain_ids[:m])

@@ -24,7 +24,6 @@ from bloomery_cli.formats.dflash2 import dflash2_from_hf
 from bloomery_cli.formats.dspark import dspark_from_hf
 from bloomery_cli.formats.gguf_file import GGUFFile, is_gguf
 from bloomery_cli.formats.hf_dir import read_config, refuse_pickle
-from bloomery_cli.formats.mimo2_gguf import is_mimo2_gguf
 from bloomery_cli.formats.speculators import speculators_kind
 from bloomery_cli.formats.speculators_drafts import (
     dflash2_from_speculators,
@@ -35,6 +34,8 @@ from bloomery_cli.formats.tokenizer import load_tokenizer as _load_tokenizer
 from bloomery_gates.errors import InputError, MissingFile
 from bloomery_gates.registry import family, of_gguf, of_hf
 from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
+
+from .families.mimo2.reader_gguf import is_mimo2_gguf
 
 DEFAULT = "qwen3"     # the reader a file of no known type is handed to (its error names what it expected)
 
@@ -105,8 +106,8 @@ def load_eagle3(path: str | Path, target: ModelSpec) -> Eagle3Spec:
 
 def load_mimo2_mtp(path: str | Path, target: ModelSpec):
     """The MTP layers shipped in the mimo2 checkpoint ``path`` (usually the target's own directory) for the mimo2
-    ``target``; named errors when absent, incomplete or unfit (formats/mimo2_mtp.py)."""
-    from bloomery_cli.formats.mimo2_mtp import mimo2_mtp_from_file
+    ``target``; named errors when absent, incomplete or unfit (families/mimo2/reader_mtp.py)."""
+    from .families.mimo2.reader_mtp import mimo2_mtp_from_file
 
     p = _existing(path, "mimo2 checkpoint holding the MTP layers (an HF directory or a mimo2 .gguf)")
     if not p.is_dir() and not is_mimo2_gguf(p):

@@ -7,7 +7,7 @@
            draft.accept(kept, taps of the kept rows)
 The plain run is the same loop with no draft: one row per pass.
 At T > 0 (a ``Sampler``) the same loop verifies with logits and emits by the sampling rule
-(``bloomery_cli.sampling``): accept d_j w.p. min(1, p/q), the first rejection resampled from the residual,
+(``bloomery_cli.sampling.rule``): accept d_j w.p. min(1, p/q), the first rejection resampled from the residual,
 the bonus drawn from p; kept counts the rows it keeps exactly as in the greedy rule.
 """
 
@@ -74,7 +74,7 @@ class FixedWidth:
 
 def generate(target: Target, draft: Draft | None, prompt: list[int], n: int, width=None,
              stop: Callable[[Tally], bool] | None = None, sampler=None) -> Run:
-    """Decode n ids: greedy, or sampled with ``sampler`` (a ``bloomery_cli.sampling.Sampler``). ``width`` caps
+    """Decode n ids: greedy, or sampled with ``sampler`` (a ``bloomery_cli.sampling.rule.Sampler``). ``width`` caps
     the verified rows (anchor + proposals) per pass: None (all), an int,
     or a width policy (``choose() -> k``, ``observe(k, kept, seconds)``, see ``bloomery_cli.width``) asked per
     window; k = 1 runs a plain pass without drafting. Only windows that drafted enter the tally. Walls for the

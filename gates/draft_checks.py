@@ -8,8 +8,8 @@ from typing import Any
 from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gatekit import DraftCheck
+from bloomery_gates.reference.families.qwen3.model import RefOut
 
-from ..reference.families.qwen3 import RefOut
 from .close import close, exact_and_emulated
 from .targets import greedy_flips, to_np
 

@@ -1,4 +1,4 @@
-"""(o) lines for block drafts against speculators' own model definitions (``bloomery_cli.oracle_speculators``).
+"""(o) lines for block drafts against speculators' own model definitions (``bloomery_cli.oracle.speculators``).
 
 The gates' ``check_draft_oracle`` hook, under ``--oracle``, after the drafted runs, on the first block after the
 first prompt. Every side reads the same target taps, the engine's own (``draft_checks.kernel_taps``) taken to
@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import Band, Op, chain_band, flip_excused, layer_ops, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gatekit import DraftCheck
+from bloomery_cli.oracle import speculators as osp
+from bloomery_gates.reference.families.qwen3.model import hf_hidden_states
 
 from ..reference.drafts import dflash as ref_dflash
 from ..reference.drafts import dflash2 as ref_dflash2
 from ..reference.drafts import dspark as ref_dspark
-from ..reference.families.qwen3 import hf_hidden_states
 from .dflash2_bands import dflash2_ops, set_excused
 from .draft_checks import draft_ops, kernel_taps
 from .targets import greedy_flips, to_np

@@ -8,7 +8,7 @@ steps over every row of a teacher-forced sequence, step k reading the sequence's
 output, its attention mask causal over the real rows plus its own chain. A hook on ``lm_head`` keeps each
 step's logits; our ``reference.drafts.eagle3.teacher_forced`` computes the same chains anchor by anchor with
 the inference-time code. Float32 islands (RMSNorm, the rotary table, eager softmax) are lifted to float64 with
-``bloomery_cli.oracle.Float32AsFloat64``. The package and its imports (openai, datasets, ...) are optional: where
+``bloomery_cli.oracle.hf.Float32AsFloat64``. The package and its imports (openai, datasets, ...) are optional: where
 they do not import, the gate prints a note instead of the (o) lines.
 """
 
@@ -20,10 +20,10 @@ import numpy as np
 
 from bloomery_cli.bands import logits_band, worst_rel
 from bloomery_cli.contract import Report
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
 from bloomery_gates.spec import Eagle3Spec, ModelSpec
 
 from ..reference.drafts import eagle3 as ref_eagle3
-from ..reference.families import qwen3 as ref_qwen3
 
 
 def speculators_model(d: Eagle3Spec, target: ModelSpec):
@@ -34,7 +34,7 @@ def speculators_model(d: Eagle3Spec, target: ModelSpec):
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig, Qwen3Config
 
-    from bloomery_cli.oracle import Float32AsFloat64, hf_rope_parameters
+    from bloomery_cli.oracle.hf import Float32AsFloat64, hf_rope_parameters
 
     s = d.layer
     layer_cls = Qwen3Config if d.qk_norm else LlamaConfig
@@ -72,7 +72,7 @@ def speculators_logits(d: Eagle3Spec, target: ModelSpec, ids: list[int], hidden:
     hidden [L+1, T, H]: the target's taps over ``ids`` (aux id l = taps index l)."""
     import torch
 
-    from bloomery_cli.oracle import Float32AsFloat64
+    from bloomery_cli.oracle.hf import Float32AsFloat64
 
     model = speculators_model(d, target)
     steps: list[np.ndarray] = []

@@ -7,10 +7,10 @@ line names the one that ran.
 (r) lines, beyond the target's: the chosen experts of every sparse target layer over the prompt (tier 1, against
 the host transcription of the kernel's own rule on its own float32 scores, ``gates.moe_checks``; the expert load
 goes to the record), then each drafted row (layer k's row at position T+k: its output before final_layernorm, its
-logits) against ``reference.drafts.mimo2_mtp.draft`` on the engine's own target rows, following the kernel's chain
+logits) against ``reference.families.mimo2.mtp.draft`` on the engine's own target rows, following the kernel's chain
 ids, and the draft ids. (o): transformers' ``MtpModel`` (FAMILIES_MOE.md section 3's shim) teacher-forced, per
 layer, against the f64 reference chain (post-norm runs; a note for pre); on a GGUF target also llama.cpp's MTP graph,
-its 3 layers chained in its pre-norm convention (``bloomery_cli.oracle_llamacpp_mimo2``).
+its 3 layers chained in its pre-norm convention (``bloomery_cli.families.mimo2.oracle_llamacpp``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from bloomery_cli.bands import Op, layer_ops, logits_band, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gatekit import DraftCheck, GateDef, GateOption, one_of
 from bloomery_cli.loading import load_mimo2_mtp
+from bloomery_gates.kernels.families.mimo2.mtp import Mimo2MTPDraft
+from bloomery_gates.reference.families.mimo2 import mtp as ref_mtp
+from bloomery_gates.reference.families.mimo2.model import forward
 from bloomery_gates.spec import Mimo2MTPSpec
 
-from ..kernels.drafts.mimo2_mtp import Mimo2MTPDraft
-from ..reference.drafts import mimo2_mtp as ref_mtp
-from ..reference.families.mimo2 import forward
 from ..reference.ops.norm import rms_norm
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
@@ -89,9 +89,9 @@ def check_draft(report: Report, c: DraftCheck) -> None:
 def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     """(o) the f64 reference chain against transformers' MtpModel, teacher-forced over the prompt and the plain
     run's first ids, per layer: logits and greedy ids."""
-    from bloomery_cli.oracle_llamacpp import is_gguf_target
-    from bloomery_cli.oracle_llamacpp_mimo2 import check_mtp_chain
-    from bloomery_cli.oracle_mimo2 import hf_mtp_chain
+    from bloomery_cli.families.mimo2.oracle import hf_mtp_chain
+    from bloomery_cli.families.mimo2.oracle_llamacpp import check_mtp_chain
+    from bloomery_cli.oracle.llamacpp import is_gguf_target
 
     spec: Mimo2MTPSpec = c.draft_spec
     if is_gguf_target(c.target_spec):       # llama.cpp's MTP graph on the file (its pre-norm chain)

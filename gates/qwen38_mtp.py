@@ -12,7 +12,7 @@ conditional rate near 0.9 at every position (numbers of the build this was writt
 The (r) lines check the first window after the prompt, each drafted row against ``reference.drafts.mtp`` run
 on the engine's own target taps (so they measure the draft alone, from the post-final-norm hidden on).
 ``check_oracle`` is the tier-3 line against transformers' ``MtpModel``, and for a GGUF target whose draft is its
-own nextn layer, llama.cpp's MTP graph (``bloomery_cli.oracle_llamacpp.check_mtp``).
+own nextn layer, llama.cpp's MTP graph (``bloomery_cli.oracle.llamacpp.check_mtp``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from bloomery_cli.bands import Op, layer_ops, worst_rel
 from bloomery_cli.contract import Report
 from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_cli.loading import load_mtp
+from bloomery_gates.reference.families.qwen38.model import norm1p
 from bloomery_gates.spec import MTPSpec
 
 from ..kernels.drafts.mtp import MTPDraft
 from ..kernels.drafts.mtp_fast import FastMTPDraft
 from ..reference.drafts import mtp as ref_mtp
-from ..reference.families.qwen38 import norm1p
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
@@ -83,7 +83,7 @@ def hf_mtp_logits(target, mtp: MTPSpec, ids: list[int]):
     where the installed transformers has no MtpModel or builds it with other norms than the trunk's."""
     import torch
 
-    from bloomery_cli.oracle import Float32AsFloat64, build_hf_qwen38
+    from bloomery_cli.oracle.hf import Float32AsFloat64, build_hf_qwen38
 
     try:
         from transformers.modeling_layers import MtpModel
@@ -91,7 +91,7 @@ def hf_mtp_logits(target, mtp: MTPSpec, ids: list[int]):
         return None
     build = build_hf_qwen38
     if target.family == "qwen35moe":            # the same MtpModel shim over the MoE trunk (FAMILIES_MOE.md 3)
-        from bloomery_cli.oracle_qwen35moe import build_hf_qwen35moe as build
+        from bloomery_cli.families.qwen35moe.oracle import build_hf_qwen35moe as build
     model = build(target)
     model.config.num_mtp_layers, model.config.mtp_layer_types = mtp.num_layers, ["full_attention"]
     with Float32AsFloat64():
@@ -116,8 +116,7 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     """(o) the f64 reference's MTP logits and greedy ids against transformers' MtpModel, teacher-forced over the
     prompt and the plain run's first ids; a note instead where the class is absent or does not fit."""
     from bloomery_cli.bands import logits_band
-
-    from ..reference.families.qwen38 import forward
+    from bloomery_gates.reference.families.qwen38.model import forward
 
     seq = list(c.prompt) + list(plain_ids[:32])
     hf = hf_mtp_logits(c.target_spec, c.draft_spec, seq)
@@ -137,7 +136,7 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
 
 def _llamacpp(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     """llama.cpp's MTP graph on a GGUF target's own nextn layer, over the same rows as the target's llama.cpp lines."""
-    from bloomery_cli.oracle_llamacpp import check_mtp, is_gguf_target
+    from bloomery_cli.oracle.llamacpp import check_mtp, is_gguf_target
 
     if is_gguf_target(c.target_spec):
         check_mtp(report, c.target_spec, c.draft_spec, list(c.prompt) + list(plain_ids[:64]))

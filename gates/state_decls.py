@@ -24,12 +24,12 @@ import numpy as np
 
 from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.state_check import IntCheck, StateDecl, StateRun, emulated, np64, state_band
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
+from bloomery_gates.reference.families.qwen38 import model as ref_qwen38
 
 from ..reference.drafts import dflash as ref_dflash
 from ..reference.drafts import dspark as ref_dspark
 from ..reference.drafts import mtp as ref_mtp
-from ..reference.families import qwen3 as ref_qwen3
-from ..reference.families import qwen38 as ref_qwen38
 
 
 def kv_layout(k, v) -> tuple[np.ndarray, np.ndarray]:

@@ -14,9 +14,9 @@ import numpy as np
 
 from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.state_check import StateDecl, StateRun
+from bloomery_gates.reference.families.mimo2 import model as ref_mimo2
+from bloomery_gates.reference.families.mimo2 import mtp as ref_mtp
 
-from ..reference.drafts import mimo2_mtp as ref_mtp
-from ..reference.families import mimo2 as ref_mimo2
 from .state_decls import kv_layout
 
 

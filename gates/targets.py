@@ -8,11 +8,11 @@ import torch
 
 from bloomery_cli.bands import Op, flip_excused
 from bloomery_cli.contract import Report
+from bloomery_gates.kernels.families.qwen3.model import Pass
+from bloomery_gates.reference.families.qwen3.model import head
 from bloomery_gates.registry import Family
 from bloomery_gates.spec import ModelSpec
 
-from ..kernels.families.qwen3 import Pass
-from ..reference.families.qwen3 import head
 from ..reference.rounding import emulate
 from ..reference.xp import run
 from .close import close, exact_and_emulated

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import bloomery_cli.sampling as sampling
-from bloomery_cli.sampling import process
+import bloomery_cli.sampling.rule as sampling
+from bloomery_cli.sampling.rule import process
 
 
 def residual_not_renormalised(monkeypatch) -> None:
@@ -162,7 +162,7 @@ def gate_run(gate: str, prompts, dtype: str, *flags: str, n: int = 24) -> tuple[
 
 def shrink_s(monkeypatch, runs: int = 4) -> None:
     """The (s) statistical line on ``runs`` runs per arm: the tests that use it assert other lines."""
-    import bloomery_cli.sampling_gate as sampling_gate
+    import bloomery_cli.sampling.gate as sampling_gate
 
     real = sampling_gate.check_sampling
     monkeypatch.setattr(sampling_gate, "check_sampling", lambda *a, **k: real(*a, **{**k, "runs": runs}))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from bloomery_cli.families.mimo2.fixture_shape import Mimo2Shape, hf_config, init_mimo2, init_mtp
 from bloomery_cli.fixturegen.export_hf import write_safetensors
-from bloomery_cli.fixturegen.mimo2_shape import Mimo2Shape, hf_config, init_mimo2, init_mtp
 
 SHAPE = Mimo2Shape(vocab_size=512, window=5)
 

@@ -82,13 +82,20 @@ def flat(obj: Any, path: str = "") -> dict[str, np.ndarray]:
 
 def calls(pkg: str) -> dict[str, Callable[[], Any]]:
     """name -> a call of the reference package ``pkg`` on fixture weights and host inputs."""
-    def m(name: str):
-        return importlib.import_module(f"{pkg}.{name}")
+    def m(name: str, before: str | None = None):
+        """The module ``name`` of ``pkg``; ``before``: its name in the flat layout before the family folders
+        (issue 24), which the pre-namespace snapshot (e2e6325) still has."""
+        try:
+            return importlib.import_module(f"{pkg}.{name}")
+        except ModuleNotFoundError:
+            if before is None:
+                raise
+            return importlib.import_module(f"{pkg}.{before}")
 
-    q3, q38, mimo2 = m("families.qwen3"), m("families.qwen38"), m("families.mimo2")
-    q35 = m("families.qwen35moe")
+    q3, q38 = m("families.qwen3.model", "families.qwen3"), m("families.qwen38.model", "families.qwen38")
+    mimo2, q35 = m("families.mimo2.model", "families.mimo2"), m("families.qwen35moe.model", "families.qwen35moe")
     dflash, dflash2, dspark, eagle3 = m("drafts.dflash"), m("drafts.dflash2"), m("drafts.dspark"), m("drafts.eagle3")
-    mtp, mmtp, attn = m("drafts.mtp"), m("drafts.mimo2_mtp"), m("ops.attention")
+    mtp, mmtp, attn = m("drafts.mtp"), m("families.mimo2.mtp", "drafts.mimo2_mtp"), m("ops.attention")
     as_f64 = m("weights").as_f64
     t = len(IDS)
     out: dict[str, Callable[[], Any]] = {}

@@ -58,7 +58,7 @@ def test_bench_prompt_len_without_shape():
 
 def test_bench_out_of_memory_is_one_line(tmp_path, monkeypatch):
     """The allocator's refusal mid-run (torch's CPU allocator raises a plain RuntimeError) is exit 2, one line."""
-    from bloomery_cli import bench
+    from bloomery_cli.bench import command as bench
 
     def refuse(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
@@ -76,7 +76,7 @@ def test_plan_ctx_past_the_positions(tmp_path):
 
 
 def test_plan_measure_absurd_ctx_refused_before_building(monkeypatch):
-    from bloomery_cli import plan_measure
+    from bloomery_cli.plan import measure as plan_measure
 
     monkeypatch.setattr(plan_measure, "_build", lambda *a, **k: pytest.fail("the engine was built"))
     one_line_exit2(invoke("plan", "--shape", "tiny", "--gpu-mem", "1000T", "--ctx", "10000000", "--measure",
@@ -84,7 +84,7 @@ def test_plan_measure_absurd_ctx_refused_before_building(monkeypatch):
 
 
 def test_plan_measure_ctx_one_is_refused_not_failed(monkeypatch):
-    from bloomery_cli import plan_measure
+    from bloomery_cli.plan import measure as plan_measure
 
     monkeypatch.setattr(plan_measure, "_build", lambda *a, **k: pytest.fail("the engine was built"))
     one_line_exit2(invoke("plan", "--shape", "tiny", "--gpu-mem", "1G", "--ctx", "1", "--measure", "--device", "cpu"),
@@ -92,7 +92,8 @@ def test_plan_measure_ctx_one_is_refused_not_failed(monkeypatch):
 
 
 def test_plan_measure_ctx_past_free_memory(monkeypatch):
-    from bloomery_cli import plan_measure, preflight
+    from bloomery_cli import preflight
+    from bloomery_cli.plan import measure as plan_measure
 
     monkeypatch.setattr(plan_measure, "_build", lambda *a, **k: pytest.fail("the engine was built"))
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 1 << 20)
@@ -178,7 +179,7 @@ def test_results_readme_without_markers_changes_nothing(results, tmp_path):
 
 def test_results_committed_records_all_pass_the_schema():
     """The schema holds every committed record (else `bloomery results` on the repository would refuse)."""
-    from bloomery_cli.results_schema import load_checked
+    from bloomery_cli.results.schema import load_checked
 
     assert len(load_checked(RESULTS)) == len(list(RESULTS.rglob("*.json")))
 
@@ -253,7 +254,7 @@ def test_moe_expert_count_past_the_file_refused_before_the_tables(tmp_path):
 
 @pytest.mark.parametrize("value", [["a", "b", "c"], [1.5, 2, 3], [None, 1, 2]])
 def test_gguf_typed_array_of_the_wrong_type(value):
-    from bloomery_cli.formats import mimo2_gguf
+    from bloomery_cli.families.mimo2 import reader_gguf as mimo2_gguf
     from bloomery_cli.formats.config import Cfg
 
     cfg = Cfg({"mimo2.attention.sliding_window_pattern": value, "mimo2.expert_feed_forward_length": value,
@@ -265,7 +266,7 @@ def test_gguf_typed_array_of_the_wrong_type(value):
 
 
 def test_a_moe_bench_records_checks_are_booleans():
-    from bloomery_cli.results_schema import check_record
+    from bloomery_cli.results.schema import check_record
 
     good = {"bench": "moe", "checks": {"worst_case_planted": True}}
     assert check_record("r.json", good) is good

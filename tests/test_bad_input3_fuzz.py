@@ -169,7 +169,7 @@ ENTRY = st.one_of(st.fixed_dictionaries({"dtype": DTYPES, "shape": st.lists(DIMS
 def test_fuzz_safetensors_header(tmp_path_factory, header, declared, payload):
     from bloomery_cli.formats.hf_dir import SafetensorsTensors
     from bloomery_cli.inventory import inventory
-    from bloomery_cli.plan_headers import _header
+    from bloomery_cli.plan.headers import _header
 
     body = json.dumps(header).encode()
     f = tmp_path_factory.mktemp("s") / "model.safetensors"

@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import make_dflash, make_target
 
-from bloomery_cli.bench import ReplayDraft, accept_for_tau, bench, bench_command
-from bloomery_cli.bench_shapes import SHAPES, hf_model, random_pair, weight_bytes
+from bloomery_cli.bench.command import ReplayDraft, accept_for_tau, bench, bench_command
+from bloomery_cli.bench.shapes import SHAPES, hf_model, random_pair, weight_bytes
 from bloomery_cli.speculative import generate
 from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.drafts.dflash import DFlashDraft, FastDFlashDraft
-from bloomery_gates.kernels.families.qwen3 import FastQwen3Target, Qwen3Target, stack_rows
+from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target, Qwen3Target, stack_rows
 from bloomery_gates.kernels.graphs import TorchOps
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26]

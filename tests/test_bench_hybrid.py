@@ -11,9 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from bloomery_cli import speculative
-from bloomery_cli.bench_hybrid import read_bytes
-from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
-from bloomery_cli.bench_shapes import weight_bytes
+from bloomery_cli.bench.hybrid import read_bytes
+from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
+from bloomery_cli.bench.shapes import weight_bytes
 from bloomery_cli.cli import app
 from bloomery_cli.threads import thread_count
 from bloomery_gates.errors import InputError
@@ -85,7 +85,7 @@ def test_shape_numbers_and_read_bytes():
 
 def test_shape_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from bloomery_cli.plots import make_plots
+    from bloomery_cli.results.plots import make_plots
 
     recs = []
     for name in ("qwen38-mtp", "qwen38-dflash2"):
@@ -133,7 +133,7 @@ def test_bench_runs_the_fast_hybrid_engine(tmp_path):
 
 
 def test_engine_fallback_logs_each_failure_and_runs_the_next_path():
-    from bloomery_cli.bench_hybrid_engines import build_hybrid_engines, engine_paths
+    from bloomery_cli.bench.hybrid_engines import build_hybrid_engines, engine_paths
 
     s, cpu = HYBRID_SHAPES["qwen38-tiny"], torch.device("cpu")
     t, mtp = random_qwen38(s, cpu, torch.float32, layers=2)

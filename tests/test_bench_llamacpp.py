@@ -18,16 +18,16 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
-from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_qwen38
-from bloomery_cli.bench_llamacpp import compare, find_llama_bench, llama_peer, run_llama_bench, write_gguf
-from bloomery_cli.bench_shapes import SHAPES, random_pair
+from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
+from bloomery_cli.bench.llamacpp import compare, find_llama_bench, llama_peer, run_llama_bench, write_gguf
+from bloomery_cli.bench.shapes import SHAPES, random_pair
 from bloomery_cli.cli import app
 from bloomery_cli.engines.build import bench_binary
+from bloomery_cli.families.qwen38 import reader as qwen38
 from bloomery_cli.fixturegen import export_gguf
 from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
 from bloomery_cli.fixturegen.regguf import regguf
 from bloomery_cli.fixturegen.train import TargetShape
-from bloomery_cli.formats import qwen38
 from bloomery_gates.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -11,10 +11,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bloomery_cli import bench_moe
-from bloomery_cli.bench_moe_shapes import MOE_SHAPES, build_engine
+from bloomery_cli.bench import moe as bench_moe
+from bloomery_cli.bench.moe_bytes import (
+    disjoint_ids,
+    distinct_of,
+    distinct_uniform,
+    distinct_worst,
+    load_spread,
+    moe_bytes,
+)
+from bloomery_cli.bench.moe_shapes import MOE_SHAPES, build_engine
 from bloomery_cli.cli import app
-from bloomery_cli.moe_bytes import disjoint_ids, distinct_of, distinct_uniform, distinct_worst, load_spread, moe_bytes
 from bloomery_gates.kernels.families.ffn import forced_routing
 from bloomery_gates.kernels.ops.moe import Routing
 
@@ -115,7 +122,7 @@ def test_fail_first_worst_case_not_planted(tmp_path, monkeypatch):
 
 def test_fail_first_stack_worst_not_planted(tmp_path, monkeypatch):
     """Planted defect: the graphed stack's worst case runs the router's routing -> its check fails, exit 1."""
-    from bloomery_cli import bench_moe_stack
+    from bloomery_cli.bench import moe_stack as bench_moe_stack
 
     monkeypatch.setattr(bench_moe_stack, "forced_routing", _not_forced)
     res, rec = _bench(tmp_path, "mimo2-tiny")

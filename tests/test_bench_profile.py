@@ -1,4 +1,4 @@
-"""``bench --profile`` (bloomery_cli.bench_profile), the drafted criterion's bound (``bench.criterion_bound``) and the
+"""``bench --profile`` (bloomery_cli.bench.profile), the drafted criterion's bound (``bench.criterion_bound``) and the
 thread rule with the engine on a card, on the CPU."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from bloomery_cli.bench import CRITERION, criterion_bound
-from bloomery_cli.bench_hybrid import bench_hybrid
+from bloomery_cli.bench.command import CRITERION, criterion_bound
+from bloomery_cli.bench.hybrid import bench_hybrid
 from bloomery_cli.threads import apply_threads, thread_count
 
 
@@ -59,7 +59,7 @@ def test_thread_rule_keeps_torchs_default_with_the_engine_on_a_card():
 
 
 def test_results_derive_the_bound_of_older_records_and_not_of_eager_engines():
-    from bloomery_cli.results_table import bound_of
+    from bloomery_cli.results.table import bound_of
 
     verify = [{"rows": 1, "ms": 10.0, "rel_plain": 1.0}, {"rows": 8, "ms": 11.0, "rel_plain": 1.1}]
     rec = {"bench": "qwen38-dflash2", "shape": "qwen38-27b", "verify": verify, "bandwidth": {"copy_GBps": 4000.0},

@@ -10,10 +10,10 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from bloomery_cli import bench_chain
-from bloomery_cli.bench import bench_command
-from bloomery_cli.bench_shapes import SHAPES, random_pair
-from bloomery_gates.kernels.families.qwen3 import FastQwen3Target
+from bloomery_cli.bench import chain as bench_chain
+from bloomery_cli.bench.command import bench_command
+from bloomery_cli.bench.shapes import SHAPES, random_pair
+from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 
 CPU = torch.device("cpu")
 PROMPT = list(range(5, 25))

@@ -13,7 +13,7 @@ import torch
 from test_qwen38 import IDS, make_qwen38
 
 from bloomery_gates.kernels import triton as ktriton
-from bloomery_gates.kernels.families import qwen38 as kq
+from bloomery_gates.kernels.families.qwen38 import model as kq
 from bloomery_gates.kernels.ops.gated_deltanet import delta_chunked, delta_recurrent, delta_scan
 from bloomery_gates.reference.ops.gated_deltanet import delta_rule
 

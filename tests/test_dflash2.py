@@ -21,12 +21,12 @@ from bloomery_gates.gates import qwen3_dflash2 as gate_mod
 from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.drafts import dflash as kdflash
 from bloomery_gates.kernels.drafts import dflash2 as kd2
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target, forward_train
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target, forward_train
 from bloomery_gates.kernels.ops import dynamic_conv as kconv
 from bloomery_gates.kernels.ops import selector as ksel
 from bloomery_gates.reference.drafts import dflash as rdflash
 from bloomery_gates.reference.drafts import dflash2 as rd2
-from bloomery_gates.reference.families import qwen3 as rq
+from bloomery_gates.reference.families.qwen3 import model as rq
 from bloomery_gates.reference.ops import dynamic_conv as rconv
 from bloomery_gates.reference.ops import selector as rsel
 from bloomery_gates.spec import DFlash2Spec
@@ -359,7 +359,7 @@ def test_triton_draft_matches_torch_draft():
 
 
 def test_bench_kernels_small_cpu():
-    from bloomery_cli.bench_dflash2 import BenchShape, bench_kernels
+    from bloomery_cli.bench.dflash2 import BenchShape, bench_kernels
 
     res = bench_kernels("cpu", BenchShape(hidden=64, vocab=300, rank=8, top_k=4), iters=1, show=False)
     assert [r["case"] for r in res["rows"]][0] == "conv in" and all(r["torch_us"] > 0 for r in res["rows"])

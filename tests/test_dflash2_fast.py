@@ -12,11 +12,11 @@ from test_qwen38 import IDS
 from test_qwen38_fast import HostRead, no_host_reads
 
 from bloomery_cli import bands
-from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
+from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
 from bloomery_cli.speculative import generate
 from bloomery_gates.kernels.drafts.dflash2 import DFlash2Draft
 from bloomery_gates.kernels.drafts.dflash2_fast import FastDFlash2Draft
-from bloomery_gates.kernels.families.qwen38_fast import FastQwen38Target
+from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
 
 CPU = torch.device("cpu")
 

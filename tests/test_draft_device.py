@@ -9,8 +9,8 @@ import torch
 from gate_run import run_named
 from typer.testing import CliRunner
 
-from bloomery_cli import draft_device
 from bloomery_cli.cli import app
+from bloomery_cli.parallel import draft_device
 
 
 def checks(lines: list[str]) -> list[str]:

@@ -22,10 +22,10 @@ from bloomery_cli.speculative import generate
 from bloomery_gates.errors import BadConfig, BadTensor, InputError, Mismatch
 from bloomery_gates.gates import GATES, qwen3_dspark
 from bloomery_gates.kernels.drafts.dspark import DSparkDraft, forward_train, keep_count, teacher_prev
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
-from bloomery_gates.kernels.families.qwen3 import forward_train as target_train
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
+from bloomery_gates.kernels.families.qwen3.model import forward_train as target_train
 from bloomery_gates.reference.drafts import dspark as ref_dspark
-from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
 from bloomery_gates.spec import DSparkSpec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]

@@ -22,10 +22,10 @@ from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import eagle3 as keagle3
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
-from bloomery_gates.kernels.families.qwen3 import forward_train as target_forward
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
+from bloomery_gates.kernels.families.qwen3.model import forward_train as target_forward
 from bloomery_gates.reference.drafts import eagle3 as ref_eagle3
-from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
 from bloomery_gates.spec import Eagle3Spec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
@@ -33,7 +33,7 @@ VARIANTS = {"qwen3 layer": {}, "llama layer": {"qk_norm": False}, "draft vocab 4
             "norm_before_residual + norm_output": {"norm_before_residual": True, "norm_output": True}}
 HAVE_FIXTURE = (FIXTURES / "qwen3-tiny").is_dir() and (FIXTURES / "qwen3-tiny-eagle3").is_dir()
 needs_fixture = pytest.mark.skipif(not HAVE_FIXTURE, reason="fixtures/qwen3-tiny-eagle3 not built "
-                                   "(python -m bloomery_cli.fixturegen.qwen3_eagle3 --out fixtures)")
+                                   "(python -m bloomery_cli.families.qwen3.fixture_eagle3 --out fixtures)")
 
 
 def engine_and_draft(t, d: Eagle3Spec, width: int = 3, dtype=torch.float64):
@@ -359,8 +359,8 @@ def test_tiny_eagle3_build(tmp_path):
     speculators-layout files read back, the manifest entry, every other entry untouched and verified."""
     import shutil
 
+    from bloomery_cli.families.qwen3.fixture_eagle3 import EAGLE3, Eagle3BuildConfig, build_qwen3_eagle3
     from bloomery_cli.fixturegen.manifest import Manifest, verify
-    from bloomery_cli.fixturegen.qwen3_eagle3 import EAGLE3, Eagle3BuildConfig, build_qwen3_eagle3
     from bloomery_cli.fixturegen.train import TrainConfig
 
     out = tmp_path / "fixtures"

@@ -18,7 +18,7 @@ from bloomery_cli.bands import (
     small_tap,
     worst_rel,
 )
-from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
 from bloomery_gates.reference.rounding import emulate, st, stored_as
 
 

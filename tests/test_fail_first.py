@@ -13,7 +13,7 @@ from gate_run import failed, run_named
 import bloomery_cli.speculative as speculative
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dflash as kdflash
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")
 

@@ -17,8 +17,8 @@ from gate_run import failed, run_named
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dflash as kdflash
 from bloomery_gates.kernels.drafts import dspark as kdspark
-from bloomery_gates.kernels.families import qwen3 as kqwen3
-from bloomery_gates.kernels.families import qwen38 as kqwen38
+from bloomery_gates.kernels.families.qwen3 import model as kqwen3
+from bloomery_gates.kernels.families.qwen38 import model as kqwen38
 from bloomery_gates.kernels.ops import gated_deltanet as kdelta
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")

@@ -10,7 +10,7 @@ import torch
 from gate_run import failed, run_named
 
 from bloomery_gates.gates.fixtures import FIXTURES
-from bloomery_gates.kernels.families import qwen38 as kq38
+from bloomery_gates.kernels.families.qwen38 import model as kq38
 from bloomery_gates.kernels.ops import gated_deltanet as kgd
 from bloomery_gates.kernels.ops import moe as kmoe
 from bloomery_gates.kernels.ops.gated_deltanet import l2norm

@@ -22,7 +22,7 @@ from bloomery_cli.fast_engine import why_not
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels import graphs as kgraphs
-from bloomery_gates.kernels.families import qwen38_fast as kq38f
+from bloomery_gates.kernels.families.qwen38 import fast as kq38f
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")
 

@@ -12,7 +12,7 @@ import pytest
 
 from bloomery_cli.fixturegen.option_effects import MIMO2_OPTIONS, inert
 from bloomery_gates.gates.fixtures import FIXTURES
-from bloomery_gates.reference.families.mimo2 import forward
+from bloomery_gates.reference.families.mimo2.model import forward
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "mimo2-tiny").is_dir(), reason="fixtures/ not built")
 

@@ -167,7 +167,7 @@ def test_draft_export_layout(tmp_path):
 
 def test_hf_export_loads_in_transformers(tmp_path, small_tok):
     transformers = pytest.importorskip("transformers")
-    qwen3 = pytest.importorskip("bloomery_gates.kernels.families.qwen3")
+    qwen3 = pytest.importorskip("bloomery_gates.kernels.families.qwen3.model")
     from bloomery_cli.fixturegen.train import target_spec
 
     params = _random_params(SMALL, seed=5)
@@ -224,7 +224,7 @@ def _tiny_config(seed: int = 7):
 
 
 def _needs_kernels():
-    pytest.importorskip("bloomery_gates.kernels.families.qwen3")
+    pytest.importorskip("bloomery_gates.kernels.families.qwen3.model")
     pytest.importorskip("bloomery_gates.kernels.drafts.dflash")
 
 

@@ -19,7 +19,7 @@ from bloomery_cli.cli import app
 from bloomery_cli.families.glm5next.reader import glm5next_from_hf
 from bloomery_cli.families.glm5next.reader_gguf import glm5next_from_gguf
 from bloomery_cli.inventory import MTP_IN_FILE, inventory
-from bloomery_cli.plan_model import read_target
+from bloomery_cli.plan.model import read_target
 from bloomery_gates.errors import InputError
 
 H, V, L, NH, E, K, FF, KVL, QL, D = 64, 128, 4, 4, 8, 2, 32, 16, 24, 16

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from issue29_plants import SAMPLING_PLANTS, gate_run, line, shrink_s
 
-from bloomery_cli import sampling_replay
-from bloomery_cli.sampling import Sampling, process
-from bloomery_cli.sampling_exact import Table, ToyDraft, ToyTarget
+from bloomery_cli.sampling import replay as sampling_replay
+from bloomery_cli.sampling.exact import Table, ToyDraft, ToyTarget
+from bloomery_cli.sampling.rule import Sampling, process
 from bloomery_gates.gates.fixtures import FIXTURES, PROMPTS
 
 CONFIGS = {"qwen3-dflash T=1": ("qwen3-dflash", ["--temperature", "1"]),
@@ -87,7 +87,7 @@ def test_toy_replay_sees_each_plant(plant, cond, monkeypatch):
 
 def test_a_draw_out_of_order_is_seen(monkeypatch):
     """The stated order: accept u before the residual's u. Drawing the residual first breaks the replay."""
-    import bloomery_cli.sampling as sampling
+    import bloomery_cli.sampling.rule as sampling
 
     def window(self, logits, proposals, q_rows):
         p_rows = self.probs(logits)

@@ -6,7 +6,7 @@ import torch
 
 from bloomery_gates.kernels.drafts.dflash import DFlashDraft
 from bloomery_gates.kernels.drafts.dflash import forward_train as dflash_train
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target, forward_train
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target, forward_train
 
 
 def test_prefill_verify_match_full_forward(tiny_target):

@@ -44,10 +44,10 @@ RUNNER = (
     "bloomery_cli.engine_cli",
     "bloomery_cli.engines.gate",
     "bloomery_cli.engines.judge",
-    "bloomery_cli.bench",
-    "bloomery_cli.plan_cli",
-    "bloomery_cli.plan_measure",
-    "bloomery_cli.band_probe",
+    "bloomery_cli.bench.command",
+    "bloomery_cli.plan.command",
+    "bloomery_cli.plan.measure",
+    "bloomery_cli.bench.band_probe",
     "bloomery_cli.inventory.verdict",
 )
 

@@ -18,10 +18,10 @@ from bloomery_cli.cli import app
 from bloomery_cli.loading import load_mimo2_mtp, load_target
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
 from bloomery_gates.gates.fixtures import FIXTURES
-from bloomery_gates.kernels.drafts import mimo2_mtp as kmtp
-from bloomery_gates.kernels.families import mimo2 as kfam
-from bloomery_gates.reference.drafts import mimo2_mtp as rmtp
-from bloomery_gates.reference.families import mimo2 as rfam
+from bloomery_gates.kernels.families.mimo2 import model as kfam
+from bloomery_gates.kernels.families.mimo2 import mtp as kmtp
+from bloomery_gates.reference.families.mimo2 import model as rfam
+from bloomery_gates.reference.families.mimo2 import mtp as rmtp
 
 PROMPT = [int(x) for x in np.random.default_rng(0).integers(0, 512, 20)]
 HF = importlib.util.find_spec("transformers") is not None
@@ -167,7 +167,7 @@ def test_mtp_chain_reads_the_previous_layer(ckpt, monkeypatch):
 
 @pytest.mark.skipif(not HF, reason="transformers not installed")
 def test_tier3_transformers(ckpt):
-    from bloomery_cli.oracle_mimo2 import hf_mimo2_logits, hf_mtp_chain
+    from bloomery_cli.families.mimo2.oracle import hf_mimo2_logits, hf_mtp_chain
 
     t, m = ckpt
     assert rel(rfam.forward(t, PROMPT).logits, hf_mimo2_logits(t, PROMPT)) < 1e-12
@@ -179,7 +179,7 @@ def test_tier3_transformers(ckpt):
 # --------------------------------------------------------------------------------- the gate, FAIL-first
 
 needs_fixture = pytest.mark.skipif(not FIXTURE, reason="fixtures/mimo2-tiny not built "
-                                   "(python -m bloomery_cli.fixturegen.mimo2 --out fixtures)")
+                                   "(python -m bloomery_cli.families.mimo2.fixture --out fixtures)")
 
 
 def gate(**kw):

@@ -16,13 +16,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bloomery_cli import llamacpp_run, oracle_llamacpp, oracle_llamacpp_mimo2
+from bloomery_cli import llamacpp_run
 from bloomery_cli.cli import app
 from bloomery_cli.contract import Report
-from bloomery_cli.fixturegen import mimo2_gguf
+from bloomery_cli.families.mimo2 import fixture_gguf as mimo2_gguf
+from bloomery_cli.families.mimo2 import oracle_llamacpp as oracle_llamacpp_mimo2
+from bloomery_cli.families.mimo2 import reader_gguf as reader
 from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
-from bloomery_cli.formats import mimo2_gguf as reader
 from bloomery_cli.loading import load_mimo2_mtp, load_target, load_tokenizer
+from bloomery_cli.oracle import llamacpp as oracle_llamacpp
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HF, GGUF = FIXTURES / "mimo2-tiny", FIXTURES / "mimo2-tiny.gguf"
@@ -101,7 +103,7 @@ def test_bad_gguf_is_exit_2_one_line(tmp_path):
 def _target_check(spec, path: Path, seq: list[int], p: int) -> tuple[int, list[str]]:
     """check_target on ``path`` (llama.cpp's run) against our f64 reference on ``spec`` (the "plain ids": the
     reference's own teacher-forced argmax after rows p-1..T-2): (exit code, lines)."""
-    from bloomery_gates.reference.families.mimo2 import forward
+    from bloomery_gates.reference.families.mimo2.model import forward
 
     ref = forward(spec, seq).logits
     report, lines = _report()
@@ -180,7 +182,7 @@ def test_fail_first_reader_ignores_sinks_or_window(tmp_path, monkeypatch, plant)
 def test_fail_first_mtp_chain_fed_post_norm_hidden(tmp_path, monkeypatch):
     """Our reference chain fed the post-norm trunk rows (the HF convention) against llama.cpp's pre-norm MTP graph:
     the MTP lines fail (exit 1); the control (pre) passes in the test above."""
-    from bloomery_gates.reference.drafts import mimo2_mtp as ref_mtp
+    from bloomery_gates.reference.families.mimo2 import mtp as ref_mtp
 
     path = _write(tmp_path, "m.gguf")
     spec = load_target(path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bloomery_cli.contract import Report
-from bloomery_cli.oracle import Float32AsFloat64
+from bloomery_cli.oracle.hf import Float32AsFloat64
 from bloomery_gates.gates import moe_checks
 from bloomery_gates.gates.close import close, exact_and_emulated
 from bloomery_gates.kernels.ops import moe as kmoe

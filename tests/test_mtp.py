@@ -18,16 +18,16 @@ from bloomery_cli.speculative import generate, kept_rows
 from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import mtp as kmtp
-from bloomery_gates.kernels.families.qwen38 import Qwen38Target
-from bloomery_gates.kernels.families.qwen38 import forward_train as target_forward
+from bloomery_gates.kernels.families.qwen38.model import Qwen38Target
+from bloomery_gates.kernels.families.qwen38.model import forward_train as target_forward
 from bloomery_gates.reference.drafts import mtp as ref_mtp
-from bloomery_gates.reference.families import qwen38 as ref_qwen38
+from bloomery_gates.reference.families.qwen38 import model as ref_qwen38
 from bloomery_gates.spec import MTPSpec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 HAVE_FIXTURE = (FIXTURES / "qwen38-tiny").is_dir() and (FIXTURES / "qwen38-tiny-dflash-b8").is_dir()
 needs_fixture = pytest.mark.skipif(not HAVE_FIXTURE, reason="fixtures/qwen38-tiny not built "
-                                   "(python -m bloomery_cli.fixturegen.qwen38_drafts --out fixtures)")
+                                   "(python -m bloomery_cli.families.qwen38.fixture_drafts --out fixtures)")
 
 
 def mtp_of(t) -> MTPSpec:
@@ -193,7 +193,7 @@ def test_reader_named_errors(tmp_path):
 def test_reader_gguf_names_and_refusal(tmp_path):
     from tokenizers import Tokenizer
 
-    from bloomery_cli.fixturegen.qwen38_target import Qwen38Shape, write_qwen38_gguf
+    from bloomery_cli.families.qwen38.fixture import Qwen38Shape, write_qwen38_gguf
 
     tok_file = FIXTURES / "tokenizer.json"
     if not tok_file.is_file():
@@ -293,8 +293,8 @@ def test_tiny_qwen38_build(tmp_path):
     """The fixture pipeline end to end on a few steps: files, read-back, manifest, and the gates load them."""
     import shutil
 
+    from bloomery_cli.families.qwen38.fixture_drafts import Qwen38DraftsConfig, build_qwen38
     from bloomery_cli.fixturegen.manifest import verify
-    from bloomery_cli.fixturegen.qwen38_drafts import Qwen38DraftsConfig, build_qwen38
     from bloomery_cli.fixturegen.train import TrainConfig
 
     if not (FIXTURES / "tokenizer.json").is_file():

@@ -29,7 +29,7 @@ def test_transformers_imports_beside_ours():
     from transformers import Qwen3Config
 
     import bloomery_gates.gates  # noqa: F401
-    import bloomery_gates.kernels.families.qwen3  # noqa: F401
+    import bloomery_gates.kernels.families.qwen3.model  # noqa: F401
 
     assert Qwen3Config(hidden_size=8, num_attention_heads=2).hidden_size == 8
     assert transformers.__version__

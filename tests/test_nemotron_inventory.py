@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_cli.fixturegen import nemotron_h
+from bloomery_cli.families.nemotron import fixture as nemotron_h
 from bloomery_cli.fixturegen.manifest import sha256_file
 from bloomery_cli.inventory import MTP_IN_FILE, NONE, inventory
-from bloomery_cli.plan_model import read_target
+from bloomery_cli.plan.model import read_target
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 HF, GG = FIX / nemotron_h.HF_DIR, FIX / nemotron_h.GGUF_NAME

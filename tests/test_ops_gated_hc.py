@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ops_check import check, fails_only, on_fake_device, report, stored
 
 from bloomery_cli.bands import Op
-from bloomery_cli.oracle import Float32AsFloat64
+from bloomery_cli.oracle.hf import Float32AsFloat64
 from bloomery_gates.kernels.ops import gated_hc as khc
 from bloomery_gates.reference.ops import gated_hc as rhc
 from bloomery_gates.reference.rounding import linear

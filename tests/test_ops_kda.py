@@ -15,7 +15,7 @@ import torch
 from ops_check import check, fails_only, on_fake_device, report, stored
 
 from bloomery_cli.bands import Op
-from bloomery_cli.oracle import Float32AsFloat64
+from bloomery_cli.oracle.hf import Float32AsFloat64
 from bloomery_gates.kernels.ops import kda as kkda
 from bloomery_gates.reference.ops import kda as rkda
 

@@ -15,7 +15,7 @@ import torch
 from ops_check import check, on_fake_device, report, stored
 
 from bloomery_cli.bands import Op
-from bloomery_cli.oracle import Float32AsFloat64
+from bloomery_cli.oracle.hf import Float32AsFloat64
 from bloomery_gates.kernels.ops import dsa as kdsa
 from bloomery_gates.kernels.ops import mla as kmla
 from bloomery_gates.reference.ops import dsa as rdsa

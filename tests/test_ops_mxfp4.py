@@ -95,7 +95,7 @@ def test_reference_routed_equals_hf_deepseek_v4_experts_f64():
     import transformers
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
-    from bloomery_cli.oracle import Float32AsFloat64
+    from bloomery_cli.oracle.hf import Float32AsFloat64
 
     w = packed_moe(4)
     cfg = transformers.DeepseekV4Config(hidden_size=H, intermediate_size=I, n_routed_experts=E,

@@ -14,7 +14,7 @@ import torch
 from ops_check import check, on_fake_device, report, stored
 
 from bloomery_cli.bands import Op
-from bloomery_cli.oracle import Float32AsFloat64
+from bloomery_cli.oracle.hf import Float32AsFloat64
 from bloomery_gates.kernels.ops import qsa as kqsa
 from bloomery_gates.kernels.ops.rope import rope_tables
 from bloomery_gates.reference.ops import dsa as rdsa

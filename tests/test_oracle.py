@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from test_reference import IDS, SHAPE, tiny_qwen3
 
-from bloomery_cli import bands, oracle
+from bloomery_cli import bands
+from bloomery_cli.oracle import hf as oracle
 from bloomery_gates.errors import InputError
-from bloomery_gates.reference.families import qwen3
+from bloomery_gates.reference.families.qwen3 import model as qwen3
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                               reason="transformers not installed (pip install '.[dev]')")

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bloomery_cli import llamacpp_run, oracle_llamacpp
+from bloomery_cli import llamacpp_run
 from bloomery_cli.contract import Report
 from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_cli.loading import load_mtp, load_target, load_tokenizer
+from bloomery_cli.oracle import llamacpp as oracle_llamacpp
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 QWEN3, QWEN38 = FIXTURES / "qwen3-tiny.gguf", FIXTURES / "qwen38-tiny.gguf"
@@ -40,8 +41,8 @@ def _regguf(tmp_path: Path, name: str, sections=None, swap_mtp_norms: bool = Fal
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
+    from bloomery_cli.families.qwen38.fixture import write_qwen38_gguf
     from bloomery_cli.fixturegen.manifest import Manifest
-    from bloomery_cli.fixturegen.qwen38_target import write_qwen38_gguf
     from bloomery_cli.fixturegen.regguf import shape_from_manifest
 
     t = load_file(str(FIXTURES / "qwen38-tiny" / "model.safetensors"))

@@ -1,4 +1,4 @@
-"""Tier 3 for block drafts: speculators' DFlash / DFlash2 / DSpark definitions (bloomery_cli.oracle_speculators)
+"""Tier 3 for block drafts: speculators' DFlash / DFlash2 / DSpark definitions (bloomery_cli.oracle.speculators)
 against our f64 reference and the kernels, on the trained fixtures; FAIL-first: planted defects turn the gate red."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from gate_run import run_named
 
-from bloomery_cli import oracle_speculators as osp
 from bloomery_cli.bands import logits_band, worst_rel
 from bloomery_cli.loading import load_target
+from bloomery_cli.oracle import speculators as osp
 from bloomery_gates.errors import InputError
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.reference.drafts import dflash as ref_dflash
 from bloomery_gates.reference.drafts import dflash2 as ref_dflash2
 from bloomery_gates.reference.drafts import dspark as ref_dspark
-from bloomery_gates.reference.families import qwen3 as ref_qwen3
+from bloomery_gates.reference.families.qwen3 import model as ref_qwen3
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")
 ORACLE_LINES = {"qwen3-dflash": 4, "qwen38-dflash": 4, "qwen3-dflash2": 8, "qwen38-dflash2": 8, "qwen3-dspark": 6}

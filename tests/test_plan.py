@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bloomery_cli import plan as plan_mod
 from bloomery_cli.cli import app
-from bloomery_cli.plan import decide, make_plan, parse_bytes
-from bloomery_cli.plan_model import read_draft, read_target
+from bloomery_cli.plan import core as plan_mod
+from bloomery_cli.plan.core import decide, make_plan, parse_bytes
+from bloomery_cli.plan.model import read_draft, read_target
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 PAIRS = [("qwen3-tiny", "qwen3-tiny-dflash-b8"), ("qwen3-tiny", "qwen3-tiny-dflash-b8-speculators"),
@@ -180,9 +180,9 @@ def test_read_draft_kinds():
 
 def test_measure_of_the_qwen38_shape_builder_at_tiny_widths(monkeypatch):
     """The qwen38-27b table and its random builder (plan_random) agree with the engine they feed, at tiny widths."""
-    from bloomery_cli import plan_random as q
-    from bloomery_cli.plan_measure import measure
-    from bloomery_cli.plan_shapes import plan_shape
+    from bloomery_cli.families.qwen38 import plan_shape as q
+    from bloomery_cli.plan.measure import measure
+    from bloomery_cli.plan.shapes import plan_shape
 
     for k, v in dict(H=64, LAYERS=4, INTER=96, VOCAB=512, HEADS=4, KV=2, HD=32, NK=2, NV=4, DK=16, DV=16).items():
         monkeypatch.setattr(q, k, v)
@@ -195,7 +195,7 @@ def test_measure_of_the_qwen38_shape_builder_at_tiny_widths(monkeypatch):
 def test_plan_peak_counts_what_is_alive_at_once():
     import torch
 
-    from bloomery_cli.plan_peak import peak_of
+    from bloomery_cli.plan.peak import peak_of
 
     def run():
         a = torch.zeros(1000, 1000)                # 4 MB

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bloomery_cli import plan as plan_mod
-from bloomery_cli import plan_mimo2
 from bloomery_cli.cli import app
-from bloomery_cli.plan import ELEM, bytes_at, make_plan, terms_of
-from bloomery_cli.plan_model import AttnGroup, read_draft, read_target
+from bloomery_cli.families.mimo2 import plan as plan_mimo2
+from bloomery_cli.plan import core as plan_mod
+from bloomery_cli.plan.core import ELEM, bytes_at, make_plan, terms_of
+from bloomery_cli.plan.model import AttnGroup, read_draft, read_target
 from bloomery_gates.gates.fixtures import FIXTURES
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -102,7 +102,7 @@ def _engine_resident(dtype: str, ctx: int) -> int:
     import torch
 
     from bloomery_cli.gate import DTYPES
-    from bloomery_cli.plan_measure import _build, _resident
+    from bloomery_cli.plan.measure import _build, _resident
     eng, drf, _, _ = _build(MIMO, MIMO, None, torch.device("cpu"), DTYPES[dtype], ctx)
     return _resident(eng, drf)
 

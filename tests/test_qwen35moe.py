@@ -21,10 +21,10 @@ from bloomery_cli.loading import load_mtp, load_target
 from bloomery_gates.errors import BadConfig, BadTensor
 from bloomery_gates.gates.targets import check_target
 from bloomery_gates.kernels.drafts.mtp import MTPDraft
-from bloomery_gates.kernels.families import qwen35moe as kq
+from bloomery_gates.kernels.families.qwen35moe import model as kq
 from bloomery_gates.kernels.ops import moe as kmoe
 from bloomery_gates.reference.drafts import mtp as ref_mtp
-from bloomery_gates.reference.families import qwen35moe as rq
+from bloomery_gates.reference.families.qwen35moe import model as rq
 from bloomery_gates.registry import FAMILIES
 from bloomery_gates.spec import MoEShape, MTPSpec, Qwen35MoeSpec
 
@@ -78,7 +78,7 @@ def mtp_of(spec: Qwen35MoeSpec) -> MTPSpec:
 @needs_hf
 @pytest.mark.parametrize("tied,types", [(True, (LIN, FULL, LIN)), (False, (FULL, LIN, LIN, FULL))])
 def test_reference_equals_hf_qwen3_5_moe_f64(tied, types):
-    from bloomery_cli.oracle_qwen35moe import hf_qwen35moe
+    from bloomery_cli.families.qwen35moe.oracle import hf_qwen35moe
 
     spec = make_qwen35moe(tied=tied, types=types)
     ref, hf = rq.forward(spec, IDS), hf_qwen35moe(spec, IDS)
@@ -218,7 +218,7 @@ needs_fixture = pytest.mark.skipif(not (FIXTURE / "qwen35moe-tiny").is_dir(), re
 
 @pytest.fixture(scope="module")
 def fixture_gguf(tmp_path_factory) -> Path:
-    from bloomery_cli.fixturegen.qwen35moe import export_gguf
+    from bloomery_cli.families.qwen35moe.fixture import export_gguf
     return export_gguf(FIXTURE, tmp_path_factory.mktemp("gguf") / "qwen35moe-tiny.gguf")
 
 

@@ -13,16 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bloomery_cli import bands, oracle
+from bloomery_cli import bands
 from bloomery_cli.contract import Report
-from bloomery_cli.fixturegen import qwen38_target as fx
+from bloomery_cli.families.qwen38 import fixture as fx
 from bloomery_cli.fixturegen.train import round_bf16
 from bloomery_cli.loading import load_target
+from bloomery_cli.oracle import hf as oracle
 from bloomery_gates.errors import BadConfig, BadTensor
 from bloomery_gates.gates.targets import check_target
-from bloomery_gates.kernels.families import qwen38 as kq
+from bloomery_gates.kernels.families.qwen38 import model as kq
 from bloomery_gates.kernels.ops.gated_deltanet import delta_chunked, delta_scan
-from bloomery_gates.reference.families import qwen38 as rq
+from bloomery_gates.reference.families.qwen38 import model as rq
 from bloomery_gates.registry import FAMILIES
 from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 

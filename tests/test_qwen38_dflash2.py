@@ -16,10 +16,10 @@ from bloomery_cli.gate import GateOptions, run_gate
 from bloomery_gates.gates import GATES
 from bloomery_gates.gates import qwen38_dflash2 as gate_mod
 from bloomery_gates.kernels.drafts import dflash2 as kd2
-from bloomery_gates.kernels.families.qwen38 import Qwen38Target, forward_train
+from bloomery_gates.kernels.families.qwen38.model import Qwen38Target, forward_train
 from bloomery_gates.kernels.ops import selector as ksel
 from bloomery_gates.reference.drafts import dflash2 as rd2
-from bloomery_gates.reference.families import qwen38 as rq38
+from bloomery_gates.reference.families.qwen38 import model as rq38
 
 LAST = (0, 2)          # three layers: feature 2 is the last layer's output, read through the final norm (1 + w)
 
@@ -65,7 +65,7 @@ def test_forward_train_uses_the_zero_centred_final_norm():
 needs_fixture = pytest.mark.skipif(
     not (gate_mod.GATE.draft / "config.json").is_file() or not (gate_mod.GATE.target / "config.json").is_file(),
     reason=f"fixture {gate_mod.GATE.draft} (or its target) absent: build it with "
-           "`python -m bloomery_cli.fixturegen.qwen38_dflash2 --out fixtures`")
+           "`python -m bloomery_cli.families.qwen38.fixture_dflash2 --out fixtures`")
 
 
 def _run(n: int = 64):

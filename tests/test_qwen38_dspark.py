@@ -21,7 +21,7 @@ from bloomery_gates.kernels.drafts.dspark import DSparkDraft
 needs_fixture = pytest.mark.skipif(
     not (gate_mod.GATE.draft / "config.json").is_file() or not (gate_mod.GATE.target / "config.json").is_file(),
     reason=f"fixture {gate_mod.GATE.draft} (or its target) absent: build it with "
-           "`python -m bloomery_cli.fixturegen.qwen38_dspark --out fixtures`")
+           "`python -m bloomery_cli.families.qwen38.fixture_dspark --out fixtures`")
 
 
 def test_registered():

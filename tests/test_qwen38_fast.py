@@ -1,4 +1,4 @@
-"""The graphed hybrid engine (kernels/families/qwen38_fast.py, ``FastQwen38Target``) on CPU: its logits against the
+"""The graphed hybrid engine (kernels/families/qwen38/fast.py, ``FastQwen38Target``) on CPU: its logits against the
 eager ``Qwen38Target`` inside the derived f32 logits band (the bundled fixture and a random small shape), the replay
 rollback's bit-exactness at every k (drafted == plain: logits, states, tails), the passes' graph safety (no host read
 inside a verify or a commit pass), a generate run lossless with the MTP and DFlash2 drafts; FAIL-first plants for
@@ -18,8 +18,8 @@ from bloomery_cli.loading import load_target
 from bloomery_cli.speculative import generate
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels import triton as ktriton
-from bloomery_gates.kernels.families.qwen38 import Qwen38Target
-from bloomery_gates.kernels.families.qwen38_fast import FastQwen38Target
+from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+from bloomery_gates.kernels.families.qwen38.model import Qwen38Target
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 triton_only = pytest.mark.skipif(not ktriton.available(DEVICE), reason=(
@@ -226,7 +226,7 @@ def test_triton_engine_matches_torch_engine():
 
 def test_drafted_generate_is_lossless_with_mtp_and_dflash2():
     """The bench's drafts bound to the fast engine: greedy drafted ids == plain ids (rows padded alike)."""
-    from bloomery_cli.bench_hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
+    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
     from bloomery_gates.kernels.drafts.dflash2 import DFlash2Draft
     from bloomery_gates.kernels.drafts.mtp import MTPDraft
 

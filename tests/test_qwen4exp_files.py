@@ -20,7 +20,7 @@ from bloomery_cli.families.qwen4exp.reader import qwen4exp_from_hf
 from bloomery_cli.families.qwen4exp.reader_gguf import qwen4exp_from_gguf
 from bloomery_cli.families.qwen4exp.reader_mtp import qwen4exp_mtp_from_gguf
 from bloomery_cli.inventory import MTP_SIDECAR, inventory
-from bloomery_cli.plan_model import read_target
+from bloomery_cli.plan.model import read_target
 from bloomery_gates.errors import InputError
 
 H, V, L, E, K, FF, HC, R = 64, 128, 4, 8, 2, 32, 4, 16

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bloomery_gates.reference.drafts import dflash
-from bloomery_gates.reference.families import qwen3
+from bloomery_gates.reference.families.qwen3 import model as qwen3
 from bloomery_gates.reference.ops.attention import attention, causal_mask, softmax
 from bloomery_gates.reference.ops.mlp import silu, swiglu
 from bloomery_gates.reference.ops.norm import rms_norm

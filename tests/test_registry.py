@@ -41,9 +41,9 @@ def test_detection_is_one_to_one():
 
 
 def test_capabilities_are_what_the_code_reads():
-    from bloomery_cli import draft_device, tp
     from bloomery_cli.formats import mtp
-    from bloomery_gates.reference.families import qwen38
+    from bloomery_cli.parallel import draft_device, tp
+    from bloomery_gates.reference.families.qwen38 import model as qwen38
 
     assert keys(draft_device=True) == draft_device.FAMILIES and keys(tp=True) == tp.FAMILIES
     assert keys(mtp="in-file") == mtp.MTP_FAMILIES and keys(hybrid=True) == qwen38.HYBRIDS
@@ -89,7 +89,7 @@ def test_the_list_check_sees_a_planted_list():
 
 # shared modules a role may name: the bands, the state declarations and MoE lines of relatives, and the transformers
 # oracle machinery (build_hf_model) that holds the first two families' oracles beside it
-SHARED = {"bloomery_cli/bands.py", "gates/state_decls.py", "gates/moe_checks.py", "bloomery_cli/oracle.py"}
+SHARED = {"bloomery_cli/bands.py", "gates/state_decls.py", "gates/moe_checks.py", "bloomery_cli/oracle/hf.py"}
 
 
 def architecture_places() -> list[str]:
@@ -132,4 +132,35 @@ def test_the_architecture_check_sees_a_place_off_the_list():
 
     pats = [p.replace("<family>", "qwen3") for p in architecture_places()]
     assert not any(fnmatch("bloomery_cli/loading.py", p) for p in pats)
-    assert any(fnmatch("kernels/families/qwen3.py", p) for p in pats)
+    assert any(fnmatch("kernels/families/qwen3/model.py", p) for p in pats)
+
+
+def family_file_strays(paths: list[str], keys) -> list[str]:
+    """Files named after a family (its key in the file name) outside its folders and its gate definitions: the
+    places docs/ARCHITECTURE.md's "Adding a family" list names (tests, docs, results and fixtures aside)."""
+    import re
+
+    out = []
+    for p in paths:
+        if p.startswith(("tests/", "docs/", "results/", "fixtures/", ".")) or "/families/" in p:
+            continue
+        name = p.rsplit("/", 1)[-1]
+        named = any(re.search(rf"(^|_){re.escape(k)}(_|\.|yarn)", name) for k in keys)
+        if named and not (p.startswith("gates/") and name.endswith(".py")):
+            out.append(p)
+    return out
+
+
+def test_a_familys_files_live_in_its_places():
+    import subprocess
+
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    assert family_file_strays(tracked, FAMILIES) == []
+
+
+def test_the_stray_check_sees_a_family_file_in_a_shared_folder():
+    assert family_file_strays(["bloomery_cli/formats/mimo2_gguf.py", "bloomery_cli/plan/mimo2.py",
+                               "bloomery_cli/families/mimo2/reader.py", "gates/mimo2_mtp.py"], ["mimo2"]) == \
+        ["bloomery_cli/formats/mimo2_gguf.py", "bloomery_cli/plan/mimo2.py"]

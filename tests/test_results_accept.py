@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
-from bloomery_cli.results_accept import BEGIN, END, summary_rows
+from bloomery_cli.results.accept import BEGIN, END, summary_rows
 
 
 def rec(gate: str, kind: str, date: str, am: float, device: str = "NVIDIA H200") -> dict:

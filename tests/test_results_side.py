@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bloomery_cli import results_side
-from bloomery_cli.results_side import SIDE_HEAD, side_by_side_rows
-from bloomery_cli.results_table import SAMPLED_ANCHORS, load_records, render
+from bloomery_cli.results import side as results_side
+from bloomery_cli.results.side import SIDE_HEAD, side_by_side_rows
+from bloomery_cli.results.table import SAMPLED_ANCHORS, load_records, render
 
 
 def _rec(gate: str, device: str, dtype: str, accept: float, t: float | None = None, date: str = "2026-12-01",
@@ -124,7 +124,7 @@ def test_planted_defect_random_runs_among_the_acceptance_rows(tmp_path, monkeypa
 
 
 def test_a_draft_on_its_own_device_or_a_split_target_gets_rows_of_its_own():
-    from bloomery_cli.results_side import device_label
+    from bloomery_cli.results.side import device_label
 
     base = {"device": "cuda", "conditions": {"device_name": "NVIDIA H200"}, "load": {"draft": "dflash"}}
     assert device_label(base) == "NVIDIA H200"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bloomery_cli.results_table import ANCHORS, load_records, render, write
+from bloomery_cli.results.table import ANCHORS, load_records, render, write
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -41,7 +41,7 @@ def test_render_is_a_function_of_the_records():
 
 def test_bench_record_tables(tmp_path):
     shutil.copytree(RESULTS / "h200", tmp_path / "h200")
-    from bloomery_cli.bench import bench
+    from bloomery_cli.bench.command import bench
 
     rec = bench("qwen3-dflash", "tiny", "cpu", "f32", prompt_len=16, n=24, hf_tokens=4, emit=lambda line: None,
                 quiet=True)
@@ -87,7 +87,7 @@ def test_results_command_exit_codes(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from bloomery_cli.results_table import results_command
+    from bloomery_cli.results.table import results_command
 
     app = typer.Typer()
     app.command()(results_command)

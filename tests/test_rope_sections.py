@@ -54,8 +54,8 @@ def _regguf(tmp_path: Path, sections) -> Path:
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
+    from bloomery_cli.families.qwen38.fixture import write_qwen38_gguf
     from bloomery_cli.fixturegen.manifest import Manifest
-    from bloomery_cli.fixturegen.qwen38_target import write_qwen38_gguf
     from bloomery_cli.fixturegen.regguf import shape_from_manifest
 
     if not (FIXTURES / "qwen38-tiny" / "model.safetensors").is_file():

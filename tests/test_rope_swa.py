@@ -12,8 +12,8 @@ from conftest_formats import make_dflash, make_qwen3_hf, write_tokenizer
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
+from bloomery_cli.families.qwen3.reader import layer_shape_from_hf
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.loading import load_dflash, load_target
 from bloomery_gates.errors import BadConfig
 from bloomery_gates.kernels.ops import attention as katt
@@ -38,7 +38,7 @@ def test_inv_freq_and_attention_factor_match_transformers(hf, ours, head_dim, th
     tf = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from bloomery_cli.oracle import Float32AsFloat64
+    from bloomery_cli.oracle.hf import Float32AsFloat64
 
     cfg = tf.Qwen3Config(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
                          max_position_embeddings=1024, rope_parameters={**hf, "rope_theta": theta})

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import bloomery_cli.sampling as sampling
-from bloomery_cli.sampling import Sampling, process
-from bloomery_cli.sampling_exact import law, prove
+import bloomery_cli.sampling.rule as sampling
+from bloomery_cli.sampling.exact import law, prove
+from bloomery_cli.sampling.rule import Sampling, process
 
 EXACT = 1e-14      # float64: sums of a few hundred products of ~10 factors
 CASES = {                                                          # (conditions, draft structure, vocab, n)

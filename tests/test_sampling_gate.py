@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import bloomery_cli.sampling as sampling
+import bloomery_cli.sampling.rule as sampling
 from bloomery_cli.cli import app
-from bloomery_cli.sampling import process
+from bloomery_cli.sampling.rule import process
 from bloomery_gates.gates.fixtures import FIXTURES, PROMPTS
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "qwen3-tiny").is_dir(), reason="fixtures/ not built")

@@ -7,7 +7,7 @@ import torch
 from bloomery_cli.metrics import Tally
 from bloomery_cli.speculative import generate, kept_rows
 from bloomery_gates.kernels.drafts.dflash import DFlashDraft
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
 
 
 def test_kept_rule_design_example():

@@ -20,8 +20,8 @@ from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.drafts import dspark as kdspark
 from bloomery_gates.kernels.drafts.dflash import DFlashDraft
 from bloomery_gates.kernels.drafts.mtp import MTPDraft
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
-from bloomery_gates.kernels.families.qwen38 import Qwen38Target
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
+from bloomery_gates.kernels.families.qwen38.model import Qwen38Target
 
 needs_fixtures = pytest.mark.skipif(not (FIXTURES / "qwen38-tiny").is_dir(), reason="fixtures/ not built")
 STATE = "(r) state after "

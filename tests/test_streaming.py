@@ -14,7 +14,7 @@ from bloomery_cli.formats.lazy import stored_bytes
 from bloomery_cli.gate import tensor_bytes
 from bloomery_gates.lru import ByteLRU
 from bloomery_gates.reference import weights as weights_mod
-from bloomery_gates.reference.families import qwen3
+from bloomery_gates.reference.families.qwen3 import model as qwen3
 from bloomery_gates.reference.rounding import stored_as
 from bloomery_gates.reference.weights import F64Weights
 

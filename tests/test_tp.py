@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 from bloomery_cli.bands import logits_band, worst_rel
 from bloomery_cli.cli import app
 from bloomery_cli.loading import load_target
+from bloomery_cli.parallel.tp import TPQwen3Target, closing
 from bloomery_cli.prompts import read_prompts
-from bloomery_cli.tp import TPQwen3Target, closing
 from bloomery_gates.gates.fixtures import FIXTURES, PROMPTS
-from bloomery_gates.kernels.families import qwen3_tp
-from bloomery_gates.kernels.families.qwen3 import Qwen3Target
+from bloomery_gates.kernels.families.qwen3 import tp as qwen3_tp
+from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
 
 TARGET = FIXTURES / "qwen3-tiny"
 pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="torch has no gloo backend")
@@ -128,7 +128,7 @@ DRIVER = """
 import os, sys, torch
 from pathlib import Path
 from bloomery_cli.loading import load_target
-from bloomery_cli.tp import TPQwen3Target
+from bloomery_cli.parallel.tp import TPQwen3Target
 t = Path(sys.argv[1])
 tp = TPQwen3Target(load_target(t), torch.device("cpu"), torch.float32, 64, 8, 2, t)
 tp.prefill([1, 2, 3])

@@ -82,7 +82,7 @@ def test_cost_policy_keeps_ids_on_the_fixture_pair():
     from bloomery_cli.loading import load_dflash, load_target, load_tokenizer
     from bloomery_gates.gates.fixtures import FIXTURES, PROMPTS
     from bloomery_gates.kernels.drafts.dflash import DFlashDraft
-    from bloomery_gates.kernels.families.qwen3 import Qwen3Target
+    from bloomery_gates.kernels.families.qwen3.model import Qwen3Target
 
     target = load_target(FIXTURES / "qwen3-tiny")
     dspec = load_dflash(FIXTURES / "qwen3-tiny-dflash-b8", target)

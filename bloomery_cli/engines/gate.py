@@ -17,7 +17,7 @@ from ..contract import Report, stdout_emit
 from ..loading import load_target, load_tokenizer
 from ..preflight import check_n, check_output_file
 from ..prompts import read_prompts
-from ..records import write_report
+from ..results.records import write_report
 from . import llamacpp
 from . import record as rec
 from .judge import Judge

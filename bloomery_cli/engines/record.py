@@ -25,7 +25,7 @@ from typing import Any
 from bloomery_gates.errors import BadConfig
 
 from ..files import parse_json, read_text
-from ..records import write_text_atomic
+from ..results.records import write_text_atomic
 
 SCHEMA = "bloomery.engine-record/1"
 WHAT = "engine record"

@@ -23,8 +23,8 @@ import numpy as np
 from bloomery_gates.reference.drafts import dflash as ref_dflash
 from bloomery_gates.reference.drafts import dflash2 as ref_dflash2
 from bloomery_gates.reference.drafts import dspark as ref_dspark
-from bloomery_gates.reference.drafts import mimo2_mtp as ref_mimo2_mtp
 from bloomery_gates.reference.drafts import mtp as ref_mtp
+from bloomery_gates.reference.families.mimo2 import mtp as ref_mimo2_mtp
 from bloomery_gates.reference.xp import run
 
 from ..speculative import kept_rows
@@ -61,7 +61,7 @@ def mtp_zero_first(d, t, taps, seq, s, width):
     """The MTP chain as llama.cpp's draft-mtp driver stores it (common/speculative.cpp): its MTP store also holds a
     row 0 that pairs token 0 with a ZERO hidden at position 0, which every later MTP query attends to; the
     checkpoint's own math (HF / vLLM, ``_mtp``) has no such row. Used only to name the cause of a difference."""
-    from bloomery_gates.reference.families.qwen3 import embed_rows
+    from bloomery_gates.reference.families.qwen3.model import embed_rows
 
     fin = np.asarray(taps.final)
     toks, hid = list(seq[:s + 1]), [np.zeros(fin.shape[1])] + list(fin[:s])

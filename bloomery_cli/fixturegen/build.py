@@ -223,7 +223,7 @@ def build(out_dir: Path, device: str = "cuda", quick: bool = False, progress=Non
         raise RuntimeError("device cuda asked for but torch.cuda.is_available() is False; use --device cpu")
     dev = torch.device(device)
     if target_forward is None:
-        from bloomery_gates.kernels.families.qwen3 import forward_train as target_forward
+        from bloomery_gates.kernels.families.qwen3.model import forward_train as target_forward
     if draft_forward is None:
         from bloomery_gates.kernels.drafts.dflash import forward_train as draft_forward
     rep = Reporter(progress, every=cfg.target.log_every, quiet=quiet)

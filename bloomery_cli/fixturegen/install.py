@@ -58,7 +58,7 @@ def keep_other_entries(man: Manifest, out: Path) -> list[str]:
     if not kept:
         return []
     return [f"kept in the manifest from other builds: {', '.join(kept)}; if the tokenizer changed, rebuild them "
-            "(python -m bloomery_cli.fixturegen.qwen38_drafts, then qwen38_dflash2 and qwen38_dspark); the "
+            "(python -m bloomery_cli.families.qwen38.fixture_drafts, then qwen38_dflash2 and qwen38_dspark); the "
             "speculators-layout copies of the qwen3 drafters are remade by fixturegen.speculators_layout"]
 
 

@@ -38,12 +38,12 @@ from safetensors.torch import save_file
 from bloomery_cli.formats.dflash import backbone_shapes, default_target_layer_ids
 from bloomery_cli.formats.dflash2 import conv_tensor_shapes, selector_tensor_shapes
 from bloomery_cli.formats.mtp import mtp_shapes
-from bloomery_cli.formats.qwen3 import tensor_shapes as qwen3_shapes
-from bloomery_cli.formats.qwen38 import baked_plus_one
-from bloomery_cli.formats.qwen38 import tensor_shapes as qwen38_shapes
 
+from ..families.qwen3.reader import tensor_shapes as qwen3_shapes
+from ..families.qwen38.fixture import Qwen38Shape, hf_config
+from ..families.qwen38.reader import baked_plus_one
+from ..families.qwen38.reader import tensor_shapes as qwen38_shapes
 from .export_hf import draft_config, target_config
-from .qwen38_target import Qwen38Shape, hf_config
 from .train import DraftShape, TargetShape
 from .train_dflash2 import DFlash2Shape, dflash2_config, dflash2_spec
 

@@ -26,11 +26,11 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from bloomery_cli.formats.gguf_file import GGUFFile
-from bloomery_cli.formats.qwen38 import baked_plus_one
 
+from ..families.qwen38.fixture import Qwen38Shape, write_qwen38_gguf
+from ..families.qwen38.fixture_drafts import GGUF, TARGET
+from ..families.qwen38.reader import baked_plus_one
 from .manifest import Manifest, file_entry, verified
-from .qwen38_drafts import GGUF, TARGET
-from .qwen38_target import Qwen38Shape, write_qwen38_gguf
 
 
 def shape_from_manifest(entry: dict) -> Qwen38Shape:

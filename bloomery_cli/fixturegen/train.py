@@ -1,6 +1,6 @@
 """Training the fixture target (next-token CE) and distilling its DFlash draft (torch, CPU or CUDA).
 
-The forwards are the device engine's differentiable ones (``kernels.families.qwen3.forward_train``
+The forwards are the device engine's differentiable ones (``kernels.families.qwen3.model.forward_train``
 and ``kernels.drafts.dflash.forward_train``), so the fixtures are trained by the very math the gates
 run; ``build`` passes them in (tests may pass stand-ins).
 

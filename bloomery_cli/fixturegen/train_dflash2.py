@@ -167,7 +167,7 @@ def train_dflash2(target_params: Mapping[str, torch.Tensor], target_spec: ModelS
     (default: the qwen3 family's; a qwen38 target passes a closure over its own spec, as the spec handed in by
     ``greedy_pool`` / ``eval_draft`` is the qwen3 form of the target's shape)."""
     from bloomery_gates.kernels.drafts.dflash2 import forward_train
-    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
+    from bloomery_gates.kernels.families.qwen3.model import forward_train as qwen3_forward
 
     tforward = target_forward or qwen3_forward
 

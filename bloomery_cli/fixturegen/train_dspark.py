@@ -110,7 +110,7 @@ def train_dspark(target_params: Mapping[str, torch.Tensor], target_spec: ModelSp
     the qwen3 family's; the qwen38 build passes its own).
     """
     from bloomery_gates.kernels.drafts.dspark import forward_train as dforward
-    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
+    from bloomery_gates.kernels.families.qwen3.model import forward_train as qwen3_forward
 
     tforward = target_forward or qwen3_forward
 
@@ -179,7 +179,7 @@ def eval_dspark(dparams: Mapping[str, torch.Tensor], dspec: DSparkSpec, tparams:
     acceptance length 1 + min(leading agreements, drafts kept) (exact for a greedy verify on rows that
     are the target's own greedy continuation)."""
     from bloomery_gates.kernels.drafts.dspark import forward_train as dforward
-    from bloomery_gates.kernels.families.qwen3 import forward_train as qwen3_forward
+    from bloomery_gates.kernels.families.qwen3.model import forward_train as qwen3_forward
 
     tforward = target_forward or qwen3_forward
     b = dspec.block_size

@@ -87,7 +87,7 @@ def init_eagle3(target: ModelSpec, target_params: Mapping[str, torch.Tensor], sh
 def precompute(tparams: Mapping[str, torch.Tensor], tspec: ModelSpec, rows: torch.Tensor, aux: tuple[int, ...],
                batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """(aux rows [N, T, n*H] float32, target argmax labels [N, T]) of the frozen target over ``rows``."""
-    from bloomery_gates.kernels.families.qwen3 import forward_train
+    from bloomery_gates.kernels.families.qwen3.model import forward_train
 
     feats, labels = [], []
     for b0 in range(0, rows.shape[0], batch):

@@ -28,10 +28,11 @@ from typing import Any
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf, layer_tensor_shapes
 from bloomery_cli.formats.sliding import draft_windows
 from bloomery_gates.errors import BadTensor, Mismatch
 from bloomery_gates.spec import DFlashSpec, LayerShape, ModelSpec
+
+from ..families.qwen3.reader import Shapes, layer_shape_from_hf, layer_tensor_shapes
 
 ARCHITECTURE = "DFlashDraftModel"
 

@@ -25,9 +25,10 @@ from typing import Any
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids, open_block_draft
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf
 from bloomery_gates.errors import Mismatch
 from bloomery_gates.spec import DFlash2Spec, ModelSpec
+
+from ..families.qwen3.reader import Shapes, layer_shape_from_hf
 
 ARCHITECTURE = "DFlash2DraftModel"
 CONVS = ("attention_conv", "mlp_conv")

@@ -29,9 +29,10 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_gates.errors import Mismatch
 from bloomery_gates.spec import DSparkSpec, ModelSpec
+
+from ..families.qwen3.reader import layer_shape_from_hf
 
 ARCHITECTURE = "Qwen3DSparkModel"
 BUILT_MARKOV_HEADS = ("vanilla",)

@@ -31,9 +31,10 @@ from bloomery_cli.formats.eagle3_vocab import check_embedding, draft_to_target
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes
 from bloomery_cli.formats.mtp import Subset
-from bloomery_cli.formats.qwen3 import Shapes, layer_shape_from_hf
 from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.spec import Eagle3Spec, LayerShape, ModelSpec
+
+from ..families.qwen3.reader import Shapes, layer_shape_from_hf
 
 SPECULATORS_TYPE = "eagle3"
 LAYER_TYPES = ("qwen3", "llama")

@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 from bloomery_cli.formats.lazy import check_shapes
-from bloomery_cli.formats.qwen35moe import qwen35moe_from_gguf, qwen35moe_from_hf
-from bloomery_cli.formats.qwen35moe import tensor_shapes as qwen35moe_shapes
-from bloomery_cli.formats.qwen38 import gguf_name, qwen38_from_gguf, qwen38_from_hf, tensor_shapes
 from bloomery_gates.errors import BadConfig, BadTensor, Mismatch, Refused
 from bloomery_gates.registry import keys
 from bloomery_gates.spec import MTPSpec, Qwen38Spec
+
+from ..families.qwen35moe.reader import qwen35moe_from_gguf, qwen35moe_from_hf
+from ..families.qwen35moe.reader import tensor_shapes as qwen35moe_shapes
+from ..families.qwen38.reader import gguf_name, qwen38_from_gguf, qwen38_from_hf, tensor_shapes
 
 SUPPORTED_LAYERS = 1
 MTP_FAMILIES = keys(mtp="in-file")     # the registry: the head ships in the target's own file

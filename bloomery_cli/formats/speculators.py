@@ -59,10 +59,11 @@ from safetensors import SafetensorError, safe_open
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, Shapes, check_shapes, layer_bound
-from bloomery_cli.formats.qwen3 import layer_shape_from_hf
 from bloomery_cli.formats.sliding import speculators_windows
 from bloomery_gates.errors import BadTensor, InputError, Mismatch
 from bloomery_gates.spec import LayerShape, ModelSpec
+
+from ..families.qwen3.reader import layer_shape_from_hf
 
 KINDS = ("dflash", "dflash2", "dspark")
 KEY = "speculators_model_type"

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import FusedLayer, LayerWeights, Qwen3Target, decoder_layer, project_kv
+from ..families.qwen3.model import FusedLayer, LayerWeights, Qwen3Target, decoder_layer, project_kv
 from ..graphs import GraphSet, Staged
 from ..ops.attention import anchored_mask, attend, sliding_mask
 from ..ops.norm import rms_norm

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
-from ..families.qwen3 import LayerWeights, Qwen3Target, project_kv, project_q
-from ..families.qwen38 import Qwen38Target, norm_gain
+from ..families.qwen3.model import LayerWeights, Qwen3Target, project_kv, project_q
+from ..families.qwen38.model import Qwen38Target, norm_gain
 from ..ops.attention import attend
 from ..ops.dynamic_conv import conv_delta, dynamic_conv
 from ..ops.mlp import swiglu

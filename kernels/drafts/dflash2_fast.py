@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..families.qwen3 import project_kv
+from ..families.qwen3.model import project_kv
 from ..graphs import GraphSet, Staged
 from ..ops.attention import attend
 from ..ops.norm import rms_norm

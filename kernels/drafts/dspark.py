@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import DSparkSpec, ModelSpec
 
-from ..families.qwen3 import LayerWeights, Qwen3Target, decoder_layer, project_kv
+from ..families.qwen3.model import LayerWeights, Qwen3Target, decoder_layer, project_kv
 from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables

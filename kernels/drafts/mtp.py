@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from bloomery_gates.spec import MTPSpec, Qwen38Spec
 
 from ..families.ffn import ffn_for
-from ..families.qwen38 import Qwen38Target, attention_mixer, norm_gain
+from ..families.qwen38.model import Qwen38Target, attention_mixer, norm_gain
 from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables

@@ -16,8 +16,8 @@ import torch
 
 from bloomery_gates.spec import MTPSpec
 
-from ..families.qwen38 import norm_gain
-from ..families.qwen38_fast import _Cast, fast_attn, ffn_into, gated_attention
+from ..families.qwen38.fast import _Cast, fast_attn, ffn_into, gated_attention
+from ..families.qwen38.model import norm_gain
 from ..graphs import GraphSet, Staged
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables

@@ -11,7 +11,7 @@ Scan (``delta_scan``): one row at a time; row t's arithmetic reads only S_{t-1} 
 the same numbers however many rows share the call. ``keep=True`` also returns the state after every row
 ([..., T, nv, dk, dv]; tests). ``delta_recurrent`` is the scan as the engine's verify and commit call it
 (outputs and the last state only): the commit replays the kept rows through it and gets the verify's bits
-(kernels/families/qwen38.py; its Triton twin is kernels/triton/deltanet.py).
+(kernels/families/qwen38/model.py; its Triton twin is kernels/triton/deltanet.py).
 
 Chunked (``delta_chunked``, chunks of C rows, differentiable; training and the engine's prefill): inside a
 chunk with entry state S0 and

@@ -101,7 +101,7 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_
 
 @functools.cache
 def _measured() -> dict[str, tuple[int, ...] | None]:
-    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits)]} (``bloomery_cli.bench_gemv
+    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits)]} (``bloomery_cli.bench.gemv
     --write-configs``), read once; empty when unset."""
     path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
     return {k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()} if path else {}

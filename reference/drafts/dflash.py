@@ -30,7 +30,7 @@ import numpy as np
 
 from bloomery_gates.spec import DFlashSpec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head, hf_hidden_states, mlp, project_kv, self_attention
+from ..families.qwen3.model import RefOut, embed, head, hf_hidden_states, mlp, project_kv, self_attention
 from ..ops.attention import anchored_mask, sliding_mask
 from ..ops.norm import rms_norm
 from ..rounding import linear, st

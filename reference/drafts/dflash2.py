@@ -23,7 +23,7 @@ import numpy as np
 
 from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
+from ..families.qwen3.model import RefOut, embed, head, mlp, self_attention
 from ..ops.dynamic_conv import conv_delta, dynamic_conv
 from ..ops.norm import rms_norm
 from ..ops.selector import scaled_logits, select

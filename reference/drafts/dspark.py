@@ -31,7 +31,7 @@ import numpy as np
 
 from bloomery_gates.spec import DSparkSpec, ModelSpec
 
-from ..families.qwen3 import RefOut, embed, head, mlp, self_attention
+from ..families.qwen3.model import RefOut, embed, head, mlp, self_attention
 from ..ops.norm import rms_norm
 from ..rounding import st
 from ..weights import as_f64

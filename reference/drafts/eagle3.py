@@ -32,7 +32,7 @@ import numpy as np
 
 from bloomery_gates.spec import Eagle3Spec, ModelSpec
 
-from ..families.qwen3 import embed_rows, mlp
+from ..families.qwen3.model import embed_rows, mlp
 from ..ops.attention import attention, causal_mask
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope

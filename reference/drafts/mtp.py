@@ -28,8 +28,8 @@ import numpy as np
 from bloomery_gates.spec import MTPSpec, Qwen38Spec
 
 from ..families.ffn import ffn_for
-from ..families.qwen3 import embed_rows, head
-from ..families.qwen38 import gated_attention, norm1p, project_kv
+from ..families.qwen3.model import embed_rows, head
+from ..families.qwen38.model import gated_attention, norm1p, project_kv
 from ..ops.attention import causal_mask
 from ..rounding import linear, st
 from ..weights import as_f64

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 from bloomery_gates.errors import InputError
 from bloomery_gates.registry import family
+
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 
 FAMILY = "glm5next"
 VERIFY_ROWS = 4

@@ -20,10 +20,11 @@ from math import prod
 from pathlib import Path
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.plan_types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 from bloomery_gates.errors import InputError, Mismatch
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape
+
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
 
 FAMILY = "qwen4exp"
 VERIFY_ROWS = 4                  # bloomery's qwen4exp MTP windows are 4 rows (issue 25)

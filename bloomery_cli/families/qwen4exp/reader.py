@@ -27,10 +27,11 @@ from pathlib import Path
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
-from bloomery_cli.formats.qwen35moe import StackedExperts, moe_layer_shapes
-from bloomery_cli.formats.qwen38 import MappedTensors, Shapes, _shapes_from_cfg
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, PLEShape, QSAShape, Qwen4ExpSpec
+
+from ..qwen35moe.reader import StackedExperts, moe_layer_shapes
+from ..qwen38.reader import MappedTensors, Shapes, _shapes_from_cfg
 
 FAMILY = "qwen4exp"
 KINDS = {"linear_attention": "linear_attention", "indexed_attention": "full_attention",

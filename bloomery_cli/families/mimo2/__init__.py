@@ -1,0 +1,2 @@
+"""The mimo2 family's readers, plan terms, oracles and fixture builders (its registry entry:
+bloomery_gates/registry.py)."""

@@ -1,0 +1,1 @@
+"""Result records and what is made from them: ``bloomery results`` tables, READMEs and plots."""

@@ -1,0 +1,1 @@
+"""The qwen35moe family's torch engine (kernels/ops wired) (its registry entry: bloomery_gates/registry.py)."""

@@ -1,0 +1,2 @@
+"""The qwen35moe family's float64 reference (reference/ops wired) (its registry entry:
+bloomery_gates/registry.py)."""
