@@ -103,8 +103,8 @@ def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
     seq = list(c.prompt) + list(plain_ids[:32])
     hf = hf_mtp_chain(c.target_spec, seq, spec.num_layers)
     if hf is None:
-        report.note("(o) mtp: transformers' MtpModel does not exist in the installed transformers; no tier-3 line "
-                    "for the draft")
+        report.note("(o) mtp: the installed transformers has no MtpModel with forward_layer / _project_to_logits "
+                    "(5.17 lacks them); no tier-3 line for the draft")
         return
     ours = ref_mtp.chain(spec, c.target_spec, seq, forward(c.target_spec, seq).final, "post")
     t = c.target_spec

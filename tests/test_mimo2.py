@@ -176,6 +176,20 @@ def test_tier3_transformers(ckpt):
         assert want.shape == ours.logits[k].shape and rel(ours.logits[k], want) < 1e-12
 
 
+def test_tier3_chain_on_an_mtp_model_without_its_layer_step_is_none(ckpt, monkeypatch):
+    """transformers 5.17's MtpModel has no forward_layer / _project_to_logits (the H200 image): no chain, so the
+    gate notes the missing (o) line instead of ending in an AttributeError (bloomery gates on the H200 did)."""
+    layers = pytest.importorskip("transformers.modeling_layers")
+    from bloomery_cli.families.mimo2.oracle import hf_mtp_chain
+
+    class Bare(torch.nn.Module):
+        def __init__(self, *a, **k):
+            super().__init__()
+
+    monkeypatch.setattr(layers, "MtpModel", Bare, raising=False)
+    assert hf_mtp_chain(ckpt[0], PROMPT, 3) is None
+
+
 # --------------------------------------------------------------------------------- the gate, FAIL-first
 
 needs_fixture = pytest.mark.skipif(not FIXTURE, reason="fixtures/mimo2-tiny not built "

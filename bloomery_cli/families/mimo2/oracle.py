@@ -107,10 +107,13 @@ def hf_mtp_chain(spec: Mimo2Spec, ids: Sequence[int], steps: int) -> list[np.nda
     """transformers' ``MtpModel`` (the section-3 shim) on the trunk, float64, teacher-forced over ``ids``: step s
     (1..steps) runs MTP layer s-1 over every row its inputs reach, HF's own loop (``MtpModel.forward``'s roll of
     ids, positions and the previous layer's output). Returns per step the logits [T-s, V]: step s's row i reads
-    token i+s and predicts token i+s+1. None where the installed transformers has no MtpModel."""
+    token i+s and predicts token i+s+1. None where the installed transformers has no MtpModel, or one without the
+    per-layer step this chain drives (``forward_layer`` / ``_project_to_logits``: transformers 5.17 lacks them)."""
     try:
         from transformers.modeling_layers import MtpModel
     except ImportError:
+        return None
+    if not (hasattr(MtpModel, "forward_layer") and hasattr(MtpModel, "_project_to_logits")):
         return None
     model = build_hf_mimo2(spec)
     n = spec.mimo.mtp_layers
