@@ -396,3 +396,17 @@ def test_impl_resolution():
     if not ktriton.available("cpu"):
         with pytest.raises(ValueError, match="impl='triton' asked for"):
             ktriton.resolve_impl("triton", "cpu")
+
+
+@pytest.mark.parametrize("v", [5, 101, 4096])
+def test_topk_ties_across_the_kth_place_go_to_the_lower_ids(v):
+    """Which of several tied values enter the top K is the rule's (the lower ids), not torch.topk's: at V = 101 its
+    unspecified choice took higher ids (issue 29's planted ties failed the gate on this module's tiny draft)."""
+    from bloomery_gates.reference.ops.selector import topk as ref_topk
+
+    gen = torch.Generator().manual_seed(v)
+    logits = torch.randint(0, 4, (7, v), generator=gen).float() - 1.5
+    logits[0, :3], logits[0, 3:6] = -0.0, 0.0                       # signed zeros are one value
+    u, c = ksel.topk_candidates(logits, 4)
+    want_u, want_c = ref_topk(logits.double().numpy(), 4)
+    assert np.array_equal(c.numpy(), want_c) and np.array_equal(u.double().numpy(), want_u)

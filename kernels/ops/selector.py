@@ -41,12 +41,19 @@ def head_logits(final: torch.Tensor, head: torch.Tensor, multiplier: float = 1.0
 
 
 def topk_candidates(l: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """l [..., V] -> (U, C) [..., K]: the K largest, value descending, equal values by id ascending."""
-    u, c = torch.topk(l, k, dim=-1, sorted=True)
-    c, perm = c.sort(dim=-1)
-    u = u.gather(-1, perm)
-    u, perm = u.sort(dim=-1, descending=True, stable=True)
-    return u, c.gather(-1, perm)
+    """l [..., V] -> (U, C) [..., K]: the K largest, value descending, equal values by id ascending, across the
+    K-th place too (which of several tied values get in is the rule's, not torch.topk's: its choice among ties is
+    unspecified and was seen to take higher ids at V = 101, issue 29's planted ties).
+
+    The selection runs on one int64 key that orders (value descending, id ascending) exactly: the float32 value's
+    order-preserving integer (its int32 bits, the lower 31 flipped when negative; -0.0 made +0.0 first) in the
+    high word, ``2^32 - 1 - id`` in the low word."""
+    x = l.float() + 0.0                                            # -0.0 -> +0.0: equal values, equal keys
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)           # monotone in the float's value
+    ids = torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
+    _, c = torch.topk(key * 2**32 + (2**32 - 1 - ids), k, dim=-1, sorted=True)
+    return l.gather(-1, c), c
 
 
 def predecessors(anchor: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
