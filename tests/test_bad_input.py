@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest_formats import gguf_meta, make_dflash, make_qwen3_hf, qwen3_tensors, write_gguf, write_tokenizer
+from exit2 import assert_one_line_exit2
 from never_built import never_built
 from typer.testing import CliRunner
 
@@ -52,19 +53,6 @@ def gate_run(p: Pair, *args: str, prompts: Path | None = None):
     argv = ["gate", "run", "qwen3-dflash", "--target", str(p.target), "--draft", str(p.draft),
             "--prompts", str(prompts or p.prompts), "-n", "8", "--json", str(p.record), *args]
     return runner.invoke(app, argv, catch_exceptions=False)
-
-
-def assert_one_line_exit2(result, *needles: str, root: Path | None = None) -> str:
-    out = result.output
-    lines = out.strip().splitlines()
-    assert result.exit_code == 2, out
-    assert "Traceback" not in out, out
-    assert len(lines) == 1, out
-    for needle in needles:
-        assert needle in lines[0], (needle, out)
-    if root is not None:
-        assert not list(root.glob("rec.json*")), "a record (or its temp file) was left behind"
-    return lines[0]
 
 
 # --- config files ------------------------------------------------------------------------------

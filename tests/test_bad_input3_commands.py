@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest_formats import make_qwen3_hf
+from exit2 import assert_one_line_exit2 as one_line_exit2
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
@@ -22,17 +23,6 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def invoke(*argv: str):
     return runner.invoke(app, list(argv), catch_exceptions=False)
-
-
-def one_line_exit2(result, *needles: str) -> str:
-    out = result.output
-    lines = out.strip().splitlines()
-    assert result.exit_code == 2, out
-    assert "Traceback" not in out, out
-    assert len(lines) == 1, out
-    for needle in needles:
-        assert needle in lines[0], (needle, out)
-    return lines[0]
 
 
 # --- bench ---------------------------------------------------------------------------------------------------
