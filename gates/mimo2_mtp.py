@@ -30,7 +30,7 @@ from ..reference.ops.norm import rms_norm
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
-from .moe_checks import chosen_experts, group_rule
+from .moe_checks import chosen_experts, group_rule, routed_scale_probe
 from .state_decls_mimo2 import MIMO2_MTP_STATE
 from .targets import greedy_flips, to_np
 
@@ -64,6 +64,9 @@ def check_routing(report: Report, c: DraftCheck) -> None:
     for l, routing in sorted(c.engine.routings.items()):
         chosen_experts(report, f"target layer {l}", routing, group_rule(m.top_k, m.n_group,
                                                                         m.topk_group))
+    first = min(c.engine.routings, default=None)
+    if first is not None:
+        routed_scale_probe(report, m, c.target_spec.tensors[f"model.layers.{first}.mlp.gate.e_score_correction_bias"])
 
 
 def check_draft(report: Report, c: DraftCheck) -> None:

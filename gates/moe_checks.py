@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
-from bloomery_cli.bands import Op
+from bloomery_cli.bands import Op, chain_band, worst_rel
 from bloomery_cli.contract import Report
 
+from ..kernels.ops import moe as kmoe
 from ..kernels.ops.moe import Routing
 from ..reference.ops import moe as rmoe
 
@@ -70,3 +72,29 @@ def check_routing(report: Report, spec, prefill, dtype: str) -> None:
     rule = rule_of(spec.moe)
     for l, routing in sorted((prefill.routing or {}).items()):
         chosen_experts(report, f"target layer {l}", routing, rule)
+
+
+PROBE_SCALE = 2.5          # a routed scaling factor that is not 1: the fixtures' is 1.0, which hides where it goes
+PROBE_ROWS = 64
+
+
+def routed_scale_probe(report: Report, moe, bias: torch.Tensor, seed: int = 29) -> bool:
+    """Tier 2 on a planted input (issue 29 part 5): the sigmoid router's weights at ``routed_scaling_factor``
+    PROBE_SCALE, kernel (``kernels.ops.moe.sigmoid_group_topk``, float32) against the reference (float64), on
+    seeded logits [PROBE_ROWS, E] and the checkpoint's own score bias, with its top-k, groups and normalisation.
+    With the fixture's factor 1.0 a factor applied before the renormalisation cancels out and no run can see it;
+    at 2.5 it moves every weight by 2.5x. The ids must be equal (exact, no band), the weights within the float32
+    chain's band (sigmoid, the k-way sum, the division, the scale)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(PROBE_ROWS, bias.shape[-1], generator=gen) * 2.0
+    b = bias.detach().float().cpu()
+    got = kmoe.sigmoid_group_topk(logits, b, moe.top_k, moe.n_group, moe.topk_group, moe.norm_topk, PROBE_SCALE)
+    want = rmoe.sigmoid_group_topk(logits.double().numpy(), b.double().numpy(), moe.top_k, moe.n_group,
+                                   moe.topk_group, moe.norm_topk, PROBE_SCALE)
+    what = f"router weights at routed_scaling_factor {PROBE_SCALE:g} (probe) [{PROBE_ROWS}x{moe.top_k}]"
+    same = bool(np.array_equal(got.ids.numpy(), np.asarray(want.ids)))
+    ok = report.integer_match(f"{what} ids", PROBE_ROWS, 0 if same else PROBE_ROWS, 0, ref=HOST)
+    band = chain_band("f32", [Op("sigmoid", 1), Op("weight sum", moe.top_k), Op("divide", 1), Op("scale", 1)],
+                      what)
+    worst = worst_rel(got.weights.double().numpy(), np.asarray(want.weights))
+    return report.reference(what, got.weights.numel(), worst, band.value) and ok

@@ -210,6 +210,27 @@ def test_gate_control_passes():
 
 
 @needs_fixture
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gate_fails_routed_scale_before_the_renormalisation(monkeypatch, dtype):
+    """Issue 29 part 5: the routed scaling factor applied before the renormalisation cancels out at the fixture's
+    factor 1.0, so every run line passes; the router probe at factor 2.5 (gates.moe_checks) fails."""
+    from bloomery_gates.kernels.ops import moe as kmoe
+
+    def scale_first(logits, bias, k, n_group=1, topk_group=1, norm=True, scale=1.0):
+        s = torch.sigmoid(logits)
+        c = s + bias.float()
+        ids = kmoe.group_limited_choice(c, k, n_group, topk_group)
+        w = s.gather(-1, ids) * scale                                        # the defect: scaled, then
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) if norm else w             # renormalised (the scale cancels)
+        return kmoe.Routing(ids, w, c)
+
+    monkeypatch.setattr(kmoe, "sigmoid_group_topk", scale_first)
+    code, lines = gate(dtype=dtype)
+    assert code == 1 and failed(lines, "(r) router weights at routed_scaling_factor 2.5"), "\n".join(lines)
+    assert not any(line.endswith(" FAIL") for line in lines if "probe" not in line), "\n".join(lines)
+
+
+@needs_fixture
 def test_gate_fails_sinks_dropped(monkeypatch):
     orig = kfam.sink_attention
     monkeypatch.setattr(kfam, "sink_attention", lambda q, k, v, a, z: orig(q, k, v, a, None))
