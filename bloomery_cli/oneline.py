@@ -3,7 +3,8 @@
 typer renders click's usage errors (``--seed abc``, an unknown option, a missing argument) as a boxed usage panel
 of five or more lines; the exit-2 promise (docs/ARCHITECTURE.md, "Errors and exit codes") is one line naming the
 flag. ``OneLineGroup`` is the root group's class: it runs typer's own main in non-standalone mode, prints a
-``click.ClickException`` as that one line and maps typer's return of an ``Exit`` code back to ``sys.exit``.
+``click.ClickException`` as that one line and maps typer's return of an ``Exit`` code back to ``sys.exit``;
+Ctrl-C is ``error: interrupted`` and exit 130.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ _NO_ARGS, _CLICK_EXC, _USAGE, _ABORT = (_classes("NoArgsIsHelpError"), _classes(
 
 
 
+INTERRUPTED = 130                      # typer's exit code for a KeyboardInterrupt (the shell's 128 + SIGINT)
+
+
 def one_line(e: Any) -> str:
     """click's message with its newlines folded: the parameter it names stays in the line."""
     return " ".join(e.format_message().split())
@@ -52,6 +56,8 @@ class OneLineGroup(TyperGroup):
         except _CLICK_EXC as e:
             err.print(f"[bold red]error:[/] {one_line(e)}", markup=True, highlight=False, soft_wrap=True)
             sys.exit(EXIT_INPUT if isinstance(e, _USAGE) else e.exit_code)
-        except _ABORT:
+        except _ABORT:            # EOF at a prompt
             sys.exit(1)
+        if rv == INTERRUPTED:     # Ctrl-C: typer returns Exit(130) for a KeyboardInterrupt; say so on one line
+            err.print("[bold red]error:[/] interrupted", markup=True, highlight=False, soft_wrap=True)
         sys.exit(rv if isinstance(rv, int) else 0)

@@ -62,6 +62,7 @@ def test_ctrl_c_ends_the_workers_within_seconds(to):
     assert took < 15, f"exited {took:.1f} s after Ctrl-C"
     assert p.returncode != 0
     assert "Traceback" not in rest, rest
+    assert rest.strip().splitlines()[-1].endswith("error: interrupted"), rest
     end = time.monotonic() + 5
     while any(alive(w) for w in workers) and time.monotonic() < end:
         time.sleep(0.1)
