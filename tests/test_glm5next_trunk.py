@@ -23,6 +23,7 @@ import glm5next_factory as fac
 import numpy as np
 import pytest
 import torch
+from fake_xp import fake_device
 
 from bloomery_cli import bands
 from bloomery_cli.contract import Report
@@ -32,6 +33,7 @@ from bloomery_gates.kernels.families.glm5next import model as kg
 from bloomery_gates.kernels.ops import dsa as kdsa
 from bloomery_gates.kernels.ops import kda as kkda
 from bloomery_gates.kernels.ops import mhc as kmhc
+from bloomery_gates.reference import xp as rxp
 from bloomery_gates.reference.families.glm5next import model as ref
 from bloomery_gates.reference.ops import mhc as rmhc
 
@@ -82,6 +84,20 @@ def test_reference_taps_and_layers(ckpt, ids):
         ref.route = true_route
     assert len(seen) == 3 and all(len(np.unique(r.ids)) >= 5 for r in seen)   # each sparse layer uses >= 5 of 8
 
+
+
+def test_reference_runs_on_the_strict_device_bit_for_bit(ckpt, ids):
+    """forward, reference_layer (the shared layer with its full layer's input) and final_norm on the strict fake
+    device (NumPy that refuses a host array, as CuPy does) give the host's bits: no host array is built mid-run."""
+    spec = glm5next_from_hf(ckpt)
+    host = ref.forward(spec, ids)
+    with rxp.on(fake_device()):
+        dev = ref.forward(spec, ids)
+        got = [rxp.to_host(dev.hidden), rxp.to_host(dev.logits),
+               rxp.to_host(ref.reference_layer(spec, 2, rxp.here(host.hidden[2]), rxp.here(host.hidden[1]))),
+               rxp.to_host(ref.final_norm(spec, rxp.here(host.hidden[-1])))]
+    for a, b in zip(got, (host.hidden, host.logits, host.hidden[3], host.final), strict=True):
+        assert np.array_equal(a, b)
 
 def hf_fp32_logits(spec, ids) -> np.ndarray:
     from bloomery_cli.families.glm5next.oracle import build_hf_glm5next
