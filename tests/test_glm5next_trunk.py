@@ -206,6 +206,29 @@ def test_engine_verify_commit_rolls_back_exactly(bf16_ckpt):
     assert torch.equal(a.kv_rows(1)[0], b.kv_rows(1)[0]) and a.kv_rows(2)[1].shape == (14, 0)
 
 
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_engine_plain_and_drafted_passes_agree_bit_for_bit(bf16_ckpt, dtype):
+    """24 positions after a 12-row prompt, run as 24 one-row verifies (each padded to 4 rows, committed 1) and as
+    6 four-row verifies committed whole: the logits of every position are the same bits (what a gate's
+    ``ids identical`` will rest on; measured here on CPU, not on a GPU)."""
+    spec = glm5next_from_hf(bf16_ckpt)
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, fac.V, 40)]
+    plain, drafted = (kg.Glm5NextTarget(spec, "cpu", TORCH[dtype], max_len=64, rows=4) for _ in range(2))
+    plain.prefill(ids[:12])
+    drafted.prefill(ids[:12])
+    one, four = [], []
+    for p in range(12, 36):
+        one.append(plain.verify(ids[p:p + 1], logits=True).logits[0])
+        plain.commit(1)
+    for p in range(12, 36, 4):
+        four += list(drafted.verify(ids[p:p + 4], logits=True).logits)
+        drafted.commit(4)
+    assert torch.equal(torch.stack(one), torch.stack(four))
+    for layer in (0, 3):
+        assert all(torch.equal(x, y) for x, y in zip(plain.recurrent_state(layer), drafted.recurrent_state(layer),
+                                                     strict=True))
+
 PLANTS = {
     # the head's collapse takes stream 0 instead of the unweighted mean of the streams
     "mean collapse replaced": ("(r) target logits", lambda mp: mp.setattr(kmhc, "mhc_head", lambda x: x[:, 0])),
