@@ -19,7 +19,7 @@ Roles (what ``load`` returns):
     fast_engine           class (spec, device, dtype, max_len, rows=) the bench's engine (fused ops, CUDA graphs,
                           Triton on CUDA, its torch path elsewhere): ``--engine fast`` runs the gate on it
     reference             (spec, ids) -> RefOut                     the float64 forward (reference/families)
-    reference_layer       (spec, l, h [T, H]) -> [T, H]             layer l on its own
+    reference_layer       (spec, l, h [T, (S,) H], taps=None) -> same   layer l on its own (taps: every layer input)
     final_norm            (spec, h [T, H]) -> [T, H]                the rows that enter the head
     oracle                (spec, ids) -> logits [T, V]              tier 3 from code nobody here wrote
     state                 tuple[StateDecl]                         the engine's state after a run

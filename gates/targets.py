@@ -50,7 +50,7 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     taps = to_np(prefill.taps)
     ops = family.layer_ops(shape, t)
     for l in range(spec.num_layers):
-        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l]))
+        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps))
         close(report, f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1], want,
               emu, dtype, ops)
     got = to_np(prefill.logits)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from types import SimpleNamespace
 
 import glm5next_factory as fac
 import numpy as np
@@ -36,6 +35,7 @@ from bloomery_gates.kernels.ops import mhc as kmhc
 from bloomery_gates.reference import xp as rxp
 from bloomery_gates.reference.families.glm5next import model as ref
 from bloomery_gates.reference.ops import mhc as rmhc
+from bloomery_gates.registry import FAMILIES
 
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
 T = 12
@@ -65,9 +65,7 @@ def test_reference_taps_and_layers(ckpt, ids):
     assert out.hidden.shape == (fac.L + 1, T, fac.S, fac.H) and out.logits.shape == (T, fac.V)
     assert (out.hidden[0] == out.hidden[0][:, :1]).all()                       # S copies of the embedding
     for layer in range(fac.L):
-        full = out.hidden[ref.full_layer_of(spec, layer)] if fac.IDX[layer] == "shared" and \
-            fac.TYPES[layer] == "indexed_attention" else None
-        assert (ref.reference_layer(spec, layer, out.hidden[layer], full) == out.hidden[layer + 1]).all()
+        assert (ref.reference_layer(spec, layer, out.hidden[layer], taps=out.hidden) == out.hidden[layer + 1]).all()
     with pytest.raises(ValueError, match="layer 2 .shared indexer"):
         ref.reference_layer(spec, 2, out.hidden[2])
     assert (ref.final_norm(spec, out.hidden[-1]) == out.final).all()
@@ -94,7 +92,7 @@ def test_reference_runs_on_the_strict_device_bit_for_bit(ckpt, ids):
     with rxp.on(fake_device()):
         dev = ref.forward(spec, ids)
         got = [rxp.to_host(dev.hidden), rxp.to_host(dev.logits),
-               rxp.to_host(ref.reference_layer(spec, 2, rxp.here(host.hidden[2]), rxp.here(host.hidden[1]))),
+               rxp.to_host(ref.reference_layer(spec, 2, rxp.here(host.hidden[2]), taps=rxp.here(host.hidden))),
                rxp.to_host(ref.final_norm(spec, rxp.here(host.hidden[-1])))]
     for a, b in zip(got, (host.hidden, host.logits, host.hidden[3], host.final), strict=True):
         assert np.array_equal(a, b)
@@ -154,21 +152,13 @@ def bf16_ckpt(tmp_path_factory) -> Path:
     return fac.write(tmp_path_factory.mktemp("glm5next") / "bf16", dtype=torch.bfloat16)
 
 
-def stand_in(taps: np.ndarray) -> SimpleNamespace:
-    """The registry roles check_target reads. A shared indexer layer's reference_layer is given the kernel's input
-    to its full layer too (the kernel's own inputs, as for every layer): check_target passes only taps[l]."""
-    def layer(spec, l, h):
-        shared = spec.layer_types[l] == "indexed_attention" and spec.dsa.types[l] == "shared"
-        return ref.reference_layer(spec, l, h, taps[ref.full_layer_of(spec, l)] if shared else None)
-    return SimpleNamespace(reference_layer=layer, layer_ops=bands.layer_ops, reference=ref.forward,
-                           final_norm=ref.final_norm, check_extra=None)
 
 
 def target_report(spec, ids, dtype: str) -> Report:
     eng = kg.Glm5NextTarget(spec, "cpu", TORCH[dtype], max_len=64, rows=4)
     p = eng.prefill(ids, logits=True)
     report = Report("t", emit=lambda line: None)
-    check_target(report, stand_in(p.taps.double().numpy()), spec, p, ref.forward(spec, ids), dtype, ids)
+    check_target(report, FAMILIES["glm5next"], spec, p, ref.forward(spec, ids), dtype, ids)
     return report
 
 

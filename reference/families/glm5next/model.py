@@ -172,13 +172,15 @@ def decoder_layer(spec: Glm5NextSpec, w: Weights, l: int, x: np.ndarray,
     return rmhc.mhc_expand(ffn(spec, w, l, b), x, fw.post, fw.comb), mask
 
 
-def reference_layer(spec: Glm5NextSpec, l: int, h: np.ndarray, full_input: np.ndarray | None = None) -> np.ndarray:
+def reference_layer(spec: Glm5NextSpec, l: int, h: np.ndarray, taps=None) -> np.ndarray:
     """Layer l on its own: input streams h [T, S, H] at positions 0..T-1 -> output streams [T, S, H]. A "shared"
-    indexed layer needs the input streams of its full layer (``full_input`` [T, S, H]) to redo that layer's
-    choice; without it a ValueError names the layer."""
+    indexed layer also reads the input streams of its full layer (``taps[full_layer_of(spec, l)]`` [T, S, H], the
+    same pass's layer inputs, as ``gates.targets.check_target`` passes them) to redo that layer's choice; without
+    ``taps`` a ValueError names the layer."""
     w, h = as_f64(spec), here(h)
     mask = None
     if spec.layer_types[l] == "indexed_attention" and spec.dsa.types[l] == "shared":
+        full_input = None if taps is None else taps[full_layer_of(spec, l)]
         if full_input is None:
             raise ValueError(f"glm5next layer {l} (shared indexer) needs its full layer's input streams")
         j = full_layer_of(spec, l)
