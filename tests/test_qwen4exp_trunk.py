@@ -1,0 +1,140 @@
+"""qwen4exp (Qwen3.8-Flash-Next) trunk, issue 25: the float64 reference against transformers' own
+``Qwen4ExpForCausalLM`` on a tiny random checkpoint made here (tests/qwen4exp_factory.py), in true float64 and in HF's
+plain "float64" with its float32 islands, plus FAIL-first plants that the oracle comparison catches.
+
+Bands (docs/FAMILIES_MOE.md 2.2):
+  * HF under ``Float32AsFloat64`` (every float32 island lifted): both sides are float64 end to end and differ only
+    in summation order, so 1e-12 relative to max |x| (measured: about 1e-15).
+  * HF plain ``.to(float64)``: its grouped norms, router softmax, DeltaNet, rotary table and hyper-connection mixes
+    run in float32 (2.2 measured 1.2e-8 on logits of max 0.23 for qwen4_exp, about 5e-8 relative). A float32 island
+    rounds at unit roundoff u = 2^-24 = 6e-8 and a few dozen of them chain through 4 layers, so the band is 16u
+    (9.5e-7) relative to max |logit|; the test also asserts the islands are really there (the difference exceeds
+    1e-10), so the band is not wider than the effect it allows for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from qwen4exp_factory import make_qwen4exp
+
+from bloomery_gates.reference.families.qwen4exp import model as rq
+from bloomery_gates.reference.ops import ple as rple
+
+needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+F64_BAND, ISLAND_BAND = 1e-12, 16 * 2.0 ** -24
+EOS = 1
+
+
+def token_ids(seed: int = 1, n: int = 24) -> list[int]:
+    ids = [int(x) for x in np.random.default_rng(seed).integers(2, 300, n)]
+    ids[9] = ids[10] = ids[17] = EOS                               # n-gram segments: two eos in a row, one alone
+    return ids
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen4exp")
+    return {(gate, tied): make_qwen4exp(root / f"{gate}-{tied}", seed=0, output_gate_type=gate,
+                                        tie_word_embeddings=tied)
+            for gate in ("sigmoid", "silu") for tied in (False, True)}
+
+
+@needs_hf
+@pytest.mark.parametrize("gate", ["sigmoid", "silu"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_reference_equals_hf_qwen4exp_true_f64(specs, gate, tied):
+    from bloomery_cli.families.qwen4exp.oracle import hf_qwen4exp
+
+    spec, ids = specs[(gate, tied)], token_ids()
+    ref, hf = rq.forward(spec, ids), hf_qwen4exp(spec, ids, promote_f32=True)
+    assert ref.hidden.shape == (spec.num_layers + 1, len(ids), spec.hc.count * spec.hidden_size)
+    for l in range(spec.num_layers):                               # HF's hidden_states[l]: the streams into layer l
+        assert rel(ref.hidden[l], hf.hidden_states[l]) < F64_BAND, l
+    assert rel(ref.logits, hf.logits) < F64_BAND
+    assert (ref.logits.argmax(-1) == hf.logits.argmax(-1)).all()
+
+
+@needs_hf
+def test_reference_within_the_fp32_island_band_of_plain_hf_f64(specs):
+    from bloomery_cli.families.qwen4exp.oracle import hf_qwen4exp
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    ref, hf = rq.forward(spec, ids), hf_qwen4exp(spec, ids, promote_f32=False)
+    d = rel(ref.logits, hf.logits)
+    assert 1e-10 < d < ISLAND_BAND, d
+
+
+def test_the_fixture_exercises_every_block(specs):
+    """Not a vacuous comparison: PLE hashes real n-grams, QSA is sparse, the routing spreads, streams differ."""
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    assert spec.ple is not None and spec.ple.layers == (0,) and spec.output_gate == "sigmoid"
+    hashed = rq.hashed_ids(spec, np.asarray(ids))
+    assert len(np.unique(hashed)) > 2 * len(ids)
+    ref = rq.forward(spec, ids)
+    w = rq.as_f64(spec)
+    full = [l for l in range(spec.num_layers) if not spec.hybrid.is_linear(l)]
+    b = rq.residual(w, f"model.layers.{full[0]}.attn_hyper_connection.", ref.hidden[full[0]], spec.hc.count,
+                    spec.layer.rms_eps).block_in
+    mask = rq.qsa_mask(spec, w, full[0], b, np.arange(len(ids)))
+    causal = np.tril(np.ones((len(ids), len(ids)), dtype=bool))
+    assert (mask <= causal).all() and (mask.sum(-1) < causal.sum(-1)).sum() > len(ids) // 2
+    streams = ref.hidden[-1].reshape(len(ids), spec.hc.count, -1)
+    assert np.abs(streams[:, 0] - streams[:, 1]).max() > 0.1
+
+
+def test_reference_layer_composes_forward(specs):
+    spec, ids = specs[("silu", False)], token_ids()
+    ref = rq.forward(spec, ids)
+    for l in range(spec.num_layers):
+        got = rq.reference_layer(spec, l, ref.hidden[l], ids=ids)
+        assert np.abs(got - ref.hidden[l + 1]).max() == 0.0
+    assert np.abs(rq.final_norm(spec, ref.hidden[-1]) - ref.final).max() == 0.0
+    with pytest.raises(ValueError, match="PLE and needs the token ids"):
+        rq.reference_layer(spec, spec.ple.layers[0], ref.hidden[0])
+
+
+def test_reference_refuses_what_it_does_not_compute(specs):
+    import dataclasses
+
+    spec = specs[("silu", False)]
+    with pytest.raises(ValueError, match="output gate"):
+        rq.forward(dataclasses.replace(spec, output_gate=""), token_ids())
+    with pytest.raises(ValueError, match="norm_topk_prob"):
+        rq.forward(dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, norm_topk=False)), token_ids())
+
+
+# ------------------------------------------------------------------ FAIL-first: plants the oracle comparison catches
+
+@needs_hf
+@pytest.mark.parametrize("plant", ["HC inject gains set to 1", "PLE hash multiplier wrong", "QSA selection ignored (dense causal)"])
+def test_fail_first_plants_leave_the_oracle_band(specs, plant, monkeypatch):
+    from bloomery_cli.families.qwen4exp.oracle import hf_qwen4exp
+    from bloomery_gates.reference.ops import gated_hc as rhc
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    hf = hf_qwen4exp(spec, ids, promote_f32=True)
+    assert rel(rq.forward(spec, ids).logits, hf.logits) < F64_BAND
+    if plant == "HC inject gains set to 1":
+        real = rhc.gated_residual
+
+        def ones(x, norm_w, down, up, inject, streams, eps):
+            got = real(x, norm_w, down, up, inject, streams, eps)
+            return got if got.inject is None else rhc.HcIn(got.block_in, np.ones_like(got.inject))
+        monkeypatch.setattr(rhc, "gated_residual", ones)
+    elif plant == "PLE hash multiplier wrong":
+        real_tables = rple.ngram_tables
+
+        def off(*a, **k):
+            t = real_tables(*a, **k)
+            return rple.NgramTables(t.multipliers + np.array([0, 2, 0], dtype=np.int64), t.sizes, t.offsets)
+        monkeypatch.setattr(rple, "ngram_tables", off)
+    else:
+        monkeypatch.setattr(rq, "qsa_mask", lambda spec, w, l, b, pos: np.ones((len(b), len(b)), dtype=bool))
+    assert rel(rq.forward(spec, ids).logits, hf.logits) > ISLAND_BAND
