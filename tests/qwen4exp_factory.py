@@ -52,21 +52,25 @@ def redraw(name: str, t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return scale * torch.randn(t.shape, generator=g) / t.shape[-1] ** 0.5
 
 
-def write_qwen4exp(d: Path, seed: int = 0, **over: Any) -> Path:
-    """config.json + model.safetensors of a random tiny ``Qwen4ExpForCausalLM`` (``over``: config keys changed)."""
+def write_qwen4exp(d: Path, seed: int = 0, tables: bool = False, **over: Any) -> Path:
+    """config.json + model.safetensors of a random tiny ``Qwen4ExpForCausalLM`` (``over``: config keys changed), as
+    the PLE hashing tables (HF's persistent int64 buffers, which ``save_pretrained`` would write) only with ``tables``:
+    the reader refuses I64 tensors today (a gap for a real HF checkpoint that carries them)."""
     import transformers
 
     cfg = {**CONFIG, **over}
     text = {k: v for k, v in cfg.items() if k != "model_type"}
     model = transformers.Qwen4ExpForCausalLM(transformers.Qwen4ExpTextConfig(**text))
     g = torch.Generator().manual_seed(seed)
-    state = {n: redraw(n, t, g).to(torch.float32).contiguous() for n, t in model.state_dict().items()
-             if n.rsplit(".", 1)[-1] not in HASH_BUFFERS and not (cfg["tie_word_embeddings"] and n == "lm_head.weight")}
+    state = {n: (redraw(n, t, g).to(torch.float32) if t.is_floating_point() else t).contiguous()
+             for n, t in model.state_dict().items()
+             if (tables or n.rsplit(".", 1)[-1] not in HASH_BUFFERS)
+             and not (cfg["tie_word_embeddings"] and n == "lm_head.weight")}
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
     save_file(state, str(d / "model.safetensors"))
     return d
 
 
-def make_qwen4exp(d: Path, seed: int = 0, **over: Any) -> Qwen4ExpSpec:
-    return qwen4exp_from_hf(write_qwen4exp(d, seed, **over))
+def make_qwen4exp(d: Path, seed: int = 0, tables: bool = False, **over: Any) -> Qwen4ExpSpec:
+    return qwen4exp_from_hf(write_qwen4exp(d, seed, tables, **over))
