@@ -113,7 +113,8 @@ def test_reference_refuses_what_it_does_not_compute(specs):
 # ------------------------------------------------------------------ FAIL-first: plants the oracle comparison catches
 
 @needs_hf
-@pytest.mark.parametrize("plant", ["HC inject gains set to 1", "PLE hash multiplier wrong", "QSA selection ignored (dense causal)"])
+@pytest.mark.parametrize("plant", ["HC inject gains set to 1", "PLE hash multiplier wrong",
+                                   "QSA selection ignored (dense causal)"])
 def test_fail_first_plants_leave_the_oracle_band(specs, plant, monkeypatch):
     from bloomery_cli.families.qwen4exp.oracle import hf_qwen4exp
     from bloomery_gates.reference.ops import gated_hc as rhc
@@ -138,3 +139,82 @@ def test_fail_first_plants_leave_the_oracle_band(specs, plant, monkeypatch):
     else:
         monkeypatch.setattr(rq, "qsa_mask", lambda spec, w, l, b, pos: np.ones((len(b), len(b)), dtype=bool))
     assert rel(rq.forward(spec, ids).logits, hf.logits) > ISLAND_BAND
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+
+def target_report(spec, dtype: str, ids: list[int]):
+    import torch
+
+    from bloomery_cli.contract import Report
+    from bloomery_gates.gates.targets import check_target
+    from bloomery_gates.registry import FAMILIES
+
+    eng = FAMILIES["qwen4exp"].engine(spec, "cpu", {"f32": torch.float32, "bf16": torch.bfloat16}[dtype], 64, rows=4)
+    p = eng.prefill(ids, logits=True)
+    report = Report("t", emit=lambda line: None)
+    check_target(report, FAMILIES["qwen4exp"], spec, p, rq.forward(spec, ids), dtype, ids)
+    return report
+
+
+def test_engine_matches_reference_f32_prefill_and_verify(specs):
+    import torch
+
+    from bloomery_gates.kernels.families.qwen4exp.model import Qwen4ExpTarget
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    ref = rq.forward(spec, ids)
+    eng = Qwen4ExpTarget(spec, "cpu", torch.float32, 64, rows=4)
+    p = eng.prefill(ids[:10], logits=True)
+    assert rel(p.taps.double().numpy(), ref.hidden[:, :10]) < 1e-5
+    got = [p.logits]
+    for k in range(10, len(ids), 4):                               # verify 4 rows, commit them, from the states
+        v = eng.verify(ids[k:k + 4], logits=True)
+        eng.commit(len(ids[k:k + 4]))
+        got.append(v.logits)
+    assert rel(torch.cat(got).double().numpy(), ref.logits) < 1e-5
+    assert sorted(p.routing) == [0, 1, 2, 3]
+    assert len(set(p.routing[0].ids.flatten().tolist())) >= 4       # the experts really route
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("gate", ["sigmoid", "silu"])
+def test_target_lines_pass(specs, dtype, gate):
+    spec, ids = specs[(gate, False)], token_ids()
+    report = target_report(spec, dtype, ids)
+    assert report.failed == 0, report.lines
+    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == spec.num_layers, report.lines
+
+
+@pytest.mark.parametrize("plant", ["mix and inject swapped", "PLE hash multiplier wrong"])
+def test_fail_first_engine_plants_fail_an_r_line_in_bf16(specs, plant, monkeypatch):
+    import torch
+
+    from bloomery_gates.kernels.families.qwen4exp import model as kq
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    assert target_report(spec, "bf16", ids).failed == 0
+    if plant == "mix and inject swapped":
+        real = kq.hc.gated_residual
+
+        def swapped(x, norm_w, down, up, inject, streams, eps):
+            """the two roles traded: the block reads the streams weighted by the inject gains, the output goes
+            back through per-element mix gains averaged to one a stream"""
+            got = real(x, norm_w, down, up, inject, streams, eps)
+            if got.inject is None:
+                return got
+            h = x.shape[-1] // streams
+            xn = kq.hc.grouped_norm(x, norm_w, h, eps).unflatten(-1, (streams, h))
+            block_in = (got.inject.float()[..., None] * xn.float()).mean(-2).to(x.dtype)
+            return kq.hc.HcIn(block_in, torch.ones_like(got.inject))
+        monkeypatch.setattr(kq.hc, "gated_residual", swapped)
+    else:
+        real_tables = kq.kple.ngram_tables
+
+        def off(*a, **k):
+            m, sizes, offsets = real_tables(*a, **k)
+            return m + torch.tensor([0, 2, 0], dtype=torch.int64), sizes, offsets
+        monkeypatch.setattr(kq.kple, "ngram_tables", off)
+    report = target_report(spec, "bf16", ids)
+    assert report.failed >= 1, report.lines
+    assert any(line.startswith("(r) target layer") and line.endswith("FAIL") for line in report.lines), report.lines
