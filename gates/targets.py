@@ -55,7 +55,7 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     ids = {"ids": prompt} if "ids" in inspect.signature(layer).parameters else {}   # qwen4exp: its PLE layer
     for l in range(spec.num_layers):
         want, emu = exact_and_emulated(dtype, lambda l=l: layer(spec, l, taps[l], **ids))
-        close(report, f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1], want,
+        close(report, f"target layer {l} out [{t}x{taps.shape[-1]}] from the kernel's input", taps[l + 1], want,
               emu, dtype, ops)
     got = to_np(prefill.logits)
     want, emu = exact_and_emulated(dtype, lambda: head_logits(family, spec, taps[-1]))
