@@ -218,3 +218,34 @@ def test_fail_first_engine_plants_fail_an_r_line_in_bf16(specs, plant, monkeypat
     report = target_report(spec, "bf16", ids)
     assert report.failed >= 1, report.lines
     assert any(line.startswith("(r) target layer") and line.endswith("FAIL") for line in report.lines), report.lines
+
+
+def test_drafted_and_plain_passes_give_the_same_bits_bf16(specs):
+    """What ``ids identical`` will rest on: rows verified 4 at a time with a partial commit (the rejected rows'
+    KV, block inputs, PLE rows and DeltaNet inputs left behind) give the bits of one-row passes, and leave the same
+    committed state (KV rows, conv tails, delta-rule states)."""
+    import torch
+
+    from bloomery_gates.kernels.families.qwen4exp.model import Qwen4ExpTarget
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    plain, drafted = (Qwen4ExpTarget(spec, "cpu", torch.bfloat16, 64, rows=4) for _ in range(2))
+    plain.prefill(ids[:10])
+    drafted.prefill(ids[:10])
+    want = []
+    for k in range(10, 20):
+        want.append(plain.verify([ids[k]], logits=True).logits)
+        plain.commit(1)
+    got, k = [], 10
+    for kept in (2, 3, 1, 4):                                       # verify 4 rows, keep some, go on from there
+        wrong = [(i + 7) % 300 for i in ids[k:k + 4]]                # the rows after the kept ones: rejected drafts
+        rows = ids[k:k + kept] + wrong[kept:]
+        got.append(drafted.verify(rows, logits=True).logits[:kept])
+        drafted.commit(kept)
+        k += kept
+    assert torch.equal(torch.cat(got), torch.cat(want))
+    assert plain.length == drafted.length == 20
+    for l in plain.attn_layers:
+        assert all(torch.equal(a, b) for a, b in zip(plain.kv_rows(l), drafted.kv_rows(l), strict=True))
+    for l in plain.lin_layers:
+        assert all(torch.equal(a, b) for a, b in zip(plain.recurrent_state(l), drafted.recurrent_state(l), strict=True))
