@@ -249,3 +249,24 @@ def test_drafted_and_plain_passes_give_the_same_bits_bf16(specs):
         assert all(torch.equal(a, b) for a, b in zip(plain.kv_rows(l), drafted.kv_rows(l), strict=True))
     for l in plain.lin_layers:
         assert all(torch.equal(a, b) for a, b in zip(plain.recurrent_state(l), drafted.recurrent_state(l), strict=True))
+
+
+def test_engine_state_after_verify_and_commit_equals_the_reference_f32(specs):
+    import torch
+
+    from bloomery_gates.kernels.families.qwen4exp.model import Qwen4ExpTarget
+
+    spec, ids = specs[("sigmoid", False)], token_ids()
+    ref = rq.forward(spec, ids)
+    eng = Qwen4ExpTarget(spec, "cpu", torch.float32, 64, rows=4)
+    eng.prefill(ids[:10])
+    eng.verify(ids[10:14])
+    eng.commit(3)                                                   # 13 positions kept, one row rejected
+    kv, rec = rq.kv_rows(spec, ref, 13), rq.recurrent_state(spec, ref, 13, ids)
+    assert sorted(kv) == eng.attn_layers and sorted(rec) == eng.lin_layers
+    for l, (k, v) in kv.items():
+        ek, ev = (x.transpose(0, 1).double().numpy() for x in eng.kv_rows(l))
+        assert rel(ek, k) < 1e-5 and rel(ev, v) < 1e-5
+    for l, (tail, state) in rec.items():
+        et, es = (x.double().numpy() for x in eng.recurrent_state(l))
+        assert rel(et, tail) < 1e-5 and rel(es, state) < 1e-5

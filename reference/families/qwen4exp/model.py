@@ -41,6 +41,7 @@ from ...ops import gated_hc as hc
 from ...ops import ple as rple
 from ...ops import qsa as rqsa
 from ...ops.attention import causal_mask
+from ...ops.causal_conv import conv_tail
 from ...ops.gated_deltanet import delta_rule, sigmoid
 from ...ops.mlp import silu
 from ...rounding import linear, st
@@ -48,9 +49,10 @@ from ...weights import as_f64
 from ...xp import here, ns
 from ..ffn import ffn_for
 from ..qwen3.model import RefOut, Weights, embed, head
-from ..qwen38.model import deltanet_inputs, gated_attention
+from ..qwen38.model import deltanet_inputs, gated_attention, project_kv
 
-__all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer", "hashed_ids", "qsa_mask"]
+__all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer", "hashed_ids", "qsa_mask", "kv_rows",
+           "recurrent_state"]
 
 
 def check_spec(spec: Qwen4ExpSpec) -> None:
@@ -170,3 +172,36 @@ def forward(spec: Qwen4ExpSpec, ids: Sequence[int]) -> RefOut:
         hidden.append(x)
     final = final_norm(spec, x)
     return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)
+
+
+def kv_rows(spec: Qwen4ExpSpec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per full-attention layer l, the K/V rows a fresh run leaves for positions 0..length-1 ((k, v), each
+    [length, nkv, d]: k after k_norm and partial rope), from the streams of a run over at least ``length`` ids
+    (the block input b of layer l's attention residual, projected as qwen38's ``project_kv``)."""
+    w, s, eps = as_f64(spec), spec.hc.count, spec.layer.rms_eps
+    out = {}
+    for l in range(spec.num_layers):
+        if not spec.hybrid.is_linear(l):
+            p = f"model.layers.{l}."
+            b = residual(w, p + "attn_hyper_connection.", taps.hidden[l, :length], s, eps).block_in
+            out[l] = project_kv(spec, w, p + "self_attn.", b, ns(b).arange(length))
+    return out
+
+
+def recurrent_state(spec: Qwen4ExpSpec, taps: RefOut, length: int,
+                    ids: Sequence[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per linear-attention layer l, the state a fresh run over positions 0..length-1 ends in: (the conv tail
+    [K-1, C], the delta-rule state [nv, dk, dv] after position length-1), from the streams of a run over at least
+    ``length`` ids and those ids (the PLE layer's input needs them)."""
+    w, s, eps, k = as_f64(spec), spec.hc.count, spec.layer.rms_eps, spec.hybrid.linear_conv_kernel_dim
+    tok = np.asarray([int(i) for i in ids][:length], dtype=np.int64)
+    out = {}
+    for l in range(spec.num_layers):
+        if spec.hybrid.is_linear(l):
+            p, x = f"model.layers.{l}.", taps.hidden[l, :length]
+            if spec.ple is not None and l in spec.ple.layers:
+                x = ple(spec, w, l, x, tok)
+            b = residual(w, p + "attn_hyper_connection.", x, s, eps).block_in
+            proj, q, kk, v, g, beta = deltanet_inputs(spec, w, p + "linear_attn.", b)
+            out[l] = (conv_tail(proj, k), delta_rule(q, kk, v, g, beta)[1])
+    return out
