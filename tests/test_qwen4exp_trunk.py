@@ -270,3 +270,13 @@ def test_engine_state_after_verify_and_commit_equals_the_reference_f32(specs):
     for l, (tail, state) in rec.items():
         et, es = (x.double().numpy() for x in eng.recurrent_state(l))
         assert rel(et, tail) < 1e-5 and rel(es, state) < 1e-5
+
+
+@pytest.mark.parametrize("layer_index", [0, 2])
+def test_device_ngram_tables_equal_the_reference_exactly(layer_index):
+    from bloomery_gates.kernels.ops import ple as kple
+
+    want = rple.ngram_tables(151936, 3, 8, 1000, layer_index, 1234)
+    got = kple.ngram_tables(151936, 3, 8, 1000, layer_index, 1234)
+    for g, w in zip(got, (want.multipliers, want.sizes, want.offsets), strict=True):
+        assert g.tolist() == w.tolist()

@@ -2,7 +2,7 @@
 storage points are in ``reference.ops.ple`` (name for name; docs/FAMILIES_MOE.md section 4.5 "PLE").
 
 The hashed ids are int64 (every product id * m_k < 2^63 by the multipliers' bound, so no wrap); the tables
-(multipliers, prime sizes, offsets) come from the checkpoint (GGUF ``ple.*``) or ``reference.ops.ple.ngram_tables``.
+(multipliers, prime sizes, offsets) come from the checkpoint (GGUF ``ple.*``) or ``ngram_tables`` (HF's inputs).
 The per-stream gate chain is float32; every stored output is rounded once to x's dtype. The dilated conv sums its K
 taps in float32 in a fixed order, so a row's value depends only on its own inputs (its tail: the (K-1) N rows before).
 """
