@@ -19,7 +19,7 @@ Roles (what ``load`` returns):
     fast_engine           class (spec, device, dtype, max_len, rows=) the bench's engine (fused ops, CUDA graphs,
                           Triton on CUDA, its torch path elsewhere): ``--engine fast`` runs the gate on it
     reference             (spec, ids) -> RefOut                     the float64 forward (reference/families)
-    reference_layer       (spec, l, h [T, (S,) H], taps=None) -> same   layer l on its own (taps: every layer input)
+    reference_layer       (spec, l, h, taps=None, ids=None) -> h'   layer l on its own (taps: every layer's input; ids)
     final_norm            (spec, h [T, H]) -> [T, H]                the rows that enter the head
     oracle                (spec, ids) -> logits [T, V]              tier 3 from code nobody here wrote
     state                 tuple[StateDecl]                         the engine's state after a run
@@ -135,14 +135,18 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "plan_gguf": C + "families.mimo2.plan:mimo2_gguf_target",
                  "plan_draft": C + "families.mimo2.plan:mimo2_draft"}),
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
-    # read and planned, not run (issue 25): no engine, reference or gate yet; ``draft_path`` is what inventory says
+    # qwen4exp: read, planned, engine + reference + HF oracle, not run (issue 25: no gate yet); draft_path for inventory
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
            mtp="sidecar", hybrid=True,
            draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
                       "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
                  "plan_hf": QX + "plan:qwen4exp_target", "plan_gguf": QX + "plan:qwen4exp_gguf_target",
-                 "plan_draft": QX + "plan:qwen4exp_draft"}),
+                 "plan_draft": QX + "plan:qwen4exp_draft",
+                 "engine": K + "qwen4exp.model:Qwen4ExpTarget", "reference": R + "qwen4exp.model:forward",
+                 "reference_layer": R + "qwen4exp.model:reference_layer",
+                 "final_norm": R + "qwen4exp.model:final_norm", "oracle": QX + "oracle:hf_qwen4exp_logits",
+                 "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
            mtp="in-file", hybrid=True,
            draft_path="NextN layer in-file (a plain-residual MLA + DSA + MoE block fed norm(mean of the streams))",

@@ -383,6 +383,7 @@ class PLEShape:
     seed: int = 0
     split_parts: int = 0
     head_vocab_sizes: tuple[int, ...] = ()
+    eos_token_id: int = -1         # the id that ends an n-gram segment and fills a sequence's start (-1: unknown)
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,7 @@ class Qwen4ExpSpec(Qwen35MoeSpec):
     hc: HCShape
     qsa: QSAShape
     ple: PLEShape | None
+    output_gate: str = ""          # the GDN output gate's activation, "sigmoid" | "silu" ("": the file does not say)
 
 
 @dataclass(frozen=True)

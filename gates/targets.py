@@ -49,9 +49,12 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
     ops = family.layer_ops(shape, t)
+    # every family's reference_layer takes the pass's layer inputs (glm5next's shared indexer reads its full layer's)
+    # and the prompt ids (qwen4exp's PLE layer hashes them); the others ignore both
     for l in range(spec.num_layers):
-        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps))
-        close(report, f"target layer {l} out [{t}x{spec.hidden_size}] from the kernel's input", taps[l + 1], want,
+        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps,
+                                                                                 ids=prompt))
+        close(report, f"target layer {l} out [{t}x{taps.shape[-1]}] from the kernel's input", taps[l + 1], want,
               emu, dtype, ops)
     got = to_np(prefill.logits)
     want, emu = exact_and_emulated(dtype, lambda: head_logits(family, spec, taps[-1]))

@@ -39,6 +39,11 @@ KINDS = {"linear_attention": "linear_attention", "indexed_attention": "full_atte
 GATE_TYPES = ("sigmoid", "silu")
 
 
+def output_gate(cfg: Cfg) -> str:
+    """The GDN output gate's activation: ``output_gate_type``, else ``hidden_act`` (default silu), as HF reads it."""
+    return cfg.get("output_gate_type", None) or cfg.get("hidden_act", "silu")
+
+
 def moe_shape(cfg: Cfg) -> MoEShape:
     e, k = cfg.int("num_experts", minimum=1), cfg.int("num_experts_per_tok", minimum=1)
     if k > e:
@@ -77,9 +82,14 @@ def ple_shape(cfg: Cfg, types: list[str]) -> PLEShape | None:
     dim = cfg.int("ple_embed_dim")
     if dim % ((n - 1) * heads):
         raise cfg.bad("ple_embed_dim", f"{dim} is not a multiple of the {(n - 1) * heads} hashed heads")
+    eos = cfg.get("eos_token_id", None)
+    if isinstance(eos, list) and eos:
+        eos = eos[0]
+    if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:
+        raise cfg.bad("eos_token_id", f"{eos!r}; PLE needs it (an n-gram segment ends at it): a non-negative id")
     return PLEShape(tuple(i - 1 for i in ids), dim, cfg.int("ple_conv_kernel_size"), n, heads,
                     cfg.int("ngram_vocab_size_base"), cfg.int("make_ngram_vocab_size_divisible_by"),
-                    cfg.int("seed", minimum=0), cfg.int("split_ngram_parts"))
+                    cfg.int("seed", minimum=0), cfg.int("split_ngram_parts"), eos_token_id=eos)
 
 
 def read_shapes(cfg: Cfg) -> tuple[LayerShape, HybridShape, MoEShape, HCShape, QSAShape, PLEShape | None, int]:
@@ -96,8 +106,9 @@ def read_shapes(cfg: Cfg) -> tuple[LayerShape, HybridShape, MoEShape, HCShape, Q
         prf = cfg.float("partial_rotary_factor", what="a number in (0, 1] (qwen4_exp has no default)")
     if prf > 1:
         raise cfg.bad("partial_rotary_factor", f"{prf}; expected a number in (0, 1]")
-    if cfg.get("output_gate_type", "sigmoid") not in GATE_TYPES:
-        raise cfg.bad("output_gate_type", f"{cfg.get('output_gate_type')!r}; expected one of {list(GATE_TYPES)}")
+    if output_gate(cfg) not in GATE_TYPES:
+        raise cfg.bad("output_gate_type", f"{output_gate(cfg)!r} (unset: hidden_act, as HF); expected one of "
+                                          f"{list(GATE_TYPES)}")
     moe = moe_shape(cfg)
     view = Cfg({**cfg.data, "intermediate_size": moe.expert_ff, "layer_types": types, "partial_rotary_factor": prf,
                 "rope_parameters": {**rope.data, "partial_rotary_factor": prf}}, cfg.where, cfg.prefix)
@@ -138,4 +149,5 @@ def qwen4exp_from_hf(directory: Path) -> Qwen4ExpSpec:
     return Qwen4ExpSpec(family=FAMILY, source=directory, source_format="hf", layer=layer, num_layers=n,
                         vocab_size=vocab, tie_word_embeddings=tied,
                         max_position=cfg.int("max_position_embeddings", 32768), tensors=tensors, hybrid=hy, moe=moe,
-                        hc=hc, qsa=qsa, ple=ple)
+                        hc=hc, qsa=qsa, ple=ple,
+                        output_gate=output_gate(cfg))

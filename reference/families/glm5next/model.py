@@ -172,7 +172,7 @@ def decoder_layer(spec: Glm5NextSpec, w: Weights, l: int, x: np.ndarray,
     return rmhc.mhc_expand(ffn(spec, w, l, b), x, fw.post, fw.comb), mask
 
 
-def reference_layer(spec: Glm5NextSpec, l: int, h: np.ndarray, taps=None) -> np.ndarray:
+def reference_layer(spec: Glm5NextSpec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
     """Layer l on its own: input streams h [T, S, H] at positions 0..T-1 -> output streams [T, S, H]. A "shared"
     indexed layer also reads the input streams of its full layer (``taps[full_layer_of(spec, l)]`` [T, S, H], the
     same pass's layer inputs, as ``gates.targets.check_target`` passes them) to redo that layer's choice; without

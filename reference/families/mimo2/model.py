@@ -82,7 +82,7 @@ def decoder_layer(spec: Mimo2Spec, w: Weights, l: int, h: np.ndarray, positions:
     return st(h + ffn(spec, w, l, rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)))
 
 
-def reference_layer(spec: Mimo2Spec, l: int, h: np.ndarray, taps=None) -> np.ndarray:
+def reference_layer(spec: Mimo2Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
     """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H]."""
     h = here(h)
     return decoder_layer(spec, as_f64(spec), l, h, ns(h).arange(len(h)))

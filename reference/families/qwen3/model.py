@@ -124,7 +124,7 @@ def head(spec: ModelSpec, x: np.ndarray) -> np.ndarray:
     return as_f64(spec).project(head_name(spec), x)
 
 
-def reference_layer(spec: ModelSpec, l: int, h: np.ndarray, taps=None) -> np.ndarray:
+def reference_layer(spec: ModelSpec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
     """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H] (the gates' per-layer check)."""
     t = len(h)
     return decoder_layer(spec.layer, as_f64(spec), f"model.layers.{l}.", h, np.arange(t), causal_mask(t))

@@ -124,7 +124,7 @@ def decoder_layer(spec: Qwen38Spec, w: Weights, l: int, h: np.ndarray, positions
     return st(h + ffn_for(spec)(spec, w, p, norm1p(h, w[p + "post_attention_layernorm.weight"], eps)))
 
 
-def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray, taps=None) -> np.ndarray:
+def reference_layer(spec: Qwen38Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
     """Layer l on its own: input rows h [T, H] at positions 0..T-1 -> output [T, H] (the gates' per-layer check)."""
     h = here(h)
     xp, t = ns(h), len(h)

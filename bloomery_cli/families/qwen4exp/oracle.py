@@ -1,0 +1,97 @@
+"""Tier-3 oracle for qwen4exp targets: transformers' own ``Qwen4ExpForCausalLM`` (``qwen4_exp_text``) on the spec's
+weights, CPU, float64 (docs/FAMILIES_MOE.md 2.1: routed experts on HF's eager path, since the default grouped_mm
+refuses float64; eager attention; ``split_ngram_parts`` 1 and the spec's ``ngram_vocab_size_base``).
+
+``promote_f32`` (default) builds and runs it under ``oracle.hf.Float32AsFloat64``, which lifts HF's float32 islands
+(the grouped zero-centred norms, the router softmax, the DeltaNet, the rotary table, the hyper-connection mixes:
+FAMILIES_MOE.md 2.2) to float64: a truly float64 forward of HF's own wiring. Without it, HF "float64" is only
+about 1e-7 relative from a true float64 forward (2.2 measured 1.2e-8 on logits of max 0.23 for qwen4_exp).
+
+The PLE hashing tables (``ple_embedding.{layer_multipliers, ngram_heads_vocab_sizes, ngram_heads_offsets}``) are
+HF's own, computed by its constructor from the config: they are integer buffers, never taken from the file (a float64
+round trip would corrupt multipliers near 2^62), so the hashing is checked independently of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from bloomery_gates.errors import InputError
+from bloomery_gates.spec import Qwen4ExpSpec
+
+from ...oracle.hf import Float32AsFloat64, HFOut, _transformers
+
+HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+
+
+def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
+    """``Qwen4ExpTextConfig`` carrying the spec's numbers (eager attention and experts)."""
+    tf = _transformers()
+    ls, hy, moe, hc, q, p = spec.layer, spec.hybrid, spec.moe, spec.hc, spec.qsa, spec.ple
+    ple: dict = {"ple_layer_ids": []}
+    if p is not None:
+        ple = {"ple_layer_ids": [i + 1 for i in p.layers], "ple_embed_dim": p.embed_dim,
+               "ple_conv_kernel_size": p.conv_kernel, "ngram_size": p.ngram_size, "heads_per_ngram": p.heads_per_ngram,
+               "ngram_vocab_size_base": p.vocab_base, "make_ngram_vocab_size_divisible_by": p.divisible_by,
+               "seed": p.seed, "split_ngram_parts": 1, "eos_token_id": p.eos_token_id}
+    config = tf.Qwen4ExpTextConfig(
+        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim,
+        rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
+        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta,
+                         "partial_rotary_factor": hy.partial_rotary_factor},
+        tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False, hidden_act="silu",
+        layer_types=list(hy.layer_types), linear_conv_kernel_dim=hy.linear_conv_kernel_dim,
+        linear_key_head_dim=hy.linear_key_head_dim, linear_value_head_dim=hy.linear_value_head_dim,
+        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads,
+        num_experts=moe.num_experts, num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.expert_ff,
+        shared_expert_intermediate_size=moe.shared_ff or 0, norm_topk_prob=moe.norm_topk,
+        hc_count=hc.count, hc_lowrank=hc.low_rank, indexer_n_heads=q.num_heads, indexer_kv_heads=q.kv_heads,
+        indexer_head_dim=q.head_dim, indexer_budget=q.budget, indexer_compress_ratio=q.compress_ratio,
+        output_gate_type=spec.output_gate or None, **ple,
+    )
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    return config
+
+
+def build_hf_qwen4exp(spec: Qwen4ExpSpec, promote_f32: bool = True) -> torch.nn.Module:
+    """A float64 ``Qwen4ExpForCausalLM`` carrying the spec's trunk weights strictly (``mtp.*`` left out, as HF's
+    loader; the PLE hashing buffers HF's own)."""
+    tf = _transformers()
+    if spec.family != "qwen4exp":
+        raise InputError(spec.source, f"the HF qwen4exp oracle covers family qwen4exp, not {spec.family!r}")
+    with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
+        model = tf.Qwen4ExpForCausalLM(qwen4exp_hf_config(spec)).to(torch.float64).eval()
+    ours = {n: buf for n, buf in model.named_buffers() if n.rsplit(".", 1)[-1] in HASH_BUFFERS}
+    state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items()
+             if not n.startswith("mtp.") and n.rsplit(".", 1)[-1] not in HASH_BUFFERS}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = sorted(set(missing) - set(ours) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
+    if unexpected or missing:
+        raise InputError(spec.source, f"HF Qwen4ExpForCausalLM state dict mismatch: missing {missing}, "
+                                      f"unexpected {sorted(unexpected)}")
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def hf_qwen4exp(spec: Qwen4ExpSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:
+    """HF's logits [T, V] and hidden_states [L+1, T, *] for one sequence (positions 0..T-1, no cache): entries
+    0..L-1 are the streams [T, S*H] entering each layer, entry L the mixer's output [T, H] (FAMILIES_MOE.md 2.3),
+    so they come back as a list-like object array only through ``hidden_states``' own shapes: entries 0..L-1
+    stacked [L, T, S*H] here, the last dropped (it equals the head's input, which the logits already judge)."""
+    model = build_hf_qwen4exp(spec, promote_f32)
+    with torch.no_grad(), Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
+        out = model(input_ids=torch.tensor([[int(i) for i in ids]]), output_hidden_states=True, use_cache=False)
+    streams = torch.stack([h[0] for h in out.hidden_states[:-1]])
+    return HFOut(logits=out.logits[0].numpy(), hidden_states=streams.numpy())
+
+
+def hf_qwen4exp_logits(spec: Qwen4ExpSpec, ids: Sequence[int], promote_f32: bool = True) -> np.ndarray:
+    return hf_qwen4exp(spec, ids, promote_f32).logits

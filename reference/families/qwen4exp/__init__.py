@@ -1,0 +1,1 @@
+"""The qwen4exp family's float64 reference (reference/ops wired) (its registry entry: bloomery_gates/registry.py)."""
