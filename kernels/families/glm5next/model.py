@@ -35,6 +35,7 @@ from ...ops.norm import rms_norm
 from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
 from ..ffn import route
 from ..qwen38.model import Qwen38Pass
+from ..rows import pad_rows, trim_rows
 
 T = torch.Tensor
 F32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "_hc.base", "_hc.scale", "conv1d.weight",
@@ -160,12 +161,7 @@ class Glm5NextTarget:
     def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
         """Run rows ids at positions length..length+R-1 (caches written, every row's KDA state kept, nothing
         committed)."""
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits, verify=True)
-        out.argmax, out.taps, out.final = out.argmax[:real], out.taps[:, :real], out.final[:real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
+        return trim_rows(self._run(pad_rows(ids, self.rows), logits, verify=True), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last pass: caches by position; per KDA layer the conv tail

@@ -24,6 +24,7 @@ from ...ops.norm import rms_norm
 from ...ops.rope import partial_rope, rope_tables
 from ..ffn import route
 from ..qwen38.model import Qwen38Pass
+from ..rows import pad_rows, trim_rows
 
 T = torch.Tensor
 AttendKV = Callable[[T, T, T, T | None], T]     # (q, k, v, sinks) -> [N, R, nh dv]
@@ -146,12 +147,7 @@ class Mimo2Target:
         return out
 
     def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits)
-        out.argmax, out.taps, out.final = out.argmax[:real], out.taps[:, :real], out.final[:real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
+        return trim_rows(self._run(pad_rows(ids, self.rows), logits), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last pass (KV by position: nothing else to restore)."""

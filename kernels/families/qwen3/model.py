@@ -26,6 +26,7 @@ from ...ops.attention import attend
 from ...ops.mlp import swiglu
 from ...ops.norm import rms_norm
 from ...ops.rope import apply_rope, rope_tables
+from ..rows import pad_rows, trim_rows
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -150,12 +151,7 @@ class RowPasses:
 
     def verify(self, ids: list[int], logits: bool = False) -> Pass:
         """Run rows ids at positions length..length+R-1 (KV written, nothing committed); padded to ``rows``."""
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits)
-        out.argmax, out.taps = out.argmax[:real], out.taps[:, :real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
+        return trim_rows(self._run(pad_rows(ids, self.rows), logits), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last verify; later KV slots are dead (masked by position)."""

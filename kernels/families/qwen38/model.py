@@ -44,6 +44,7 @@ from ...ops.rope import partial_rope, rope_tables
 from ...triton import delta_dims_ok, delta_impl, resolve_impl
 from ..ffn import ffn_for
 from ..qwen3.model import Pass
+from ..rows import pad_rows, trim_rows
 
 T = torch.Tensor
 Scan = Callable[[T, T, T, T, T], T]      # (q, k, v, g, b) prepared f32 -> o [N, R, nv, dv]
@@ -218,12 +219,7 @@ class Qwen38Target:
     def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
         """Run rows ids at positions length..length+R-1 (KV written, the rows' delta-rule inputs kept, nothing
         committed)."""
-        real = len(ids)
-        padded = ids + [0] * (self.rows - real) if self.rows and real < self.rows else ids
-        out = self._run(padded, logits, keep_rows=True)
-        out.argmax, out.taps, out.final = out.argmax[:real], out.taps[:, :real], out.final[:real]
-        out.logits = out.logits[:real] if out.logits is not None else None
-        return out
+        return trim_rows(self._run(pad_rows(ids, self.rows), logits, keep_rows=True), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last pass: KV by position; per linear layer the conv tail (a slice
