@@ -163,21 +163,26 @@ class Float32AsFloat64:
         return _Mode()
 
 
-def qwen38_hf_config(spec: ModelSpec) -> Any:
-    """transformers' ``Qwen3_5TextConfig`` carrying the spec's numbers (eager attention)."""
-    tf = _transformers()
+def hybrid_config_keys(spec: ModelSpec) -> dict[str, Any]:
+    """The keys every Qwen3.5-style hybrid text config (qwen38, qwen35moe, qwen4exp) takes, in HF's names, from the
+    spec: sizes, RoPE (partial), the layer schedule and the gated DeltaNet's shape."""
     ls, hy = spec.layer, spec.hybrid
-    config = tf.Qwen3_5TextConfig(
-        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, intermediate_size=ls.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads,
-        head_dim=ls.head_dim, rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
+    return dict(
+        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim,
+        rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
         rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta,
                          "partial_rotary_factor": hy.partial_rotary_factor},
         tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False, hidden_act="silu",
         layer_types=list(hy.layer_types), linear_conv_kernel_dim=hy.linear_conv_kernel_dim,
         linear_key_head_dim=hy.linear_key_head_dim, linear_value_head_dim=hy.linear_value_head_dim,
-        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads,
-    )
+        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads)
+
+
+def qwen38_hf_config(spec: ModelSpec) -> Any:
+    """transformers' ``Qwen3_5TextConfig`` carrying the spec's numbers (eager attention)."""
+    tf = _transformers()
+    config = tf.Qwen3_5TextConfig(intermediate_size=spec.layer.intermediate_size, **hybrid_config_keys(spec))
     config._attn_implementation = "eager"
     return config
 

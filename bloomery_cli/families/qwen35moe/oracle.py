@@ -14,24 +14,16 @@ import torch
 
 from bloomery_gates.spec import ModelSpec
 
-from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, build_hf_model
+from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, build_hf_model, hybrid_config_keys
 
 
 def qwen35moe_hf_config(spec: ModelSpec) -> Any:
     """``Qwen3_5MoeTextConfig`` carrying the spec's numbers (eager attention and experts)."""
     tf = _transformers()
-    ls, hy, moe = spec.layer, spec.hybrid, spec.moe
+    moe = spec.moe
     config = tf.Qwen3_5MoeTextConfig(
-        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim,
-        rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
-        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta,
-                         "partial_rotary_factor": hy.partial_rotary_factor},
-        tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False, hidden_act="silu",
-        layer_types=list(hy.layer_types), linear_conv_kernel_dim=hy.linear_conv_kernel_dim,
-        linear_key_head_dim=hy.linear_key_head_dim, linear_value_head_dim=hy.linear_value_head_dim,
-        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads,
-        num_experts=moe.num_experts, num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.expert_ff,
+        **hybrid_config_keys(spec), num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+        moe_intermediate_size=moe.expert_ff,
         shared_expert_intermediate_size=moe.shared_ff or 0,
     )
     config._attn_implementation = "eager"

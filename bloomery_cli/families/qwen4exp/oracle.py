@@ -24,7 +24,7 @@ import torch
 from bloomery_gates.errors import InputError
 from bloomery_gates.spec import Qwen4ExpSpec
 
-from ...oracle.hf import Float32AsFloat64, HFOut, _transformers
+from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, hybrid_config_keys
 
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
 
@@ -32,7 +32,7 @@ HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_off
 def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
     """``Qwen4ExpTextConfig`` carrying the spec's numbers (eager attention and experts)."""
     tf = _transformers()
-    ls, hy, moe, hc, q, p = spec.layer, spec.hybrid, spec.moe, spec.hc, spec.qsa, spec.ple
+    moe, hc, q, p = spec.moe, spec.hc, spec.qsa, spec.ple
     ple: dict = {"ple_layer_ids": []}
     if p is not None:
         ple = {"ple_layer_ids": [i + 1 for i in p.layers], "ple_embed_dim": p.embed_dim,
@@ -40,16 +40,8 @@ def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
                "ngram_vocab_size_base": p.vocab_base, "make_ngram_vocab_size_divisible_by": p.divisible_by,
                "seed": p.seed, "split_ngram_parts": 1, "eos_token_id": p.eos_token_id}
     config = tf.Qwen4ExpTextConfig(
-        vocab_size=spec.vocab_size, hidden_size=ls.hidden_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=ls.num_heads, num_key_value_heads=ls.num_kv_heads, head_dim=ls.head_dim,
-        rms_norm_eps=ls.rms_eps, max_position_embeddings=spec.max_position,
-        rope_parameters={"rope_type": "default", "rope_theta": ls.rope_theta,
-                         "partial_rotary_factor": hy.partial_rotary_factor},
-        tie_word_embeddings=spec.tie_word_embeddings, attention_bias=False, hidden_act="silu",
-        layer_types=list(hy.layer_types), linear_conv_kernel_dim=hy.linear_conv_kernel_dim,
-        linear_key_head_dim=hy.linear_key_head_dim, linear_value_head_dim=hy.linear_value_head_dim,
-        linear_num_key_heads=hy.linear_num_key_heads, linear_num_value_heads=hy.linear_num_value_heads,
-        num_experts=moe.num_experts, num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.expert_ff,
+        **hybrid_config_keys(spec), num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+        moe_intermediate_size=moe.expert_ff,
         shared_expert_intermediate_size=moe.shared_ff or 0, norm_topk_prob=moe.norm_topk,
         hc_count=hc.count, hc_lowrank=hc.low_rank, indexer_n_heads=q.num_heads, indexer_kv_heads=q.kv_heads,
         indexer_head_dim=q.head_dim, indexer_budget=q.budget, indexer_compress_ratio=q.compress_ratio,
