@@ -22,6 +22,7 @@ from bloomery_gates.errors import EXIT_INPUT, InputError
 
 from .engine_cli import engine_app
 from .exits import err, fail_input, print_error
+from .gatekit import OWN_ENGINES
 from .oneline import OneLineGroup
 from .threads import Threads, apply_threads
 
@@ -199,7 +200,7 @@ def gate_run(name: Annotated[str, typer.Argument(help="Gate name (see `bloomery 
     from .gate import GateOptions, run_gate
     from .sampling.rule import sampling_options
 
-    if engine not in ("ours", "fast"):
+    if engine not in OWN_ENGINES:
         others = {"--target": target, "--draft": draft, "--oracle": oracle or None, "--temperature": temperature,
                   **{"--" + k.replace("_", "-"): v for k, v in (gate_options or {}).items()},
                   "--draft-policy": draft_policy,
@@ -273,7 +274,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
     the pairs it cannot run are listed with the reason."""
     import importlib.util
 
-    if engine not in ("ours", "fast"):
+    if engine not in OWN_ENGINES:
         from .engine_cli import engine_gates
         engine_gates(registry(), engine, llama_cpp, device, dtype, n, results, threads, expect)
         return
@@ -300,7 +301,7 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
         fail_input(InputError("--temperature" if sampling is not None else "--draft-device",
                               "not supported with --engine fast"))
     from .fast_engine import why_not
-    skipped = {g.name: why_not(g) for g in registry().values() if fast and why_not(g)}
+    skipped = {g.name: why for g in registry().values() if fast and (why := why_not(g))}
     names = {g.name: f"{g.name}-{'fast-' if fast else ''}{device.replace(':', '')}-{dtype}{tag}.json"
              for g in registry().values() if g.name not in skipped}
     try:                                   # the flags every gate shares: checked once, before the first gate runs

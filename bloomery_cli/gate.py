@@ -18,7 +18,7 @@ from bloomery_gates.errors import InputError
 
 from .contract import Report
 from .cost import Phases, peak_device_bytes, peak_host_rss_bytes
-from .gatekit import DTYPES, DraftCheck, GateDef, resolve_device
+from .gatekit import DTYPES, OWN_ENGINES, DraftCheck, GateDef, resolve_device
 from .loading import load_target, load_tokenizer
 from .metrics import Tally
 from .plan.core import parse_bytes
@@ -167,8 +167,8 @@ def prepare(gate: GateDef, opts: GateOptions, selection: Any) -> Run:
     if opts.engine == "fast":
         from .fast_engine import check
         check(gate, opts.tp, opts.draft_device, opts.sampling)
-    elif opts.engine != "ours":
-        raise InputError("--engine", f"{opts.engine!r}: expected ours, fast or llama.cpp")
+    elif opts.engine not in OWN_ENGINES:
+        raise InputError("--engine", f"{opts.engine!r}: expected {', '.join(OWN_ENGINES)} or llama.cpp")
     draft_dev = None
     if opts.draft_device is not None:
         check_supported(gate.name, gate.family, gate.draft_kind)

@@ -15,6 +15,7 @@ import torch
 from bloomery_gates.dtypes import TORCH
 from bloomery_gates.errors import InputError
 
+OWN_ENGINES = ("ours", "fast")      # the engines this harness builds (the gate pipeline runs them); others: engines/
 DTYPES = TORCH          # run dtype name -> torch dtype (bloomery_gates.dtypes, the one table)
 
 

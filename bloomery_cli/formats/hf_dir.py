@@ -14,6 +14,7 @@ Nothing in the directory is imported or executed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from bloomery_cli.files import check_readable, parse_json, read_text
+from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.lazy import LazyTensors
 from bloomery_gates.errors import BadTensor, InputError, MissingFile, Refused
 
@@ -47,6 +49,17 @@ def read_json(path: Path, what: str = "JSON file") -> dict[str, Any]:
 def read_config(directory: Path) -> dict[str, Any]:
     """``<directory>/config.json`` as a dict (data only)."""
     return read_json(directory / "config.json", "model config (config.json)")
+
+
+def model_config(directory: Path, types: Sequence[str]) -> tuple[Cfg, Cfg]:
+    """(the file's Cfg, the numbers' Cfg) of ``<directory>/config.json``: ``model_type`` must be one of ``types``
+    (the family's, from the registry), and the numbers sit under ``text_config`` when the file is a multimodal
+    wrapper, else at the top."""
+    top = Cfg(read_config(directory), directory / "config.json")
+    model_type = top.get("model_type", what=f"one of {list(types)}")
+    if model_type not in types:
+        raise top.bad("model_type", f"{model_type!r} is not supported; expected one of {list(types)}")
+    return top, top.sub("text_config") if top.get("text_config", None) is not None else top
 
 
 class SafetensorsTensors(LazyTensors):

@@ -188,12 +188,14 @@ def qwen38_hf_config(spec: ModelSpec) -> Any:
 
 
 def build_hf_model(spec: ModelSpec, cls_name: str, config, family: str, state: dict | None = None,
-                   promote_f32: bool = True) -> torch.nn.Module:
+                   promote_f32: bool = True, computed: tuple[str, ...] = ()) -> torch.nn.Module:
     """A float64 transformers ``cls_name`` (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``,
     ``MiMoV2FlashForCausalLM``) on CPU from ``config``, eval mode, carrying ``state`` strictly: every module
     tensor present, nothing unexpected (``lm_head`` tied when the spec ties it). ``state`` defaults to the spec's
     trunk tensors under their own names (``mtp.*`` left out: not part of those classes, as HF's own loader
-    ignores them). With ``promote_f32`` it is built under ``Float32AsFloat64`` (so its rotary table is float64)."""
+    ignores them). With ``promote_f32`` it is built under ``Float32AsFloat64`` (so its rotary table is float64).
+    ``computed``: names of buffers HF derives from the config itself (qwen4exp's PLE hashing tables): never loaded
+    from the spec, never missing."""
     import contextlib
     tf = _transformers()
     if spec.family != family:
@@ -201,10 +203,12 @@ def build_hf_model(spec: ModelSpec, cls_name: str, config, family: str, state: d
     with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
         model = getattr(tf, cls_name)(config).to(torch.float64).eval()
     if state is None:
-        state = {n: t for n, t in spec.tensors.items() if not n.startswith("mtp.")}
+        state = {n: t for n, t in spec.tensors.items()
+                 if not n.startswith("mtp.") and n.rsplit(".", 1)[-1] not in computed}
     missing, unexpected = model.load_state_dict({n: t.detach().to(torch.float64) for n, t in state.items()},
                                                 strict=False)
-    missing = sorted(set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
+    missing = sorted(n for n in set(missing) - ({"lm_head.weight"} if spec.tie_word_embeddings else set())
+                     if n.rsplit(".", 1)[-1] not in computed)
     if unexpected or missing:
         raise InputError(spec.source, f"HF {cls_name} state dict mismatch: missing {missing}, "
                                       f"unexpected {sorted(unexpected)}")

@@ -3,8 +3,8 @@
 A record is one JSON object per ``*.json`` file under the results folder, read through ``files.read_json_file``
 (size cap, UTF-8, nesting). ``SCHEMA`` gives, for every key the tables, plots and README blocks read, the JSON
 type it must have where it is present (``num``: an int or float, never a bool; ``[T]``: a list of T; a dict: an
-object whose listed keys are checked the same way; ``"*"``: every key of it). A MoE bench record's ``checks`` is
-an object of booleans (``MOE_BENCH``). Keys not listed are free; a listed key may be absent (the
+object whose listed keys are checked the same way; ``"*"``: every key of it). A bench record's ``checks`` is an
+object of booleans (``BENCH``). Keys not listed are free; a listed key may be absent (the
 tables print ``-``). The first failure names the file and the key path: ``<file>: key 'acceptance.accept_mean':
 expected a number, got str``.
 """
@@ -47,8 +47,9 @@ SCHEMA: dict[str, Any] = {
     "hf": {"tok_s": NUM, "ratio_ours": NUM, "tokens": INT, "error": STR},
     "bound": {"rows": INT, "frac_max": NUM, "attainable": BOOL},
 }
-# the MoE bench (``bloomery bench moe``) names its self-checks: an object of booleans, not the gates' check lines
-MOE_BENCH: dict[str, Any] = {**SCHEMA, "checks": {"*": BOOL}}
+# a bench record (its "bench" key, no "gate") names its self-checks: an object of booleans (``bloomery bench moe``),
+# not a gate's check lines
+BENCH: dict[str, Any] = {**SCHEMA, "checks": {"*": BOOL}}
 
 
 def _name(value: Any) -> str:
@@ -93,7 +94,7 @@ def check_record(path: Path | str, record: Any) -> dict[str, Any]:
     """``record`` if it is an object that fits ``SCHEMA``; else an ``InputError`` naming ``path`` and the key."""
     if not isinstance(record, dict):
         raise InputError(path, f"expected a results record (a JSON object), got {_name(record)}")
-    bad = _check(record, MOE_BENCH if record.get("bench") == "moe" else SCHEMA, "")
+    bad = _check(record, BENCH if "bench" in record and "gate" not in record else SCHEMA, "")
     if bad:
         raise InputError(path, bad)
     return record

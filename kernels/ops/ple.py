@@ -9,11 +9,12 @@ taps in float32 in a fixed order, so a row's value depends only on its own input
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from bloomery_gates import ple_hash
 
 from .gated_hc import grouped_norm
 
@@ -85,30 +86,9 @@ def ple_layer(x: T, hashed: T, w: PleWeights, streams: int, dilation: int, eps: 
     return (x.float() + (gv.float() + F.silu(y)).to(x.dtype).float()).to(x.dtype)
 
 
-MASK64, GAMMA = (1 << 64) - 1, 0x9E3779B97F4A7C15
-
-
-def splitmix64(v: int) -> int:
-    """SplitMix64's finaliser on v + gamma, mod 2^64 (``reference.ops.ple.splitmix64``)."""
-    z = (v + GAMMA) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
 def ngram_tables(vocab: int, ngram: int, heads_per_ngram: int, base: int, layer_index: int, seed: int,
                  device: torch.device | str = "cpu") -> tuple[T, T, T]:
     """(multipliers [N], prime sizes [(N-1) hpn], offsets [(N-1) hpn]) int64 on ``device`` from HF's hashing inputs
-    (the formulas of ``reference.ops.ple``), for an HF checkpoint, whose file does not carry them."""
-    half = max(1, ((2 ** 63 - 1) // max(vocab, 1)) // 2)
-    base_seed = seed + 10007 * layer_index
-    mult = [2 * (splitmix64((base_seed + GAMMA * (k + 1)) & MASK64) % half) + 1 for k in range(ngram)]
-    heads, sizes, p = (ngram - 1) * heads_per_ngram, [], base - 1
-    need = (layer_index + 1) * heads
-    while len(sizes) < need:
-        p += 1
-        if p >= 2 and all(p % d for d in range(2, math.isqrt(p) + 1)):
-            sizes.append(p)
-    sizes = sizes[layer_index * heads:]
-    offsets = [sum(sizes[:j]) for j in range(len(sizes))]
-    return tuple(torch.tensor(v, dtype=torch.int64, device=device) for v in (mult, sizes, offsets))
+    (``bloomery_gates.ple_hash``), for an HF checkpoint, whose file does not carry them."""
+    return tuple(torch.tensor(v, dtype=torch.int64, device=device)
+                 for v in ple_hash.ngram_tables(vocab, ngram, heads_per_ngram, base, layer_index, seed))

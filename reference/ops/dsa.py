@@ -37,6 +37,7 @@ from ..rounding import linear, st
 from ..xp import common
 from .attention import softmax
 from .moe import topk_stable
+from .norm import layer_norm
 
 NEG = -np.inf
 
@@ -63,13 +64,6 @@ class Selection:
     pools: np.ndarray
     tail: np.ndarray
     mask: np.ndarray
-
-
-def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """(x - mean) / sqrt(var + eps) * w + b over the last axis."""
-    xp, x, w, b = common(x, w, b)
-    c = x - xp.mean(x, axis=-1, keepdims=True)
-    return st(c / xp.sqrt(xp.mean(c * c, axis=-1, keepdims=True) + eps) * w + b)
 
 
 def pooled_keys(k: np.ndarray, c: np.ndarray, ape: np.ndarray, p: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""RMSNorm in float64."""
+"""RMSNorm and LayerNorm in float64."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     xp, x, w = common(x, w)
     ms = xp.mean(x * x, axis=-1, keepdims=True)
     return st(x / xp.sqrt(ms + eps) * w)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis."""
+    xp, x, w, b = common(x, w, b)
+    c = x - xp.mean(x, axis=-1, keepdims=True)
+    return st(c / xp.sqrt(xp.mean(c * c, axis=-1, keepdims=True) + eps) * w + b)

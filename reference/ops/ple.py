@@ -31,19 +31,17 @@ value e, gv, y, silu(y), gv + silu(y), x'. The gate a -> sigmoid chain is float3
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from bloomery_gates import ple_hash
 
 from ..rounding import linear, st
 from ..xp import common
 from .gated_hc import grouped_norm
 from .mlp import silu
 from .moe import sigmoid
-
-MASK64 = (1 << 64) - 1
-GAMMA = 0x9E3779B97F4A7C15
 
 
 @dataclass
@@ -68,32 +66,11 @@ class PleWeights:
     conv: np.ndarray
 
 
-def splitmix64(v: int) -> int:
-    """Steele, Lea and Flood's SplitMix64 finaliser on v + gamma (all mod 2^64)."""
-    z = (v + GAMMA) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
-def is_prime(n: int) -> bool:
-    return n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1))
-
-
 def ngram_tables(vocab: int, ngram: int, heads_per_ngram: int, base: int, layer_index: int, seed: int) -> NgramTables:
-    """The multipliers, prime head sizes and offsets of the module docstring (l = layer_index)."""
-    half = max(1, ((2 ** 63 - 1) // max(vocab, 1)) // 2)
-    start = seed + 10007 * layer_index
-    mult = [2 * (splitmix64((start + GAMMA * (k + 1)) & MASK64) % half) + 1 for k in range(ngram)]
-    heads = (ngram - 1) * heads_per_ngram
-    primes, p = [], base - 1
-    while len(primes) < (layer_index + 1) * heads:
-        p += 1
-        if is_prime(p):
-            primes.append(p)
-    sizes = primes[layer_index * heads:]
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return NgramTables(np.array(mult, dtype=np.int64), np.array(sizes, dtype=np.int64), offsets.astype(np.int64))
+    """The multipliers, prime head sizes and offsets of the module docstring (l = layer_index), as int64 arrays
+    (the integers of ``bloomery_gates.ple_hash.ngram_tables``, which the engine wraps too)."""
+    return NgramTables(*(np.array(v, dtype=np.int64)
+                         for v in ple_hash.ngram_tables(vocab, ngram, heads_per_ngram, base, layer_index, seed)))
 
 
 def shifted(hist: np.ndarray, eos: int, n: int) -> list[np.ndarray]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
+from bloomery_cli.formats.hf_dir import model_config, open_safetensors_dir
 from bloomery_cli.formats.lazy import check_shapes
 from bloomery_gates.registry import family
 from bloomery_gates.spec import DSAShape, Glm5NextSpec, HCShape, KDAShape, LayerShape, MLAShape, MoEShape
@@ -120,12 +120,7 @@ def read_shapes(c: Cfg) -> dict[str, Any]:
 
 def glm5next_from_hf(directory: Path) -> Glm5NextSpec:
     """A glm5next target from ``config.json`` + safetensors headers in ``directory`` (no weight is read)."""
-    top = Cfg(read_config(directory), directory / "config.json")
-    types = family(FAMILY).hf_model_types
-    mt = top.get("model_type", what=f"one of {list(types)}")
-    if mt not in types:
-        raise top.bad("model_type", f"{mt!r} is not supported; expected one of {list(types)}")
-    c = top.sub("text_config") if top.get("text_config", None) is not None else top
+    top, c = model_config(directory, family(FAMILY).hf_model_types)
     f = read_shapes(c)
     H, n, vocab = f["layer"].hidden_size, f["num_layers"], c.int("vocab_size")
     tied = c.bool("tie_word_embeddings", top.bool("tie_word_embeddings", False))

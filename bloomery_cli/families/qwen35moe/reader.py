@@ -34,7 +34,7 @@ from bloomery_gates.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 
 from ...formats.config import Cfg
 from ...formats.gguf_file import GGUFFile, is_gguf
-from ...formats.hf_dir import open_safetensors_dir, read_config
+from ...formats.hf_dir import model_config, open_safetensors_dir, read_config
 from ...formats.lazy import LazyTensors, check_shapes, layer_bound
 from ..qwen38.reader import MappedTensors, Shapes, _shapes_from_cfg, qwen38_from_gguf
 from ..qwen38.reader import tensor_shapes as qwen38_shapes
@@ -256,11 +256,7 @@ def qwen35moe_from_gguf(path: Path) -> Qwen35MoeSpec:
 
 def qwen35moe_from_hf(directory: Path) -> Qwen35MoeSpec:
     """A qwen35moe target from ``config.json`` + safetensors in ``directory``."""
-    top = Cfg(read_config(directory), directory / "config.json")
-    model_type = top.get("model_type", what=f"one of {list(SUPPORTED_MODEL_TYPES)}")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise top.bad("model_type", f"{model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)}")
-    cfg = top.sub("text_config") if top.get("text_config", None) is not None else top
+    top, cfg = model_config(directory, SUPPORTED_MODEL_TYPES)
     tensors: LazyTensors = open_safetensors_dir(directory)
     stored = layer_bound(tensors, "model.layers.", "model.language_model.layers.")
     num_layers = cfg.int("num_hidden_layers", what="the layer count", **stored)

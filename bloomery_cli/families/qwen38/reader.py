@@ -42,7 +42,7 @@ from bloomery_gates.spec import HybridShape, LayerShape, Qwen38Spec
 
 from ...formats.config import Cfg
 from ...formats.gguf_file import GGUFFile, is_gguf
-from ...formats.hf_dir import open_safetensors_dir, read_config
+from ...formats.hf_dir import model_config, open_safetensors_dir, read_config
 from ...formats.lazy import LazyTensors, check_shapes, layer_bound
 from ...formats.rope_sections import sections_problem
 from ..qwen3.reader import _rope_theta, check_layer
@@ -250,12 +250,8 @@ def is_qwen38(path: Path) -> bool:
 
 def qwen38_from_hf(directory: Path) -> Qwen38Spec:
     """A qwen38 target from ``config.json`` + safetensors in ``directory``."""
-    top = Cfg(read_config(directory), directory / "config.json")
+    top, cfg = model_config(directory, SUPPORTED_MODEL_TYPES)
     tensors = open_safetensors_dir(directory)
-    model_type = top.get("model_type", what=f"one of {list(SUPPORTED_MODEL_TYPES)}")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise top.bad("model_type", f"{model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)}")
-    cfg = top.sub("text_config") if top.get("text_config", None) is not None else top
     stored = layer_bound(tensors, "model.layers.", "model.language_model.layers.")   # either layout
     num_layers = cfg.int("num_hidden_layers", what="the layer count", **stored)
     layer, hy = _shapes_from_cfg(cfg, num_layers)

@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bloomery_gates.errors import InputError
 from bloomery_gates.spec import Qwen4ExpSpec
 
-from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, hybrid_config_keys
+from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, build_hf_model, hybrid_config_keys
 
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
 
@@ -55,22 +54,8 @@ def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
 def build_hf_qwen4exp(spec: Qwen4ExpSpec, promote_f32: bool = True) -> torch.nn.Module:
     """A float64 ``Qwen4ExpForCausalLM`` carrying the spec's trunk weights strictly (``mtp.*`` left out, as HF's
     loader; the PLE hashing buffers HF's own)."""
-    tf = _transformers()
-    if spec.family != "qwen4exp":
-        raise InputError(spec.source, f"the HF qwen4exp oracle covers family qwen4exp, not {spec.family!r}")
-    with Float32AsFloat64() if promote_f32 else contextlib.nullcontext():
-        model = tf.Qwen4ExpForCausalLM(qwen4exp_hf_config(spec)).to(torch.float64).eval()
-    ours = {n: buf for n, buf in model.named_buffers() if n.rsplit(".", 1)[-1] in HASH_BUFFERS}
-    state = {n: t.detach().to(torch.float64) for n, t in spec.tensors.items()
-             if not n.startswith("mtp.") and n.rsplit(".", 1)[-1] not in HASH_BUFFERS}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = sorted(set(missing) - set(ours) - ({"lm_head.weight"} if spec.tie_word_embeddings else set()))
-    if unexpected or missing:
-        raise InputError(spec.source, f"HF Qwen4ExpForCausalLM state dict mismatch: missing {missing}, "
-                                      f"unexpected {sorted(unexpected)}")
-    if spec.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model
+    return build_hf_model(spec, "Qwen4ExpForCausalLM", qwen4exp_hf_config(spec), "qwen4exp", promote_f32=promote_f32,
+                          computed=HASH_BUFFERS)
 
 
 def hf_qwen4exp(spec: Qwen4ExpSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:

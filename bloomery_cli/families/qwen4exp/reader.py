@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
+from bloomery_cli.formats.hf_dir import model_config, open_safetensors_dir
 from bloomery_cli.formats.lazy import LazyTensors, check_shapes, layer_bound
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, PLEShape, QSAShape, Qwen4ExpSpec
@@ -128,12 +128,7 @@ def tensor_shapes(layer: LayerShape, moe: MoEShape, n: int, vocab: int, tied: bo
 
 def qwen4exp_from_hf(directory: Path) -> Qwen4ExpSpec:
     """A qwen4exp target from ``config.json`` + safetensors headers in ``directory`` (no weight is read)."""
-    top = Cfg(read_config(directory), directory / "config.json")
-    types = family(FAMILY).hf_model_types
-    mt = top.get("model_type", what=f"one of {list(types)}")
-    if mt not in types:
-        raise top.bad("model_type", f"{mt!r} is not supported; expected one of {list(types)}")
-    cfg = top.sub("text_config") if top.get("text_config", None) is not None else top
+    top, cfg = model_config(directory, family(FAMILY).hf_model_types)
     layer, hy, moe, hc, qsa, ple, n = read_shapes(cfg)
     tensors: LazyTensors = open_safetensors_dir(directory)
     stored = layer_bound(tensors, "model.layers.", "model.language_model.layers.")

@@ -172,6 +172,9 @@ class Qwen38Target:
     two), "torch" or "triton".
     """
 
+    TENSORS: tuple[str, ...] = ("model.layers.",)          # the per-layer weights it holds in the run dtype
+    FINAL_NORM: str | None = "model.norm.weight"              # None: the family has no final norm (qwen4exp)
+
     def __init__(self, spec: Qwen38Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, impl: str = "auto"):
         self.spec, self.shape, self.hybrid = spec, spec.layer, spec.hybrid
@@ -180,12 +183,13 @@ class Qwen38Target:
             impl = "torch"
         self.impl = resolve_impl(impl, self.device)
         self.recur = delta_impl(self.impl)
-        self.fused = fused_ops(self.impl)
+        self.fused = self._fused_ops()
         cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
-        self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith("model.layers.")}
+        self.t = {n: cast(x) for n, x in spec.tensors.items() if n.startswith(self.TENSORS)}
         self.embed = cast(spec.tensors["model.embed_tokens.weight"])
         self.head = cast(spec.head_weight())
-        self.final_norm = norm_gain(spec.tensors["model.norm.weight"]).to(self.device)
+        if self.FINAL_NORM is not None:
+            self.final_norm = norm_gain(spec.tensors[self.FINAL_NORM]).to(self.device)
         self.cap = max_len + (rows or 0)
         s, hy = self.shape, self.hybrid
         self.cos, self.sin = rope_tables(hy.rotary_dim, s.rope_theta, self.cap, self.device)
@@ -202,6 +206,10 @@ class Qwen38Target:
         self._pending: list[Pending] | None = None             # per linear layer, what the last pass left
         self.length = 0
         self.rows_run = 0                                      # rows pushed through the layers so far
+
+    def _fused_ops(self) -> tuple:
+        """(prepare, gated output norm) of the linear layers for ``self.impl`` (kernels.dispatch)."""
+        return fused_ops(self.impl)
 
     def reset(self) -> None:
         self.length = 0

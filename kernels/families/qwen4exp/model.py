@@ -28,8 +28,6 @@ from ...ops import ple as kple
 from ...ops import qsa as kqsa
 from ...ops.attention import attend
 from ...ops.gated_deltanet import delta_chunked, prepare_torch
-from ...ops.rope import rope_tables
-from ...triton import delta_dims_ok, delta_impl, resolve_impl
 from ..ffn import ffn_for, record_routing
 from ..qwen38.model import PREFILL_CHUNK, Pending, Qwen38Pass, Qwen38Target, attention_mixer, deltanet_mixer, fused_ops
 
@@ -53,6 +51,9 @@ class Qwen4ExpTarget(Qwen38Target):
     ``Qwen38Target`` (see the module docstring for the state); ``taps`` [L+1, R, S*H] are the streams, ``final``
     [R, H] the mixer's output (the head's input); passes carry their MoE routing."""
 
+    TENSORS = ("model.layers.", "model.hyper_connection_mixer.")
+    FINAL_NORM = None                                    # the mixer's output is the head's input
+
     def __init__(self, spec: Qwen4ExpSpec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None, impl: str = "auto"):
         if spec.output_gate not in ACTS:
@@ -61,34 +62,9 @@ class Qwen4ExpTarget(Qwen38Target):
         ple = spec.ple
         if ple is not None and (len(ple.layers) != 1 or ple.vocab_base <= 0 or ple.eos_token_id < 0):
             raise ValueError("qwen4exp engine: PLE needs one layer and HF's hashing inputs (base, seed, eos)")
-        self.spec, self.shape, self.hybrid = spec, spec.layer, spec.hybrid
-        self.device, self.dtype, self.rows = torch.device(device), dtype, rows
-        hy, s = spec.hybrid, spec.layer
-        if impl == "auto" and not delta_dims_ok(hy.linear_key_head_dim, hy.linear_value_head_dim):
-            impl = "torch"
-        self.impl = resolve_impl(impl, self.device)
-        self.recur = delta_impl(self.impl)
-        prep = fused_ops(self.impl)[0] if spec.output_gate == "silu" else prepare_torch
-        self.fused = (prep, fused_ops(self.impl)[1] if spec.output_gate == "silu" and self.impl == "triton"
-                      else gated_out_norm(ACTS[spec.output_gate]))
-        cast = lambda x: x.to(device=self.device, dtype=dtype)  # noqa: E731
-        self.t = {n: cast(x) for n, x in spec.tensors.items()
-                  if n.startswith(("model.layers.", "model.hyper_connection_mixer."))}
-        self.embed = cast(spec.tensors["model.embed_tokens.weight"])
-        self.head = cast(spec.head_weight())
-        self.cap = max_len + (rows or 0)
-        self.cos, self.sin = rope_tables(hy.rotary_dim, s.rope_theta, self.cap, self.device)
-        self.attn_layers = [l for l in range(spec.num_layers) if not hy.is_linear(l)]
-        self.lin_layers = [l for l in range(spec.num_layers) if hy.is_linear(l)]
-        kv = (len(self.attn_layers), 1, s.num_kv_heads, self.cap, s.head_dim)
-        self.k_cache = torch.zeros(kv, device=self.device, dtype=dtype)
-        self.v_cache = torch.zeros(kv, device=self.device, dtype=dtype)
+        super().__init__(spec, device, dtype, max_len, rows, impl)
+        s = spec.layer
         self.b_cache = torch.zeros(len(self.attn_layers), self.cap, s.hidden_size, device=self.device, dtype=dtype)
-        self.key_pos = torch.arange(self.cap, device=self.device)
-        self.conv_tail = torch.zeros(len(self.lin_layers), 1, hy.linear_conv_kernel_dim - 1, hy.conv_dim,
-                                     device=self.device, dtype=dtype)
-        self.state = torch.zeros(len(self.lin_layers), 1, hy.linear_num_value_heads, hy.linear_key_head_dim,
-                                 hy.linear_value_head_dim, device=self.device, dtype=torch.float32)
         sh = spec.hc.count * s.hidden_size
         self.ids_buf = torch.zeros(self.cap, dtype=torch.int64, device=self.device)
         self.z_buf = torch.zeros(self.cap, sh, device=self.device, dtype=dtype)
@@ -96,9 +72,13 @@ class Qwen4ExpTarget(Qwen38Target):
             p = spec.ple
             self.tables = kple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0, p.seed,
                                             self.device)
-        self._pending: list[Pending] | None = None
-        self.length = 0
-        self.rows_run = 0
+
+    def _fused_ops(self) -> tuple:
+        """The GDN output gate is the checkpoint's (silu: the fused kernels where they run; sigmoid: torch)."""
+        gate = self.spec.output_gate
+        prep = fused_ops(self.impl)[0] if gate == "silu" else prepare_torch
+        return prep, (fused_ops(self.impl)[1] if gate == "silu" and self.impl == "triton"
+                      else gated_out_norm(ACTS[gate]))
 
     # ------------------------------------------------------------------------------------------------ the blocks
 
