@@ -8,7 +8,7 @@ to its dotted name; `import a.b` is an edge to the module a.b (its package's __i
 
 The layers, lowest first (a module may import its own layer or lower):
 
-  0 core       bloomery_gates and the modules directly in it (spec, errors, lru, ...): imports nothing above it
+  0 core       bloomery_gates, its modules (errors, lru, ...) and the spec package: imports nothing above it
   1 library    bloomery_gates.kernels.* (the torch device engine) and bloomery_gates.reference.* (the float64
                reference); the two are siblings and import nothing from each other
   2 cli lib    bloomery_cli.* except the runner below: loading, formats, plans, benches, oracles, results
@@ -213,6 +213,8 @@ def rank(mod: str, core: str = "bloomery_gates", runner: tuple[str, ...] = RUNNE
     """(layer, side) of a module; side tells the two layer-1 siblings apart (kernels, reference)."""
     if mod == core or (mod.startswith(core + ".") and mod.count(".") == core.count(".") + 1
                        and mod.rpartition(".")[2] not in ("kernels", "reference", "gates")):
+        return CORE, ""
+    if mod.startswith(f"{core}.spec."):         # the spec package: core, split by family
         return CORE, ""
     for side in ("kernels", "reference"):
         if mod == f"{core}.{side}" or mod.startswith(f"{core}.{side}."):

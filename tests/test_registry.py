@@ -99,7 +99,7 @@ def architecture_places() -> list[str]:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     section = text[text.index("## Adding a family"):text.index("### A GGUF layout")]
     return [p for p in re.findall(r"`([\w/<>*.-]+\.py)`", section) if "<family>" in p or p.endswith("registry.py")
-            or p.endswith("spec.py")]
+            or p.endswith("spec/__init__.py")]
 
 
 def module_file(ref: str) -> str:

@@ -1,0 +1,1 @@
+"""Each family's own spec dataclasses, one module per family key."""
