@@ -36,6 +36,25 @@ def test_mtp_bench_record(tmp_path):
     assert [round(s["a"], 2) for s in rec["sweep"]] == [0.5, 0.7, 0.8, 0.9, 1.0]
     assert rec["sweep"][-1]["accept_mean"] == 3.0                       # a = 1: every proposal kept
     assert rec["criterion"]["at"] == "a=0.8" and rec["draft"]["block_ms"] > 0
+    host = rec["host"]                                                  # the chained plain decode (kernels.chain)
+    assert host["ids_identical_all"] and host["device_step_ms"] > 0 and [c["k"] for c in host["chains"]] == [8, 16]
+
+
+def test_fail_first_hybrid_chain_defect_exits_1(tmp_path, monkeypatch):
+    """Plant: a replay's last id is not carried to the next replay: the chain's ids leave the plain run's and the
+    bench exits 1 though every drafted run is lossless (a commit defect: tests/test_chain.py, on the state)."""
+    from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+
+    real = FastQwen38Target._chain_pass
+
+    def no_carry(self, k):
+        first = self.chain.ids[:1].clone()
+        real(self, k)
+        self.chain.ids[:1].copy_(first)
+    monkeypatch.setattr(FastQwen38Target, "_chain_pass", no_carry)
+    res, rec = _bench(tmp_path, "qwen38-mtp", "--mtp-width", "2")
+    assert res.exit_code == 1, res.output
+    assert rec["ids_identical_all"] and not rec["host"]["ids_identical_all"]
 
 
 def test_dflash2_bench_fewer_layers_and_block(tmp_path):

@@ -56,15 +56,17 @@ def test_chain_bad_input(spec):
 
 
 def _skip_advance(self, k):                                # planted: the position never advances
+    c = self.chain
     for j in range(k):
-        self.forward(self.chain_ids[j:j + 1], self.chain_p0, None, self.logits_buf[:1], self.chain_ids[j + 1:j + 2])
-    self.chain_ids[:1].copy_(self.chain_ids[k:k + 1])
+        self.forward(c.ids[j:j + 1], c.p0, None, self.logits_buf[:1], c.ids[j + 1:j + 2])
+    c.ids[:1].copy_(c.ids[k:k + 1])
 
 
 def _no_carry(self, k):                                    # planted: the last id is not carried to the next replay
+    c = self.chain
     for j in range(k):
-        self.forward(self.chain_ids[j:j + 1], self.chain_p0, None, self.logits_buf[:1], self.chain_ids[j + 1:j + 2])
-        self.chain_p0.add_(1)
+        self.forward(c.ids[j:j + 1], c.p0, None, self.logits_buf[:1], c.ids[j + 1:j + 2])
+        c.p0.add_(1)
 
 
 def test_fail_first_position_defect_breaks_the_continuation(spec, monkeypatch):
@@ -96,3 +98,108 @@ def test_fail_first_bench_exits_1_when_chain_differs(tmp_path, monkeypatch):
     assert res.exit_code == 1, res.output
     rec = json.loads(out.read_text())
     assert not rec["host"]["ids_identical_all"] and rec["host"]["host_share_plain"] < 1
+
+
+# ---- the hybrid engine (FastQwen38Target): a committed step also advances the DeltaNet state and the conv tail ----
+
+def _hybrid():
+    from test_qwen38 import FULL, LIN, make_qwen38
+
+    from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+
+    spec = make_qwen38(types=(LIN, FULL, LIN, LIN, FULL), nk=2, nv=4, dk=8)
+    return spec, lambda: FastQwen38Target(spec, CPU, torch.float32, 200, impl="torch")
+
+
+def _hybrid_plain(make, prompt, n):
+    t = make()
+    last, ids = t.prefill(prompt).argmax[-1], []
+    for _ in range(n):
+        o = t.verify([last])
+        t.commit(1)
+        last = o.argmax[0]
+        ids.append(last)
+    return ids, t
+
+
+def _same_state(a, b) -> bool:
+    return torch.equal(a.state, b.state) and torch.equal(a.conv_tail, b.conv_tail) and a.length == b.length
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_hybrid_chain_equals_plain_loop(k):
+    """17 + 13 ids in chains of k (n not a multiple of k: the last replay is shorter, so the recurrent state never
+    runs past the n-th id): the plain loop's ids, its DeltaNet states and conv tails bit for bit, and the next
+    ordinary pass equal."""
+    spec, make = _hybrid()
+    prompt = [i % spec.vocab_size for i in range(5, 25)]
+    ref, tref = _hybrid_plain(make, prompt, 30)
+    t = make()
+    got = t.decode_plain(t.prefill(prompt).argmax[-1], 17, k)
+    got += t.decode_plain(got[-1], 13, k)
+    assert got == ref and _same_state(t, tref)
+    assert torch.equal(t.verify([got[-1]]).taps, tref.verify([ref[-1]]).taps)
+
+
+def test_fail_first_hybrid_chain_without_commit_diverges(monkeypatch):
+    """Planted: the chain's steps run the pass but do not commit it (state and tail stay at the prompt's)."""
+    from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+
+    spec, make = _hybrid()
+    prompt = [i % spec.vocab_size for i in range(5, 25)]
+    ref, tref = _hybrid_plain(make, prompt, 12)
+    monkeypatch.setattr(FastQwen38Target, "_commit_pass", lambda self, kept: None)
+    t = make()
+    got = t.decode_plain(t.prefill(prompt).argmax[-1], 12, 4)
+    assert not _same_state(t, tref)
+    assert got != ref or not torch.equal(t.verify([got[-1]]).taps, tref.verify([ref[-1]]).taps)
+
+
+def test_fail_first_hybrid_chain_overshoot_moves_the_state(monkeypatch):
+    """Planted: every replay runs the full K steps (the last one past the n-th id), as the attention-only chain
+    could afford: the committed recurrent state is then K - n % K steps ahead."""
+    from bloomery_gates.kernels import chain as kchain
+
+    spec, make = _hybrid()
+    prompt = [i % spec.vocab_size for i in range(5, 25)]
+    _, tref = _hybrid_plain(make, prompt, 10)
+    real = kchain.decode_plain
+
+    def overshoot(engine, first, n, k):
+        out = real(engine, first, -(-n // k) * k, k)
+        engine.length -= -(-n // k) * k - n
+        return out[:n]
+
+    monkeypatch.setattr("bloomery_gates.kernels.families.qwen38.fast.decode_plain", overshoot)
+    t = make()
+    t.decode_plain(t.prefill(prompt).argmax[-1], 10, 4)
+    assert not _same_state(t, tref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("engine", ["qwen3", "qwen38"])
+def test_chain_graphs_on_cuda_equal_plain_loop(engine):
+    """On CUDA the chain is captured (its warm-ups advance the hybrid's state, which the capture puts back) and
+    replayed: the ids, and the hybrid's state and tail, equal the graphed verify + commit loop's."""
+    cuda = torch.device("cuda")
+    if engine == "qwen3":
+        spec = random_pair(SHAPES["tiny"], CPU, torch.float32)[0]
+
+        def make():
+            return FastQwen3Target(spec, cuda, torch.float32, 200)
+    else:
+        from test_qwen38 import FULL, LIN, make_qwen38
+
+        from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+        spec = make_qwen38(types=(LIN, FULL, LIN, LIN, FULL), nk=2, nv=4, dk=8)
+
+        def make():
+            return FastQwen38Target(spec, cuda, torch.float32, 200)
+    prompt = [i % spec.vocab_size for i in range(5, 25)]
+    ref, tref = _hybrid_plain(make, prompt, 30)
+    t = make()
+    got = t.decode_plain(t.prefill(prompt).argmax[-1], 17, 8)
+    got += t.decode_plain(got[-1], 13, 8)
+    assert got == ref and t.length == tref.length
+    if engine == "qwen38":
+        assert _same_state(t, tref)

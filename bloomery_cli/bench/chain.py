@@ -1,11 +1,12 @@
 """The host's share of a plain id, and plain decode with the host off the critical path (issue 27 part 2).
 
-``host_share(target, prompt, plain_ids, plain_ms_per_id)`` on a ``FastQwen3Target``:
-  device_step_ms  one plain step's device time: the width-1 pass replayed back to back (CUDA events; nothing read
-                  back between replays), i.e. what an id costs when the host never makes the device wait
+``host_share(target, prompt, plain_ids, plain_ms_per_id)`` on a ``FastQwen3Target`` or ``FastQwen38Target``:
+  device_step_ms  one plain step's device time: the width-1 pass (and, on the hybrid, its commit of one row)
+                  replayed back to back (CUDA events; nothing read back between replays), i.e. what an id costs
+                  when the host never makes the device wait
   host_share      1 - device_step_ms / ms_per_id: the part of an id's wall time that is not the step's device work
                   (the argmax readback's round trip, the host's Python, launch gaps between graphs)
-  chain K         ``FastQwen3Target.decode_plain``: K one-row steps a graph replay, the argmax fed forward on the
+  chain K         ``decode_plain`` (``kernels.chain``): K one-row steps a graph replay, the argmax fed forward on the
                   device, the host reading a replay's ids only once the next replay is queued. Its ids must equal
                   the plain loop's (``ids_identical``; the bench exits 1 otherwise).
 
@@ -32,8 +33,17 @@ def host_share(target, prompt: list[int], plain_ids: list[int], plain_ms_per_id:
     dev = target.device
     n = len(plain_ids)
     target.prefill(prompt)
-    target.verify([plain_ids[0]])                                   # stages the width-1 pass (not committed)
-    dev_ms = time_replays(lambda: target.graphs.run(1), dev, iters) * 1e3
+    target.verify([plain_ids[0]])                                   # stages the width-1 pass
+    commit = getattr(target, "commit_graphs", None)                 # a hybrid's step also commits (state, tail)
+    if commit is not None:
+        target.commit(1)                                            # captures the commit of one row
+
+    def step() -> None:
+        target.graphs.run(1)
+        if commit is not None:
+            commit.run(1)
+
+    dev_ms = time_replays(step, dev, iters) * 1e3
     out: dict[str, Any] = {"device_step_ms": dev_ms, "plain_ms_per_id": plain_ms_per_id,
                            "host_share_plain": 1.0 - dev_ms / plain_ms_per_id, "chains": []}
     log(f"host plain_ms_per_id={plain_ms_per_id:.3f} device_step_ms={dev_ms:.3f} "

@@ -360,6 +360,10 @@ def bench_command(
                 typer.echo("FAILED: a drafted run's ids differ from the plain run's (or no drafted run finished)",
                            err=True)
                 raise typer.Exit(1)
+            if not rec.get("host", {}).get("ids_identical_all"):     # the chained plain decode, as below
+                typer.echo("FAILED: the chained plain decode's ids differ from the plain run's (or it did not run)",
+                           err=True)
+                raise typer.Exit(1)
             return
         rec = bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save,
                     profile=profile, llama_bench=peer)

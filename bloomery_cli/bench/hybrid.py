@@ -32,6 +32,7 @@ import torch
 from ..gatekit import resolve_device
 from ..results.records import conditions
 from ..width import width_policy
+from .chain import host_share
 from .common import (
     CRITERION,
     DTYPES,
@@ -150,6 +151,9 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         log(f"plain tok_s={plain_tok_s:.2f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.2f} "
             f"prefill_s={rec['prefill_s']:.2f}")
+        step("host share")
+        guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
+                                                     log=log))
         if llama_bench is not None:
             step("llama.cpp")
             compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import LayerShape, ModelSpec
 
+from ...chain import ChainBufs, decode_plain
 from ...dispatch import decode_ops
 from ...graphs import GraphSet, Staged, rows_pad
 from ...ops.attention import attend
@@ -297,10 +298,7 @@ class FastQwen3Target:
         self.logits_buf = torch.zeros(w, spec.vocab_size, device=self.device, dtype=dtype)
         self.argmax_buf = torch.zeros(w, dtype=torch.long, device=self.device)
         self.graphs = GraphSet(self._graph_pass, self.device, enabled=graphs)
-        self.chain_ids = torch.zeros(1 + 64, dtype=torch.long, device=self.device)   # [first, K chained ids]
-        self.chain_p0 = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.chain_in = Staged(2, self.device)                                       # [p0, first]
-        self.chains = GraphSet(self._chain_pass, self.device, enabled=graphs)
+        self.chain = ChainBufs(self._chain_pass, self.device, graphs)                # decode_plain's inputs
         self.length = 0
 
     def reset(self) -> None:
@@ -344,51 +342,18 @@ class FastQwen3Target:
                      self.argmax_buf[:r])
 
     def _chain_pass(self, k: int) -> None:
-        """K plain steps, each one row at chain_p0 whose id is the previous step's argmax (kept on the device):
-        chain_ids[j + 1] = argmax of the pass over chain_ids[j]; then chain_ids[0] <- chain_ids[k] and chain_p0
-        has advanced by k, so the next replay continues. Graph-safe: no host reads."""
+        """K plain steps (``kernels.chain``), each one row at chain.p0 whose id is the previous step's argmax (kept
+        on the device); an attention-only step commits by writing its KV row. Graph-safe: no host reads."""
+        c = self.chain
         for j in range(k):
-            self.forward(self.chain_ids[j:j + 1], self.chain_p0, None, self.logits_buf[:1],
-                         self.chain_ids[j + 1:j + 2])
-            self.chain_p0.add_(1)
-        self.chain_ids[:1].copy_(self.chain_ids[k:k + 1])
+            self.forward(c.ids[j:j + 1], c.p0, None, self.logits_buf[:1], c.ids[j + 1:j + 2])
+            c.p0.add_(1)
+        c.ids[:1].copy_(c.ids[k:k + 1])
 
     def decode_plain(self, first: int, n: int, k: int = 8) -> list[int]:
-        """The next n greedy ids after ``first`` (the last pass's argmax, at position ``length``), committed:
-        the same one-row passes as verify([id]) + commit(1) n times, but K of them a graph replay with the argmax
-        fed forward on the device, and the host reading a replay's ids (a pinned copy) only after it has
-        launched the next replay. Steps past n (the last replay's tail) write KV rows beyond ``length`` only."""
-        if not 1 <= k <= self.chain_ids.numel() - 1:
-            raise ValueError(f"chain of {k} steps: 1..{self.chain_ids.numel() - 1}")
-        end = self.length + max(n, k) + k                   # the last replay's tail, or the capture's warm-ups
-        if end > self.cap:
-            raise ValueError(f"KV cache of {self.cap} positions is full (chain ends at {end})")
-        cuda = self.device.type == "cuda"
-        reps = -(-n // k)
-        host = torch.zeros(reps, k, dtype=torch.long, pin_memory=cuda)
-        for _ in range(2):          # staged before the capture (its warm-ups run from here: KV past length only)
-            self.chain_in.put([self.length, first])
-            self.chain_p0.copy_(self.chain_in.dev[:1])
-            self.chain_ids[:1].copy_(self.chain_in.dev[1:2])
-            if k in self.chains.graphs or not self.chains.enabled:
-                break
-            self.chains.capture(k)
-        done, ids = [], []
-        for i in range(reps):
-            self.chains.run(k)
-            host[i].copy_(self.chain_ids[1:k + 1], non_blocking=cuda)
-            if cuda:
-                done.append(torch.cuda.Event())
-                done[-1].record()
-            if i:                                   # the previous replay's ids, read while this one runs
-                if cuda:
-                    done[i - 1].synchronize()
-                ids += host[i - 1].tolist()
-        if cuda:
-            done[-1].synchronize()
-        ids += host[reps - 1].tolist()
-        self.length += n
-        return ids[:n]
+        """The next n greedy ids after ``first`` (the last pass's argmax), committed, K one-row steps a graph
+        replay with the host reading ids once per K (``kernels.chain.decode_plain``)."""
+        return decode_plain(self, first, n, k)
 
     def prefill(self, ids: list[int], logits: bool = False) -> Pass:
         r = len(ids)

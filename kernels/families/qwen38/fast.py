@@ -38,6 +38,7 @@ import torch
 
 from bloomery_gates.spec import Qwen38Spec
 
+from ...chain import ChainBufs, decode_plain
 from ...dispatch import decode_ops
 from ...graphs import GraphSet, Staged, rows_pad, sigmoid_gate
 from ...ops.attention import attend
@@ -218,6 +219,7 @@ class FastQwen38Target:
         self.inp = Staged(1 + w, dev)                                             # [p0, ids...]
         self.graphs = GraphSet(self._verify_pass, dev, enabled=graphs)
         self.commit_graphs = GraphSet(self._commit_pass, dev, enabled=graphs)
+        self.chain = ChainBufs(self._chain_pass, dev, graphs, keep=lambda: (self.state, self.conv_tail))
         self.length = 0
         self._last: int | None = None             # rows of the last uncommitted verify
         self._pending = None                      # Qwen38Target's name (benches clear it); unused here
@@ -289,6 +291,13 @@ class FastQwen38Target:
                 self._capture_commit(k)
         self._last = None
 
+    def decode_plain(self, first: int, n: int, k: int = 8) -> list[int]:
+        """The next n greedy ids after ``first`` (the last pass's argmax), committed: the one-row verify + commit(1)
+        n times, K of them a graph replay with the host reading ids once per K (``kernels.chain``; no replay runs
+        the recurrent state past the n-th id)."""
+        self._last = None
+        return decode_plain(self, first, n, k)
+
     def kv_rows(self, layer: int) -> tuple[T, T]:
         """Read-only views of attention layer ``layer``'s committed rows [nkv, length, d]: k (normed, rotated), v."""
         j = self.attn_layers.index(layer)
@@ -313,6 +322,18 @@ class FastQwen38Target:
             self.recur(*(x[i, :, :kept] for x in self.rows_buf), self.state[i], self.state[i])
         k = self.hybrid.linear_conv_kernel_dim
         self.conv_tail.copy_(self.proj[:, kept:kept + k - 1, :self.hybrid.conv_dim])
+
+    def _chain_pass(self, k: int) -> None:
+        """K committed one-row steps (``kernels.chain``): step j runs chain.ids[j] at chain.p0 with its argmax into
+        chain.ids[j + 1], then commits its row (the delta rule over it, the conv tail shifted by one). Graph-safe."""
+        c, kk = self.chain, self.hybrid.linear_conv_kernel_dim
+        for j in range(k):
+            self.forward(c.ids[j:j + 1], c.p0, PassBufs(self.proj[:, :kk], tuple(x[:, :, :1] for x in self.rows_buf),
+                                                        self.taps_buf[:, :1], self.final_buf[:1], self.logits_buf[:1],
+                                                        c.ids[j + 1:j + 2]))
+            self._commit_pass(1)
+            c.p0.add_(1)
+        c.ids[:1].copy_(c.ids[k:k + 1])
 
     def _capture_commit(self, kept: int) -> None:
         saved = self.state.clone(), self.conv_tail.clone()
