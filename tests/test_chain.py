@@ -176,6 +176,7 @@ def test_fail_first_hybrid_chain_overshoot_moves_the_state(monkeypatch):
     assert not _same_state(t, tref)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("engine", ["qwen3", "qwen38"])
 def test_chain_graphs_on_cuda_equal_plain_loop(engine):
