@@ -142,7 +142,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
             f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.3f}")
         step("host share")
         guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
-                                                     log=log))
+                                                     log=log, roofline_read_tok_s=roof["roofline_read_tok_s"]))
         if llama_bench is not None:
             step("llama.cpp")
             compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)

@@ -153,7 +153,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
             f"prefill_s={rec['prefill_s']:.2f}")
         step("host share")
         guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
-                                                     log=log))
+                                                     log=log, roofline_read_tok_s=roof["roofline_read_tok_s"]))
         if llama_bench is not None:
             step("llama.cpp")
             compare(rec, llama_bench, tspec, dtype, prompt_len, n, dev, log)
