@@ -135,6 +135,23 @@ def test_llama_bench_command_json_and_failures(tmp_path):
     assert "llamacpp" not in rec and "exit 1" in rec["llamacpp_error"] and lines[0].startswith("llama.cpp failed")
 
 
+def test_compare_puts_the_chain_beside_llama_cpp(tmp_path):
+    """The fastest chain with ids identical is set against llama.cpp; a chain whose ids differ never is."""
+    out = [{"n_prompt": 0, "n_gen": 8, "n_depth": 16, "avg_ts": 100.0, "stddev_ts": 1.0, "type_k": "f16"}]
+    exe = _fake_bench(tmp_path, f"echo '{json.dumps(out)}'")
+    t, _ = random_pair(SHAPES["tiny"], CPU, torch.float32)
+    rec: dict = {"plain": {"tok_s": 90.0}, "host": {"chains": [{"k": 8, "tok_s": 120.0, "ids_identical": True},
+                                                              {"k": 16, "tok_s": 150.0, "ids_identical": False}]}}
+    lines: list[str] = []
+    compare(rec, exe, t, "f32", 16, 8, "cpu", lines.append)
+    assert rec["ours_vs_llamacpp"] == 0.9 and rec["ours_chain_vs_llamacpp"] == 1.2
+    assert any("chained plain decode k=8: 120.0 tok/s (ours / llama.cpp = 1.20)" in x for x in lines)
+    rec["host"]["chains"][0]["ids_identical"] = False
+    rec.pop("ours_chain_vs_llamacpp")
+    compare(rec, exe, t, "f32", 16, 8, "cpu", lines.append)
+    assert "ours_chain_vs_llamacpp" not in rec
+
+
 def test_missing_llama_cpp_folder_is_exit_2_before_model_work(tmp_path):
     res = CliRunner().invoke(app, ["bench", "qwen3-dflash", "--shape", "tiny", "--device", "cpu", "--llama-cpp",
                                    str(tmp_path), "--json", str(tmp_path / "r.json")])

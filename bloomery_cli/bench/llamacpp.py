@@ -152,8 +152,9 @@ def llama_peer(llama_bench: Path, tspec: ModelSpec, dtype: str, depth: int, n: i
 def compare(rec: dict[str, Any], llama_bench: Path, tspec: ModelSpec, dtype: str, depth: int, n: int,
             device: torch.device | str, log: Callable[[str], None]) -> None:
     """The bench's peer step: ``rec["llamacpp"]`` (``llama_peer``) and ``rec["ours_vs_llamacpp"]`` = our plain
-    tok/s over llama.cpp's, and its line. A failure is logged and recorded (``llamacpp_error``), not fatal:
-    the rest of the bench still counts."""
+    tok/s over llama.cpp's, and its line; with the host step's chains (ids identical) run before it, also
+    ``rec["ours_chain_vs_llamacpp"]``, the fastest chain's tok/s over llama.cpp's. A failure is logged and
+    recorded (``llamacpp_error``), not fatal: the rest of the bench still counts."""
     dev = torch.device(device)
     threads = torch.get_num_threads() if dev.type == "cpu" else None
     try:
@@ -165,5 +166,11 @@ def compare(rec: dict[str, Any], llama_bench: Path, tspec: ModelSpec, dtype: str
     rec["llamacpp"] = peer
     rec["ours_vs_llamacpp"] = ratio = rec["plain"]["tok_s"] / peer["tok_s"]
     log(f"llama.cpp plain: {peer['tok_s']:.1f} tok/s at depth {peer['depth']} (ours / llama.cpp = {ratio:.2f})")
+    chains = [c for c in rec.get("host", {}).get("chains", []) if c.get("ids_identical")]
+    if chains:                                  # our chained plain decode (same ids), measured earlier in this run
+        best = max(chains, key=lambda c: c["tok_s"])
+        rec["ours_chain_vs_llamacpp"] = best["tok_s"] / peer["tok_s"]
+        log(f"llama.cpp vs our chained plain decode k={best['k']}: {best['tok_s']:.1f} tok/s "
+            f"(ours / llama.cpp = {rec['ours_chain_vs_llamacpp']:.2f})")
     log(f"llama.cpp tok_s_std={peer['tok_s_std']:.1f} n={peer['n']} gguf_write_s={peer['gguf_write_s']:.1f} "
         f"gguf_bytes={peer['gguf_bytes']} command: {peer['command']}")
