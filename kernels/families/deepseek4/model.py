@@ -97,10 +97,8 @@ class Deepseek4Target:
         self.t: dict[str, T] = {}
         for n, x in spec.tensors.items():
             if n.startswith(P + "layers.") and int(n[len(P) + 7:].split(".")[0]) < spec.num_layers:
-                if not x.is_floating_point():
-                    dt = torch.long
-                else:
-                    dt = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
+                keep32 = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
+                dt = keep32 if x.is_floating_point() else torch.long
                 self.t[n[len(P):]] = x.to(device=self.device, dtype=dt)
         self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
         self.head = spec.head_weight().to(device=self.device, dtype=dtype)
