@@ -99,11 +99,14 @@ def test_reference_taps_layers_and_paths(ckpt, ids):
 
 
 @needs_hf
-def test_reference_equals_hf(ckpt, ids):
+@pytest.mark.parametrize("t", [8, T])
+def test_reference_equals_hf(ckpt, t):
     """The reference against transformers in both tiers (module docstring): final, logits, the streams entering
-    every layer, and each CSA layer's chosen entries exactly."""
+    every layer, and each CSA layer's chosen entries exactly; at 8 tokens (every path already runs: 4 CSA entries
+    for a top-2 choice, 2 HCA entries, a window of 4) and at 12."""
     from bloomery_cli.families.deepseek4.oracle import build_hf_deepseek4, hf_deepseek4_taps
     spec = deepseek4_from_hf(ckpt)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, fac.V, t)]
     out = ref.forward(spec, ids)
     hf = hf_deepseek4_taps(spec, ids)
     worst = max(rel(out.final, hf.final), rel(out.logits, hf.logits))
@@ -113,7 +116,8 @@ def test_reference_equals_hf(ckpt, ids):
     assert len(hf.hidden) == fac.L + 1
     for layer in range(fac.L):
         assert rel(out.hidden[layer], hf.hidden[layer]) < 1e-12, layer
-    assert sorted(hf.chosen) == [1, 3]
+    assert sorted(hf.chosen) == [1, 3] and all(m.sum(1).max() == fac.TOPK for m in hf.chosen.values())
+    assert rv4.visible(np.arange(t), t // fac.CSA, fac.CSA).sum(1).max() > fac.TOPK       # the choice is sparse
     for layer, mask in hf.chosen.items():
         assert np.array_equal(reference_choice(spec, out, layer), mask), layer
     islands = hf_deepseek4_taps(spec, ids, lift=False).logits
@@ -184,7 +188,29 @@ def test_engine_choice_and_verify_commit(bf16_ckpt):
     got = eng.verify(ids[14:18], logits=True)
     want = ref.forward(spec, ids[:18]).logits[14:18]
     assert rel(got.logits.double().numpy(), want) < 1e-5
-    assert eng.kv_rows(0)[1].shape == (14, 0) and eng.kv_rows(2)[1].shape == (14, fac.H)
+    assert eng.kv_rows(0)[1].shape == (14, 0) and eng.kv_rows(2)[1].shape == (14, 2 * fac.D)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_engine_plain_and_drafted_passes_agree_bit_for_bit(bf16_ckpt, dtype):
+    """24 positions after a 12-row prompt, run as 24 one-row verifies (each padded to 4 rows, committed 1) and as
+    6 four-row verifies committed whole: the logits of every position are the same bits (what a gate's
+    ``ids identical`` will rest on; the keys are the static buffers with masks; measured on CPU)."""
+    spec = deepseek4_from_hf(bf16_ckpt)
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, fac.V, 40)]
+    plain, drafted = (kd.Deepseek4Target(spec, "cpu", TORCH[dtype], max_len=64, rows=4) for _ in range(2))
+    plain.prefill(ids[:12])
+    drafted.prefill(ids[:12])
+    one, four = [], []
+    for p in range(12, 36):
+        one.append(plain.verify(ids[p:p + 1], logits=True).logits[0])
+        plain.commit(1)
+    for p in range(12, 36, 4):
+        four += list(drafted.verify(ids[p:p + 4], logits=True).logits)
+        drafted.commit(4)
+    assert torch.equal(torch.stack(one), torch.stack(four))
+    for layer in range(fac.L):
+        assert all(torch.equal(x, y) for x, y in zip(plain.kv_rows(layer), drafted.kv_rows(layer), strict=True))
 
 
 def _bias_on_weights(logits, bias, k, scale=1.0):

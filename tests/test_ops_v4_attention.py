@@ -138,7 +138,7 @@ def test_kernel_equals_reference_f32(spec, layer):
     assert rel(got.double().numpy(), want) < 1e-5
     if kind == "csa":
         assert np.array_equal(kch.numpy(), chosen)
-    cache = kv4.V4Cache(torch.zeros(32, s.head_dim), None if kind == "sliding" else torch.zeros(32, fac.H))
+    cache = kv4.V4Cache.empty(32, kind, s.head_dim, s.index_head_dim, "cpu", torch.float32)
     run(x[:8], 0, cache)
     tail, _ = run(x[8:], 8, cache)
     assert rel(tail.double().numpy(), want[8:]) < 1e-5

@@ -6,9 +6,9 @@ norm and the grouped output are stored in the run dtype; the rope angles (from f
 their softmax, the pooled sums, the indexer's scores and head weights and the attention's softmax are float32.
 
 State (``V4Cache``, one per layer): the roped key = value head of every position [cap, d] and, on CSA / HCA
-layers, the block inputs of every position [cap, H], from which each pass recomputes the compressed entries of
-the complete windows before its end (an entry reads only rows at or before the queries that may see it, so rows
-past the commit point are never read by a committed query and are overwritten by the next pass).
+layers, the compressor's (and the indexer's) projections of every position, from which each pass pools the
+entries of the complete windows before its end (an entry reads only rows at or before the queries that may see
+it, so rows past the commit point are never read by a committed query and are overwritten by the next pass).
 """
 
 from __future__ import annotations
@@ -72,10 +72,24 @@ class Rope:
 
 @dataclass
 class V4Cache:
-    """kv [cap, d] (roped, run dtype); rows [cap, H] (CSA / HCA layers) or None."""
+    """One layer's state, rows by position, run dtype: kv [cap, d] (roped K = V); on CSA / HCA layers the
+    compressor's projections k, z [cap, c d]; on CSA layers the indexer's ik, iz [cap, 2 di]."""
 
     kv: T
-    rows: T | None
+    k: T | None = None
+    z: T | None = None
+    ik: T | None = None
+    iz: T | None = None
+
+    @classmethod
+    def empty(cls, cap: int, kind: str, head_dim: int, index_head_dim: int, device: torch.device | str,
+              dtype: torch.dtype) -> V4Cache:
+        def z(width: int) -> T:
+            return torch.zeros(cap, width, device=device, dtype=dtype)
+        c = {"sliding": 0, "hca": 1, "csa": 2}[kind]
+        comp = (z(c * head_dim), z(c * head_dim)) if c else (None, None)
+        idx = (z(2 * index_head_dim), z(2 * index_head_dim)) if kind == "csa" else (None, None)
+        return cls(z(head_dim), *comp, *idx)
 
 
 def rope_angles(positions: T, rope: Rope) -> tuple[T, T]:
@@ -130,11 +144,15 @@ def pool_windows(k: T, z: T, bias: T, rate: int, overlap: bool) -> T:
     return (torch.softmax(zz, dim=1) * kk).sum(1)
 
 
+def entries_of(k: T, z: T, cw: CompressorWeights, rate: int, overlap: bool, rope: Rope, eps: float) -> T:
+    """Entries from the projections k, z [P, c d] of positions 0..P-1: [P // m, d] in k's dtype, roped at w m."""
+    entries = rms_norm(pool_windows(k, z, cw.bias, rate, overlap), cw.norm, eps).to(k.dtype)
+    return tail_rope(entries, torch.arange(entries.shape[0], device=k.device) * rate, rope)
+
+
 def compress(x: T, cw: CompressorWeights, rate: int, overlap: bool, rope: Rope, eps: float) -> T:
     """Entries of rows x [P, H] at positions 0..P-1: [P // m, d] in x's dtype, each roped at w m."""
-    pooled = pool_windows(F.linear(x, cw.kv), F.linear(x, cw.gate), cw.bias, rate, overlap)
-    entries = rms_norm(pooled, cw.norm, eps).to(x.dtype)
-    return tail_rope(entries, torch.arange(entries.shape[0], device=x.device) * rate, rope)
+    return entries_of(F.linear(x, cw.kv), F.linear(x, cw.gate), cw, rate, overlap, rope, eps)
 
 
 def visible(positions: T, n: int, rate: int) -> T:
@@ -148,11 +166,10 @@ def indexer_scores(qi: T, keys: T, hw: T) -> T:
     return torch.einsum("thw,th->tw", s, hw.float())
 
 
-def indexer_choice(x: T, q_res: T, positions: T, iw: IndexerWeights, num_heads: int, topk: int, rate: int,
-                   rope: Rope, eps: float, rows: T | None = None) -> T:
-    """chosen [R, min(topk, n)] int64, -1 for a slot with no visible entry; ``rows`` [P, H] the block inputs of
-    positions 0..P-1 the keys are compressed from (default x, a pass from position 0)."""
-    keys = compress(x if rows is None else rows, iw.comp, rate, True, rope, eps)
+def indexer_choice(keys: T, x: T, q_res: T, positions: T, iw: IndexerWeights, num_heads: int, topk: int, rate: int,
+                   rope: Rope) -> T:
+    """chosen [R, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
+    weights), -1 for a slot with no visible entry."""
     n = keys.shape[0]
     if n == 0:
         return torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
@@ -181,35 +198,35 @@ def grouped_output(o: T, o_a: T, o_b: T, groups: int) -> T:
 def v4_attention(x: T, w: V4AttnWeights, kind: str, num_heads: int, window: int, rope: Rope, eps: float,
                  rate: int = 0, index_heads: int = 0, index_topk: int = 0, groups: int = 1, p0: int = 0,
                  cache: V4Cache | None = None) -> tuple[T, T | None]:
-    """Rows x [R, H] at positions p0.. -> (y [R, H], chosen [R, k] or None). With ``cache`` the rows' kv (and
-    block inputs) are written at p0.. and the keys are positions 0..p0+R-1; without, p0 must be 0."""
+    """Rows x [R, H] at positions p0.. -> (y [R, H], chosen [R, k] or None). The rows' kv and projections are
+    written into ``cache`` at p0.. (without one, a cache of the pass's own rows and p0 = 0); the keys are the
+    cache's whole buffer [cap, d] and every entry slot [cap // m, d] with a mask (unwritten slots masked), so a
+    row's reductions do not depend on how many rows share the pass or where the valid prefix ends."""
     r, end = x.shape[0], p0 + x.shape[0]
-    pos = torch.arange(p0, end, device=x.device)
-    q_res, q = q_heads(x, w, num_heads, eps)
-    q = tail_rope(q, pos, rope)
-    kv_new = tail_rope(kv_rows(x, w, eps), pos, rope)
     if cache is None:
         if p0:
             raise ValueError("v4_attention without a cache runs from position 0")
-        kv, rows = kv_new, x
-    else:
-        cache.kv[p0:end] = kv_new
-        kv = cache.kv[:end]
-        if cache.rows is not None:
-            cache.rows[p0:end] = x
-        rows = None if cache.rows is None else cache.rows[:end]
-    keys = kv
-    mask = sliding_mask(pos, torch.arange(end, device=x.device), window)
-    chosen = None
+        di = w.indexer.q_b.shape[0] // index_heads if w.indexer is not None else 0
+        cache = V4Cache.empty(r, kind, w.kv.shape[0], di, x.device, x.dtype)
+    cap = cache.kv.shape[0]
+    pos = torch.arange(p0, end, device=x.device)
+    q_res, q = q_heads(x, w, num_heads, eps)
+    q = tail_rope(q, pos, rope)
+    cache.kv[p0:end] = tail_rope(kv_rows(x, w, eps), pos, rope)
+    keys, mask, chosen = cache.kv, sliding_mask(pos, torch.arange(cap, device=x.device), window), None
     if kind != "sliding":
-        entries = compress(rows, w.comp, rate, kind == "csa", rope, eps)
-        n = entries.shape[0]
-        see = visible(pos, n, rate)
+        cache.k[p0:end], cache.z[p0:end] = F.linear(x, w.comp.kv), F.linear(x, w.comp.gate)
+        full, slots = (end // rate) * rate, cap // rate
+        entries = entries_of(cache.k[:full], cache.z[:full], w.comp, rate, kind == "csa", rope, eps)
+        entries = torch.cat([entries, entries.new_zeros(slots - entries.shape[0], entries.shape[1])])
+        see = visible(pos, slots, rate)
         if kind == "csa":
-            chosen = indexer_choice(x, q_res, pos, w.indexer, index_heads, index_topk, rate, rope, eps, rows)
-            see = see & chosen_mask(chosen, n)
-        keys = torch.cat([kv, entries], dim=0)
-        mask = torch.cat([mask, see], dim=1)
+            iw = w.indexer
+            cache.ik[p0:end], cache.iz[p0:end] = F.linear(x, iw.comp.kv), F.linear(x, iw.comp.gate)
+            ikeys = entries_of(cache.ik[:full], cache.iz[:full], iw.comp, rate, True, rope, eps)
+            chosen = indexer_choice(ikeys, x, q_res, pos, iw, index_heads, index_topk, rate, rope)
+            see = see & chosen_mask(chosen, slots)
+        keys, mask = torch.cat([keys, entries]), torch.cat([mask, see], dim=1)
     kk = keys[None, None]                                                          # [1, 1, S, d]
     o = sink_attention(q.transpose(0, 1)[None], kk, kk, mask, w.sinks)[0]          # [R, nh d]
     o = tail_rope(o.view(r, num_heads, -1), pos, rope, conjugate=True)

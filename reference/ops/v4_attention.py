@@ -166,12 +166,19 @@ def pool_windows(k: np.ndarray, z: np.ndarray, bias: np.ndarray, rate: int, over
     return xp.sum(softmax(zz, axis=1) * kk, axis=1)
 
 
+def entries_of(k: np.ndarray, z: np.ndarray, cw: CompressorWeights, rate: int, overlap: bool, rope: Rope,
+               eps: float) -> np.ndarray:
+    """The compressed entries from the projections k = x Wc^T, z = x Wz^T [P, c d] of positions 0..P-1:
+    [P // m, d], each normed and roped at w m."""
+    xp = ns(k)
+    entries = rms_norm(pool_windows(k, z, cw.bias, rate, overlap), cw.norm, eps)
+    return tail_rope(entries, xp.arange(entries.shape[0]) * rate, rope)
+
+
 def compress(x: np.ndarray, cw: CompressorWeights, rate: int, overlap: bool, rope: Rope, eps: float) -> np.ndarray:
     """The compressed entries of rows x [T, H] at positions 0..T-1: [T // m, d], each roped at w m."""
-    xp, x = common(x)
-    pooled = pool_windows(linear(x, cw.kv), linear(x, cw.gate), cw.bias, rate, overlap)
-    entries = rms_norm(pooled, cw.norm, eps)
-    return tail_rope(entries, xp.arange(entries.shape[0]) * rate, rope)
+    _, x = common(x)
+    return entries_of(linear(x, cw.kv), linear(x, cw.gate), cw, rate, overlap, rope, eps)
 
 
 def visible(positions: np.ndarray, n: int, rate: int) -> np.ndarray:
@@ -188,19 +195,19 @@ def indexer_scores(qi: np.ndarray, keys: np.ndarray, hw: np.ndarray) -> np.ndarr
     return xp.einsum("thw,th->tw", s, hw)
 
 
-def indexer_choice(x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights, num_heads: int,
-                   topk: int, rate: int, rope: Rope, eps: float) -> np.ndarray:
-    """chosen [T, min(topk, n)] int64 (module docstring; -1 marks a slot with no visible entry)."""
-    xp, x, q_res, positions = common(x, q_res, positions)
-    keys = compress(x, iw.comp, rate, True, rope, eps)
+def indexer_choice(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights,
+                   num_heads: int, topk: int, rate: int, rope: Rope) -> np.ndarray:
+    """chosen [T, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
+    weights; module docstring; -1 marks a slot with no visible entry)."""
+    xp, keys, x, q_res, positions = common(keys, x, q_res, positions)
     n = keys.shape[0]
+    if n == 0:
+        return xp.zeros((x.shape[0], 0), dtype=np.int64)
     qi = linear(q_res, iw.q_b)
     qi = tail_rope(qi.reshape(qi.shape[0], num_heads, -1), positions, rope)
     hw = (x @ iw.weights_proj.T) * num_heads ** -0.5
     vis = visible(positions, n, rate)
     scores = xp.where(vis, indexer_scores(qi, keys, hw), -np.inf)
-    if n == 0:
-        return xp.zeros((x.shape[0], 0), dtype=np.int64)
     ids = topk_stable(scores, min(topk, n))
     return xp.where(xp.take_along_axis(vis, ids, axis=1), ids, -1)
 
@@ -238,7 +245,8 @@ def v4_attention(x: np.ndarray, w: V4AttnWeights, kind: str, num_heads: int, win
         n = entries.shape[0]
         see = visible(pos, n, rate)
         if kind == "csa":
-            chosen = indexer_choice(x, q_res, pos, w.indexer, index_heads, index_topk, rate, rope, eps)
+            keys_i = compress(x, w.indexer.comp, rate, True, rope, eps)
+            chosen = indexer_choice(keys_i, x, q_res, pos, w.indexer, index_heads, index_topk, rate, rope)
             see = see & chosen_mask(chosen, n)
         keys = xp.concatenate([kv, entries], axis=0)
         mask = xp.concatenate([mask, see], axis=1)

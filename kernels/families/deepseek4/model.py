@@ -3,7 +3,7 @@ speculative loop drives. The math is written out in ``reference.families.deepsee
 sequence), the residual is S streams x [R, S, H], norms RMSNorm with gain w.
 
 Engine state, per layer (``kernels.ops.v4_attention.V4Cache``): the roped key = value head of every position
-[cap, d] and, on CSA / HCA layers, the block inputs [cap, H] the compressed entries are made from; both cut by
+[cap, d] and, on CSA / HCA layers, the compressor's (and indexer's) projections the entries are pooled from; cut by
 position as qwen3's KV: the window, the compressed entries a query may see and the indexer's choice read only
 positions at or before the query, so rows past the commit point are never read by a committed row and are
 overwritten by the next pass. ``commit(k)`` moves the length only.
@@ -106,9 +106,8 @@ class Deepseek4Target:
         self.hc_head = [spec.tensors[P + "hc_head." + k].float().to(self.device)
                         for k in ("hc_fn", "hc_base", "hc_scale")]
         self.cap = max_len + (rows or 0)
-        z = lambda *s: torch.zeros(*s, device=self.device, dtype=dtype)  # noqa: E731
-        self.cache = {l: kv4.V4Cache(z(self.cap, spec.attn.head_dim),
-                                     None if k == "sliding" else z(self.cap, spec.hidden_size))
+        a = spec.attn
+        self.cache = {l: kv4.V4Cache.empty(self.cap, k, a.head_dim, a.index_head_dim, self.device, dtype)
                       for l, k in enumerate(spec.layer_types)}
         self.routings: dict[int, Routing] = {}        # the last pass's routing per layer
         self.chosen: dict[int, T] = {}                # the last pass's CSA indexer choice per CSA layer [R, k]
@@ -140,10 +139,10 @@ class Deepseek4Target:
 
     def kv_rows(self, layer: int) -> tuple[T, T]:
         """Read-only views of layer ``layer``'s committed rows: the roped K = V head [length, d] and (CSA / HCA)
-        the block inputs [length, H], else an empty [length, 0]."""
+        the compressor's projections [length, 2 c d] (k then z), else an empty [length, 0]."""
         c = self.cache[layer]
         kv = c.kv[:self.length]
-        return kv, (c.rows[:self.length] if c.rows is not None else kv[:, :0])
+        return kv, (torch.cat([c.k, c.z], 1)[:self.length] if c.k is not None else kv[:, :0])
 
     def _attention(self, l: int, a: T, p0: int) -> T:
         s, kind = self.spec.attn, self.spec.layer_types[l]
