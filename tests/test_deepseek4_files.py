@@ -72,7 +72,8 @@ HF_BAD = [("num_key_value_heads", 2), ("o_groups", 3), ("qk_rope_head_dim", 7), 
           ("mlp_layer_types", ["dense"] * 4), ("compress_rates", {"full": 2}), ("scoring_func", "sigmoid"),
           ("norm_topk_prob", False), ("num_experts_per_tok", 9), ("n_shared_experts", 2), ("hc_mult", 1),
           ("hc_eps", 0), ("attention_bias", True), ("rope_scaling", {"type": "dynamic", "factor": 2.0}),
-          ("compress_ratios", [0, 2, 128, 4]), ("model_type", "deepseek_v3")]
+          ("compress_ratios", [0, 2, 128, 4]), ("model_type", "deepseek_v3"), ("hidden_act", "gelu"),
+          ("mlp_bias", True)]
 
 
 @pytest.mark.parametrize("key,value", HF_BAD)

@@ -15,7 +15,8 @@ Keys, each read and range-checked or refused by name (exit 2):
                mlp_layer_types (hash_moe | moe; default num_hash_layers, 3, hash layers first)
     indexer    index_n_heads, index_head_dim, index_topk
     experts    n_routed_experts, num_experts_per_tok, n_shared_experts (1), scoring_func = sqrtsoftplus,
-               routed_scaling_factor, swiglu_limit, norm_topk_prob (unused by V4: always renormalised, true only)
+               routed_scaling_factor, swiglu_limit, norm_topk_prob (unused by V4: always renormalised, true only),
+               hidden_act = silu, mlp_bias = false
     mHC        hc_mult >= 2, hc_sinkhorn_iters >= 1, hc_eps > 0
     MTP        num_nextn_predict_layers (its ``mtp.*`` tensors are not read here)
 
@@ -135,6 +136,10 @@ def read_shapes(c: Cfg) -> dict[str, Any]:
     """Every number of a deepseek_v4 config (the keys above) as the spec's fields."""
     n = c.int("num_hidden_layers")
     attn = attn_shape(c)
+    if c.get("hidden_act", "silu") != "silu":
+        raise c.bad("hidden_act", f"{c.get('hidden_act')!r}; expected \"silu\" (V4's clamped SwiGLU)")
+    if c.bool("mlp_bias", False):
+        raise c.bad("mlp_bias", "true; expected false (V4's experts have no bias)")
     if c.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
         raise c.bad("scoring_func", f"{c.get('scoring_func')!r}; expected \"sqrtsoftplus\" (V4's router)")
     if not c.bool("norm_topk_prob", True):
