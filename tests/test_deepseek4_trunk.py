@@ -98,6 +98,23 @@ def test_reference_taps_layers_and_paths(ckpt, ids):
     assert (r.ids == tab[ids]).all()
 
 
+def test_reference_runs_on_the_strict_device_bit_for_bit(ckpt, ids):
+    """forward, reference_layer (the hash layer with its ids) and final_norm on the strict fake device (NumPy that
+    refuses a host array, as CuPy does) give the host's bits: no host array is built mid-run."""
+    from fake_xp import fake_device
+
+    from bloomery_gates.reference import xp as rxp
+    spec = deepseek4_from_hf(ckpt)
+    host = ref.forward(spec, ids)
+    with rxp.on(fake_device()):
+        dev = ref.forward(spec, ids)
+        got = [rxp.to_host(dev.hidden), rxp.to_host(dev.logits),
+               rxp.to_host(ref.reference_layer(spec, 0, rxp.here(host.hidden[0]), ids=ids)),
+               rxp.to_host(ref.final_norm(spec, rxp.here(host.hidden[-1])))]
+    for a, b in zip(got, (host.hidden, host.logits, host.hidden[1], host.final), strict=True):
+        assert np.array_equal(a, b)
+
+
 @needs_hf
 @pytest.mark.parametrize("t", [8, T])
 def test_reference_equals_hf(ckpt, t):

@@ -91,6 +91,10 @@ PLANTS = {
                                                   true(k[:, k.shape[1] // 2:] if o else k,
                                                        z[:, z.shape[1] // 2:] if o else z,
                                                        b[:, b.shape[1] // 2:] if o else b, m, False)), (1,)),
+    "indexer choice ignored (every visible entry)": (lambda mp: mp.setattr(
+        rv4, "chosen_mask", lambda c, n: np.ones((c.shape[0], n), dtype=bool)), (1, 3)),
+    "indexer relu dropped": (lambda mp: mp.setattr(rv4, "indexer_scores", lambda q, k, hw: np.einsum(
+        "thw,th->tw", np.einsum("thd,wd->thw", q, k) / np.sqrt(q.shape[-1]), hw)), (1, 3)),
     "entry visible one window early": (lambda mp: mp.setattr(rv4, "visible", lambda p, n, m, true=rv4.visible:
                                                              true(p + m, n, m)), (1, 2)),
 }
