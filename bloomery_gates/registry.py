@@ -93,7 +93,7 @@ def resolve(ref: str) -> Any:
 
 K, R, G, C = "bloomery_gates.kernels.families.", "bloomery_gates.reference.families.", "bloomery_gates.gates.", \
     "bloomery_cli."
-QX, GN = C + "families.qwen4exp.", C + "families.glm5next."
+QX, GN, DS = C + "families.qwen4exp.", C + "families.glm5next.", C + "families.deepseek4."
 
 FAMILIES: dict[str, Family] = {f.key: f for f in (
     Family("qwen3", "Qwen3 dense (also the Llama layout's plan)", ("qwen3",), ("qwen3",), ("llama",),
@@ -156,8 +156,12 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "reference": R + "glm5next.model:forward", "reference_layer": R + "glm5next.model:reference_layer",
                  "final_norm": R + "glm5next.model:final_norm", "oracle": GN + "oracle:hf_glm5next_logits",
                  "layer_ops": QWEN3_OPS}),
-    Family("deepseek41", "DeepSeek V4 / V4.1 (docs/FAMILIES_MOE.md 4.4)",
-           related_types=("deepseek_v4", "deepseek41")),
+    Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), related_types=("deepseek4",),
+           code={"read_hf": DS + "reader:deepseek4_from_hf", "engine": K + "deepseek4.model:Deepseek4Target",
+                 "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
+                 "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",
+                 "layer_ops": QWEN3_OPS}),
+    Family("deepseek41", "DeepSeek V4.1 (docs/FAMILIES_MOE.md 4.4; inventory only)", related_types=("deepseek41",)),
     Family("nemotron", "NVIDIA Nemotron-H (Mamba-2 hybrid)", related_types=("nemotron_h", "nemotron_h_moe"),
            plan_as="nemotron"),
 )}

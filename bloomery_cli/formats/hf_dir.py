@@ -28,6 +28,8 @@ from bloomery_gates.errors import BadTensor, InputError, MissingFile, Refused
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+INTEGER_TABLES = (".tid2eid",)     # integer tensors a reader checks itself (DeepSeek V4's token -> expert table)
+INTEGER_DTYPES = ("I32", "I64")
 
 
 def refuse_pickle(path: Path) -> None:
@@ -100,6 +102,8 @@ class SafetensorsTensors(LazyTensors):
 
     def check_dtype(self, name: str) -> None:
         dtype = self.dtype_of(name)
+        if name.endswith(INTEGER_TABLES) and dtype in INTEGER_DTYPES:
+            return
         if dtype not in TORCH_DTYPES:
             raise BadTensor(self.label(name), f"dtype {dtype}; expected one of {', '.join(TORCH_DTYPES)}")
 

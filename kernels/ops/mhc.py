@@ -62,3 +62,13 @@ def mhc_expand(block_out: T, x: T, post: T, comb: T) -> T:
 def mhc_head(x: T) -> T:
     """The unweighted mean of the streams: x [N, S, H] -> [N, H] in x's dtype."""
     return x.float().mean(-2).to(x.dtype)
+
+
+def hyper_head(x: T, fn: T, base: T, scale: T, eps: float, norm_eps: float) -> T:
+    """DeepSeek V4's trained head collapse (``reference.ops.mhc.hyper_head``): x [N, S, H], fn [S, S*H], base [S],
+    scale [1] -> [N, H] in x's dtype; the weights sigmoid((fn . rms(x)) scale + base) + eps in float32."""
+    n, s, h = x.shape
+    flat = x.float().reshape(n, s * h)
+    r = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
+    pre = torch.sigmoid(F.linear(r, fn.float()) * scale.float().reshape(-1)[0] + base.float()) + eps
+    return mhc_collapse(x, pre)

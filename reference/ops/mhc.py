@@ -18,7 +18,8 @@ weights fn [(2+S)S, S*H], base [(2+S)S], scale [3] (the converter keeps them F32
 
 so ``iters`` (hc_sinkhorn_iters, 20) counts the first column pass with the softmax as one round; C ends with
 columns summing to 1 (up to eps) and rows close to 1: a doubly stochastic mix that keeps the residual's size.
-Before the head the streams collapse by an unweighted mean (``mhc_head``), then the final RMSNorm.
+Before the head the streams collapse by an unweighted mean (``mhc_head``; GLM), or by DeepSeek V4's trained
+``hyper_head`` (sum_s pre_s x_s with pre = sigmoid((fn . rms(x)) scale + base) + eps), then the final RMSNorm.
 
 Storage points (``st``, as ``kernels.ops.mhc`` stores them): block_in, x', the head's mean. The norm r, the
 projection and pre / post / comb are float32 on the device and never stored in the run dtype (as the router
@@ -87,3 +88,21 @@ def mhc_head(x: np.ndarray) -> np.ndarray:
     """The collapse before the head (and the NextN layer's input): the unweighted mean, x [T, S, H] -> [T, H]."""
     xp, x = common(x)
     return st(xp.mean(x, axis=1))
+
+
+def hyper_head(x: np.ndarray, fn: np.ndarray, base: np.ndarray, scale: np.ndarray, eps: float,
+               norm_eps: float) -> np.ndarray:
+    """DeepSeek V4's trained collapse before the head (HF ``DeepseekV4HyperHead``; FAMILIES_MOE.md 4.4 "mHC"), in
+    place of ``mhc_head``'s mean: x [T, S, H], fn [S, S*H], base [S], scale [1] -> [T, H]:
+
+        r      = flat(x) / sqrt(mean(flat(x)^2) + norm_eps)              unweighted RMS over all S*H      [S*H]
+        pre    = sigmoid((fn r) scale + base) + eps                                                       [S]
+        out    = sum_s pre_s x_s                                          stored once (``st``)           [H]
+
+    The weights are float32 on the device and never stored in the run dtype (as ``mhc_weights``)."""
+    xp, x, fn, base, scale = common(x, fn, base, scale)
+    t, s, h = x.shape
+    flat = x.reshape(t, s * h)
+    r = flat / xp.sqrt(xp.mean(flat * flat, axis=-1, keepdims=True) + norm_eps)
+    pre = sigmoid((r @ fn.T) * scale.reshape(-1)[0] + base) + eps
+    return mhc_collapse(x, pre)

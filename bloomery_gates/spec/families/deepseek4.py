@@ -1,0 +1,49 @@
+"""The deepseek4 family's specs (docs/ARCHITECTURE.md, "Adding a family", place 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core import ModelSpec, RopeScaling
+from ..shapes import HCShape, MoEShape
+
+
+@dataclass(frozen=True)
+class V4AttnShape:
+    """DeepSeek V4's attention (``kernels.ops.v4_attention``): ``num_heads`` query heads over one key = value head of
+    ``head_dim``, the interleaved rope on the trailing ``rope_dim`` channels (``rope_theta`` on sliding layers,
+    ``compress_theta`` / ``compress_scaling`` on CSA / HCA layers), a window of ``window`` keys, the grouped
+    output (``o_groups`` x ``o_lora_rank``), the compress rates ``csa_rate`` / ``hca_rate`` and the CSA's lightning
+    indexer (``index_heads`` x ``index_head_dim``, ``index_topk`` entries per query)."""
+
+    num_heads: int
+    head_dim: int
+    rope_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    window: int
+    rope_theta: float
+    compress_theta: float
+    compress_scaling: RopeScaling | None
+    csa_rate: int
+    hca_rate: int
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+
+
+@dataclass(frozen=True)
+class Deepseek4Spec(ModelSpec):
+    """A deepseek4 target (DeepSeek V4, HF ``deepseek_v4``): ``layer_types`` "sliding" | "csa" | "hca" (``attn``),
+    ``mlp_types`` "hash" (experts from ``tid2eid[token]``) | "moe" (sqrt-softplus + bias top-k), both renormalised
+    x ``moe.routed_scale``, an ungated shared expert, SwiGLU clamp ``swiglu_limit``; mHC ``hc`` streams collapsed by
+    the trained HC head, then the final norm. ``mtp_layers``: the in-file MTP blocks (``mtp.*``, not read here)."""
+
+    layer_types: tuple[str, ...]
+    mlp_types: tuple[str, ...]
+    attn: V4AttnShape
+    moe: MoEShape
+    hc: HCShape
+    swiglu_limit: float
+    mtp_layers: int

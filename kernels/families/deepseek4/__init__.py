@@ -1,0 +1,1 @@
+"""The deepseek4 family's torch engine (kernels/ops wired) (its registry entry: bloomery_gates/registry.py)."""

@@ -1,0 +1,169 @@
+"""DeepSeek V4 ("deepseek4") trunk, float64 host reference (no cache: every call runs the whole sequence). HF
+model_type ``deepseek_v4`` (tensors under ``model.``, ``lm_head.weight``); weights [out, in], y = x W^T; norms
+RMSNorm with gain w (docs/FAMILIES_MOE.md section 4.4).
+
+The residual is S = hc.count streams, x [T, S, H]; the embedding enters as S copies. Layer l:
+
+    (pre, post, comb) = mhc_weights(x; attn_hc)                         ``reference.ops.mhc``
+    a  = rms(sum_s pre_s x_s, input_layernorm)                                                      [T, H]
+    y  = v4_attention(a)    sliding | csa | hca, main rope on sliding layers, compress rope on the others
+                            (``reference.ops.v4_attention``)
+    x  = post y + comb^T x                                                                       [T, S, H]
+    (pre, post, comb) = mhc_weights(x; ffn_hc)
+    b  = rms(sum_s pre_s x_s, post_attention_layernorm)
+    y  = sum_j w_j expert_{ids_j}(b) + shared(b)       clamped SwiGLU experts (``ops.swiglu_clamp``), the shared
+                                                       expert ungated; routing (``reference.ops.router_v4``):
+         hash layer:  ids = tid2eid[token],  w = renormalised sqrt(softplus(b Wr^T))[ids] x routed_scale
+         moe layer:   ids = topk(s + bias),  w = renormalised s[ids] x routed_scale,  s = sqrt(softplus(b Wr^T))
+    x  = post y + comb^T x
+
+final = rms(hyper_head(x; model.hc_head), model.norm) [T, H] (the trained HC head, ``reference.ops.mhc``);
+logits = final head^T.
+
+Taps: ``hidden`` [L+1, T, S, H] (hidden[0] the S copies of the embedding, hidden[l+1] layer l's output streams),
+``final`` [T, H] (= HF's last hidden state), ``logits``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from bloomery_gates.spec import Deepseek4Spec
+
+from ...ops import mhc as rmhc
+from ...ops import router_v4 as rrouter
+from ...ops import v4_attention as rv4
+from ...ops.moe import Routing, router_logits
+from ...ops.norm import rms_norm
+from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
+from ...rounding import st
+from ...weights import as_f64
+from ...xp import here, ns, to_host
+from ..qwen3.model import RefOut
+
+__all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer", "embed_streams"]
+
+Weights = Mapping[str, np.ndarray]
+P = "model."
+
+
+def check_ids(spec: Deepseek4Spec, ids: Sequence[int] | None) -> np.ndarray:
+    idx = np.asarray(to_host(ids) if ids is not None else [], dtype=np.int64)
+    if idx.ndim != 1 or len(idx) == 0 or (idx < 0).any() or (idx >= spec.vocab_size).any():
+        raise ValueError(f"ids must be a non-empty 1-D sequence in [0, {spec.vocab_size})")
+    return idx
+
+
+def embed_streams(spec: Deepseek4Spec, ids: Sequence[int]) -> np.ndarray:
+    """E(ids) as S copies: [T, S, H]."""
+    e = as_f64(spec).rows(P + "embed_tokens.weight", check_ids(spec, ids))
+    return ns(e).repeat(e[:, None, :], spec.hc.count, axis=1)
+
+
+def _mhc(spec: Deepseek4Spec, w: Weights, p: str, x: np.ndarray) -> rmhc.MhcWeights:
+    return rmhc.mhc_weights(x, w[p + "fn"], w[p + "base"], w[p + "scale"], spec.hc.sinkhorn_iters, spec.hc.eps,
+                            spec.layer.rms_eps)
+
+
+def compressor_weights(w: Weights, c: str) -> rv4.CompressorWeights:
+    return rv4.CompressorWeights(kv=w[c + "kv_proj.weight"], gate=w[c + "gate_proj.weight"],
+                                 bias=w[c + "position_bias"], norm=w[c + "kv_norm.weight"])
+
+
+def attn_weights(spec: Deepseek4Spec, w: Weights, l: int) -> rv4.V4AttnWeights:
+    """Layer l's attention tensors (its compressor and indexer by its kind)."""
+    a, kind = P + f"layers.{l}.self_attn.", spec.layer_types[l]
+    comp = idx = None
+    if kind != "sliding":
+        comp = compressor_weights(w, a + "compressor.")
+    if kind == "csa":
+        i = a + "compressor.indexer."
+        idx = rv4.IndexerWeights(compressor_weights(w, i), w[i + "q_b_proj.weight"],
+                                 w[i + "scorer.weights_proj.weight"])
+    return rv4.V4AttnWeights(
+        q_a=w[a + "q_a_proj.weight"], q_a_norm=w[a + "q_a_norm.weight"], q_b=w[a + "q_b_proj.weight"],
+        kv=w[a + "kv_proj.weight"], kv_norm=w[a + "kv_norm.weight"], o_a=w[a + "o_a_proj.weight"],
+        o_b=w[a + "o_b_proj.weight"], sinks=w[a + "sinks"], comp=comp, indexer=idx)
+
+
+def layer_rope(spec: Deepseek4Spec, l: int) -> rv4.Rope:
+    """The main rope on a sliding layer, the compress rope (its theta and scaling) on a CSA / HCA layer."""
+    a = spec.attn
+    if spec.layer_types[l] == "sliding":
+        return rv4.Rope(a.rope_theta, a.rope_dim)
+    return rv4.Rope(a.compress_theta, a.rope_dim, a.compress_scaling)
+
+
+def attention(spec: Deepseek4Spec, w: Weights, l: int, a: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Layer l's attention on normed rows a [T, H] (positions 0..T-1) -> (y [T, H], the CSA choice or None)."""
+    s, kind = spec.attn, spec.layer_types[l]
+    rate = {"csa": s.csa_rate, "hca": s.hca_rate}.get(kind, 0)
+    return rv4.v4_attention(a, attn_weights(spec, w, l), kind, s.num_heads, s.window, layer_rope(spec, l),
+                            spec.layer.rms_eps, rate, s.index_heads, s.index_topk, s.o_groups)
+
+
+def route(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> Routing:
+    """Layer l's routing of rows b [T, H] (token ids [T] for a hash layer)."""
+    m, scale = P + f"layers.{l}.mlp.gate.", spec.moe.routed_scale
+    logits = router_logits(b, w[m + "weight"])
+    if spec.mlp_types[l] == "hash":
+        return rrouter.hash_route(logits, w[m + "tid2eid"], ids, scale)
+    return rrouter.sqrtsoftplus_topk(logits, w[m + "e_score_correction_bias"], spec.moe.top_k, scale)
+
+
+def ffn(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l's MoE on normed rows b [T, H]: clamped routed experts + the ungated clamped shared expert."""
+    m, lim = P + f"layers.{l}.mlp.", spec.swiglu_limit
+    routed = routed_experts_clamped(b, route(spec, w, l, b, ids), w[m + "experts.gate_up_proj"],
+                                    w[m + "experts.down_proj"], lim)
+    s = m + "shared_experts."
+    return st(routed + swiglu_clamped(b, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
+                                      w[s + "down_proj.weight"], lim))
+
+
+def decoder_layer(spec: Deepseek4Spec, w: Weights, l: int, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l over the whole sequence x [T, S, H] (token ids [T]) -> x' [T, S, H]."""
+    p, eps = P + f"layers.{l}.", spec.layer.rms_eps
+    hw = _mhc(spec, w, p + "attn_hc.", x)
+    a = rms_norm(rmhc.mhc_collapse(x, hw.pre), w[p + "input_layernorm.weight"], eps)
+    x = rmhc.mhc_expand(attention(spec, w, l, a)[0], x, hw.post, hw.comb)
+    fw = _mhc(spec, w, p + "ffn_hc.", x)
+    b = rms_norm(rmhc.mhc_collapse(x, fw.pre), w[p + "post_attention_layernorm.weight"], eps)
+    return rmhc.mhc_expand(ffn(spec, w, l, b, ids), x, fw.post, fw.comb)
+
+
+def reference_layer(spec: Deepseek4Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
+    """Layer l on its own: input streams h [T, S, H] at positions 0..T-1 -> output streams [T, S, H]; ``ids`` the
+    token ids of the rows (a hash layer routes by them; required there: a ValueError names the layer)."""
+    if spec.mlp_types[l] == "hash" and ids is None:
+        raise ValueError(f"deepseek4 layer {l} is a hash layer: pass the rows' token ids")
+    tok = check_ids(spec, ids) if ids is not None else ns(here(h)).zeros(len(h), dtype=np.int64)
+    return decoder_layer(spec, as_f64(spec), l, here(h), tok)
+
+
+def final_norm(spec: Deepseek4Spec, h: np.ndarray) -> np.ndarray:
+    """The rows that enter the head: rms(hyper_head(streams h [T, S, H]), model.norm) -> [T, H]."""
+    w, s = as_f64(spec), spec.hc
+    x = rmhc.hyper_head(here(h), w[P + "hc_head.hc_fn"], w[P + "hc_head.hc_base"], w[P + "hc_head.hc_scale"],
+                        s.eps, spec.layer.rms_eps)
+    return rms_norm(x, w[P + "norm.weight"], spec.layer.rms_eps)
+
+
+def head_name(spec: Deepseek4Spec) -> str:
+    return P + "embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+
+
+def forward(spec: Deepseek4Spec, ids: Sequence[int]) -> RefOut:
+    """The whole sequence ids (positions 0..T-1) with every layer's output streams kept."""
+    if spec.family != "deepseek4":
+        raise ValueError(f"reference.families.deepseek4.model got a {spec.family!r} spec")
+    w, tok = as_f64(spec), check_ids(spec, ids)
+    x = embed_streams(spec, tok)
+    hidden = [x]
+    for l in range(spec.num_layers):
+        x = decoder_layer(spec, w, l, x, tok)
+        hidden.append(x)
+    final = final_norm(spec, x)
+    return RefOut(logits=w.project(head_name(spec), final), hidden=ns(x).stack(hidden), final=final)
