@@ -24,6 +24,7 @@ from ...drafts.chain_store import ChainStore
 from ...ops import dsa as kdsa
 from ...ops import mhc as kmhc
 from ...ops import mla as kmla
+from ...ops.moe import Routing
 from ...ops.norm import rms_norm
 from ..ffn import route
 from .model import F32_SUFFIXES, Glm5NextTarget, indexer_weights, mla_weights, moe, text_prefix
@@ -31,6 +32,41 @@ from .model import F32_SUFFIXES, Glm5NextTarget, indexer_weights, mla_weights, m
 T = torch.Tensor
 WIDTH = 3
 N = "nextn."        # the draft's own tensor names: nextn.<rest of layers.{n}.>
+
+
+@dataclass
+class Store:
+    """Where a pass writes its rows: latent [cap, kl] and normed block inputs [cap, H], from position p0."""
+
+    latent: T
+    index_in: T
+    p0: int
+
+
+def block(t: dict[str, T], spec: Glm5NextSpec, e: T, h: T, store: Store | None,
+          select_tail: bool) -> tuple[T, T, Routing]:
+    """The NextN block on rows (e, h) [R, H] (the embedding of tok_{r+1}, the hidden h_r) -> (z, g, routing).
+    With a ``store`` the rows sit at NextN positions p0.. and attend over (and index) the store's rows 0..p0+R-1,
+    theirs written first; without one (training) they are the positions 0..R-1 and attend among themselves."""
+    eps, d, w, iw = spec.layer.rms_eps, spec.dsa, mla_weights(t, N + "self_attn."), indexer_weights(t, N + "self_attn.")
+    u = F.linear(torch.cat([rms_norm(e, t[N + "enorm.weight"], eps), rms_norm(h, t[N + "hnorm.weight"], eps)], -1),
+                 t[N + "eh_proj.weight"])
+    a = rms_norm(u, t[N + "input_layernorm.weight"], eps)
+    c, p0 = kmla.latent(a, w, eps), 0 if store is None else store.p0
+    end = p0 + a.shape[0]
+    if store is not None:
+        store.latent[p0:end], store.index_in[p0:end] = c, a
+        c, keys = store.latent[:end], store.index_in[:end]
+    else:
+        keys = a
+    qr = kmla.q_resid(a, w, eps)
+    mask = kdsa.indexer(keys, a, qr, torch.arange(p0, end, device=a.device), iw, d.num_heads, d.kpool, d.topk,
+                        select_tail).mask
+    y = u + kmla.mla_attention(qr, c, mask, w, spec.mla.num_heads, spec.mla.qk_nope_head_dim)
+    b = rms_norm(y, t[N + "post_attention_layernorm.weight"], eps)
+    routing = route(spec.moe, t, N + "mlp.", b)
+    z = y + moe(spec, t, N + "mlp.", b, routing)
+    return z, rms_norm(z, t[N + "shared_head.norm.weight"], eps), routing
 
 
 @dataclass
@@ -58,7 +94,6 @@ class Glm5NextNDraft(ChainStore):
         self.embed = target.embed
         self.head = self.t.get(N + "shared_head.head.weight", target.head)
         self.final_gain = target.final_norm
-        self.mla, self.index_w = mla_weights(self.t, N + "self_attn."), indexer_weights(self.t, N + "self_attn.")
         self.select_tail = spec.dsa.select_tail
         self.cap, self.store_what = max_len + width + 2, "NextN"
         z = lambda *s: torch.zeros(*s, device=self.device, dtype=self.dtype)  # noqa: E731
@@ -74,26 +109,12 @@ class Glm5NextNDraft(ChainStore):
 
     def _rows(self, e: T, h: T, slot0: int) -> tuple[T, T]:
         """Rows (e, h) [R, H] at slots slot0.. (NextN positions slot0-1..), written to the store -> (z, g)."""
-        r, eps, s, d = e.shape[0], self.eps, self.spec, self.spec.dsa
         p0 = slot0 - 1
-        end = p0 + r
-        if end > self.cap:
-            raise ValueError(f"NextN store of {self.cap} positions is full (pass ends at {end})")
-        t = self.t
-        u = F.linear(torch.cat([rms_norm(e, t[N + "enorm.weight"], eps), rms_norm(h, t[N + "hnorm.weight"], eps)],
-                               -1), t[N + "eh_proj.weight"])
-        a = rms_norm(u, t[N + "input_layernorm.weight"], eps)
-        self.latent[p0:end], self.index_in[p0:end] = kmla.latent(a, self.mla, eps), a
-        qr = kmla.q_resid(a, self.mla, eps)
-        pos = torch.arange(p0, end, device=self.device)
-        mask = kdsa.indexer(self.index_in[:end], a, qr, pos, self.index_w, d.num_heads, d.kpool, d.topk,
-                            self.select_tail).mask
-        y = u + kmla.mla_attention(qr, self.latent[:end], mask, self.mla, s.mla.num_heads, s.mla.qk_nope_head_dim)
-        b = rms_norm(y, t[N + "post_attention_layernorm.weight"], eps)
-        routing = route(s.moe, t, N + "mlp.", b)
+        if p0 + e.shape[0] > self.cap:
+            raise ValueError(f"NextN store of {self.cap} positions is full (pass ends at {p0 + e.shape[0]})")
+        z, g, routing = block(self.t, self.spec, e, h, Store(self.latent, self.index_in, p0), self.select_tail)
         self.routings.append(routing)
-        z = y + moe(s, t, N + "mlp.", b, routing)
-        return z, rms_norm(z, t[N + "shared_head.norm.weight"], eps)
+        return z, g
 
     def prompt(self, taps: T) -> None:
         """Prompt taps [L+1, P, S, H]: rows 0..P-2 (token j+1, hidden j) are real; hidden P-1 waits for the anchor."""

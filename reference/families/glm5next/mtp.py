@@ -15,9 +15,9 @@ reads the token at r+1 and the target's hidden row at r, and predicts the token 
     z   = y + moe(rms(y, post_attention_layernorm))                         (``model.moe``)
     g   = rms(z, shared_head.norm);  logits = g head^T     head = shared_head.head when shipped, else the target's
 
-E is the target's embedding (a copy shipped as ``layers.{n}.embed_tokens`` is not read). Chained drafts (width > 1) feed g back
-as the hidden with E(drafted id): the row after the anchor's reads (d_1, g of the anchor's row), and so on; a
-chained row attends over (and its indexer keys include) every row before it, real and chained.
+E is the target's embedding (a copy shipped as ``layers.{n}.embed_tokens`` is not read). Chained drafts (width > 1)
+feed g back as the hidden with E(drafted id): the row after the anchor's reads (d_1, g of the anchor's row), and so
+on; a chained row attends over (and its indexer keys include) every row before it, real and chained.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class NextNOut:
 
 
 def embed(spec: Glm5NextSpec, ids: Sequence[int]) -> np.ndarray:
-    return as_f64(spec).rows(trunk.prefix(spec) + "embed_tokens.weight", np.asarray(to_host(ids), dtype=np.int64).reshape(-1))
+    idx = np.asarray(to_host(ids), dtype=np.int64).reshape(-1)
+    return as_f64(spec).rows(trunk.prefix(spec) + "embed_tokens.weight", idx)
 
 
 def nextn_input(spec: Glm5NextSpec, emb: np.ndarray, hidden: np.ndarray) -> np.ndarray:
