@@ -3,12 +3,14 @@
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.glm5next.fixture --out fixtures      # a few min, 1 core
 
 Same corpus and tokenizer as the other fixtures (``<out>/tokenizer.json`` must exist). Shape: docs/FAMILIES_MOE.md
-4.3's tiny config (hidden 64; layers [KDA, MLA full, MLA shared, KDA]; mlp [dense, sparse x3]; 4 mHC streams;
-k-pool 2, top-4 tokens; 8 experts top-2 in 2 groups of which 1 is kept, routed scale 2.5, 1 shared expert) at the
-tokenizer's vocabulary, plus one NextN block ``model.layers.4.*`` (num_nextn_predict_layers 1).
+4.3's tiny config at hidden 32 (section 9.2 says 64): layers [KDA, MLA full, MLA shared, KDA], mlp [dense,
+sparse x3], 4 mHC streams, k-pool 2 and top-4 tokens, 8 experts top-2 in 2 groups of which 1 is kept, routed scale
+2.5, 1 shared expert, at the tokenizer's vocabulary; plus one NextN block ``model.layers.4.*``
+(num_nextn_predict_layers 1).
 
 Target: next-token CE on random windows of the training stream through transformers' own ``Glm5NextTextModel``
-(float32, eager; its last hidden state is rms(mean of the streams, model.norm)) and an untied head, AdamW as the
+(float32, eager; its last hidden state is rms(mean of the streams, model.norm)), the head tied to the embedding
+(the fixtures' 32 MiB store has room for about 1 MB more: hidden 32, tied, keeps the folder near 0.6 MB), AdamW as the
 other fixtures; the router bias ``e_score_correction_bias`` follows DeepSeek-V3's auxiliary-loss-free balancing rule
 after every step (b_e += gamma sign(mean load - load_e)), so it is trained and acts on the choice only.
 
@@ -42,15 +44,15 @@ from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, ins
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 
 NAME = "glm5next-tiny"
-H, L = 64, 4
+H, L = 32, 4
 
 
 def hf_config(vocab: int, eot: int) -> dict[str, Any]:
     """config.json: the HF glm5_next text config's keys (docs/FAMILIES_MOE.md 4.3, tiny)."""
     return {
         "model_type": "glm5_next", "architectures": ["Glm5NextTextModel"], "vocab_size": vocab, "hidden_size": H,
-        "num_hidden_layers": L, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+        "num_hidden_layers": L, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 64,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": True,
         "layer_types": ["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"],
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "q_lora_rank": 24, "kv_lora_rank": 16,
         "qk_nope_head_dim": 16, "v_head_dim": 16, "qk_rope_head_dim": 0, "index_topk": 4, "index_head_dim": 16,
@@ -116,8 +118,8 @@ def train_target(cfg_json: dict, stream: torch.Tensor, cfg: Glm5NextConfig, rep:
     torch.manual_seed(cfg.seed)
     model = build_hf(cfg_json).train()
     v = cfg_json["vocab_size"]
-    head = torch.nn.Parameter(torch.randn(v, H) * H ** -0.5)
-    params = {"model." + n: p for n, p in model.named_parameters()} | {"lm_head.weight": head}
+    head = model.embed_tokens.weight                                     # tied (tie_word_embeddings)
+    params = {"model." + n: p for n, p in model.named_parameters()}
     opt, sched = _optimizer(params, tc, torch.device("cpu")), Schedule(tc.steps, tc.lr, tc.warmup)
     gen, losses = torch.Generator().manual_seed(tc.seed), []
     loads = _Loads(model, cfg_json["n_routed_experts"])
@@ -138,7 +140,7 @@ def train_target(cfg_json: dict, stream: torch.Tensor, cfg: Glm5NextConfig, rep:
     rep.done()
     loads.close()
     model.eval()
-    state = {"model." + n: t for n, t in model.state_dict().items()} | {"lm_head.weight": head}
+    state = {"model." + n: t for n, t in model.state_dict().items()}
     stats = {**asdict(tc), "bias_rate": cfg.bias_rate, "seconds": round(time.perf_counter() - t0, 1),
              "train_ce_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
              "objective": "next-token CE on random windows through transformers' Glm5NextTextModel (float32, eager); "
@@ -147,9 +149,9 @@ def train_target(cfg_json: dict, stream: torch.Tensor, cfg: Glm5NextConfig, rep:
 
 
 def load_bf16(model: torch.nn.Module, tq: dict) -> torch.Tensor:
-    """Put the stored (bf16-rounded) weights back into the model; return the head."""
+    """Put the stored (bf16-rounded) weights back into the model; return the head (the tied embedding)."""
     model.load_state_dict({n[len("model."):]: t.float() for n, t in tq.items() if n.startswith("model.")})
-    return tq["lm_head.weight"].float()
+    return tq["model.embed_tokens.weight"].float()
 
 
 @torch.no_grad()
