@@ -108,14 +108,15 @@ def test_reader_refuses_no_nextn_and_mhc_in_the_block(tmp_path):
 
 
 def gate(**kw):
-    return run_named("glm5next-mtp", 32, 1, **kw)
+    return run_named("glm5next-mtp", 64, 8, **kw)
 
 
 @needs_fixture
 def test_gate_control_passes_bf16():
     code, lines = gate(dtype="bf16")
     assert code == 0, "\n".join(lines)
-    assert "ids identical 32" in lines and any(line.startswith("(r) nextn row 3 logits") for line in lines)
+    assert "ids identical 64" in lines and any(line.startswith("(r) nextn row 3 logits") for line in lines)
+    assert any(line.startswith("(r) nextn indexer chained row 3 chosen tokens") for line in lines)
 
 
 def _pre_norm(self, taps):
@@ -137,18 +138,24 @@ def _no_tail(monkeypatch):
 
 PLANTS = {
     # the NextN fed the streams' mean before model.norm (pre-norm) instead of the head's post-norm row
-    "pre-norm hidden": lambda mp: mp.setattr(kmtp.Glm5NextNDraft, "target_rows", _pre_norm),
-    # the NextN fed stream 0 (normed) instead of the mean of the 4 streams
-    "stream 0 instead of the mean": lambda mp: mp.setattr(kmtp.Glm5NextNDraft, "target_rows", _stream0),
-    # the DSA tail rule dropped in the NextN's indexer only (the trunk's keeps it)
-    "NextN tail rule dropped": _no_tail,
+    "pre-norm hidden": ("(r) nextn row 1", lambda mp: mp.setattr(kmtp.Glm5NextNDraft, "target_rows", _pre_norm)),
+    # the NextN fed stream 0 (normed) instead of the mean of the 4 streams: 2.5e-2 from the mean on this fixture,
+    # inside the drafted rows' bf16 bands; the line on the rows it reads (two ops deep) sees it
+    "stream 0 instead of the mean": ("(r) nextn hidden in",
+                                     lambda mp: mp.setattr(kmtp.Glm5NextNDraft, "target_rows", _stream0)),
+    # the DSA tail rule dropped in the NextN's indexer only (the trunk's keeps it): a row no longer sees its own
+    # incomplete pool (itself included); the chosen tokens differ from the rule's
+    "NextN tail rule dropped": ("(r) nextn indexer", _no_tail),
 }
 
 
 @needs_fixture
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_gate_fails_bf16(monkeypatch, plant):
-    PLANTS[plant](monkeypatch)
+    """Planted in the NextN draft, run in bf16: the line it breaks says FAIL, the gate exits 1, and no target line
+    fails (the defect is the draft's)."""
+    head, plant_it = PLANTS[plant]
+    plant_it(monkeypatch)
     code, lines = gate(dtype="bf16")
-    assert code == 1 and failed(lines, "(r) nextn row 1"), "\n".join(lines)
+    assert code == 1 and failed(lines, head), "\n".join(lines)
     assert not any(line.startswith("(r) target") and line.endswith(" FAIL") for line in lines), "\n".join(lines)

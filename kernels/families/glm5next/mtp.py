@@ -44,10 +44,11 @@ class Store:
 
 
 def block(t: dict[str, T], spec: Glm5NextSpec, e: T, h: T, store: Store | None,
-          select_tail: bool) -> tuple[T, T, Routing]:
-    """The NextN block on rows (e, h) [R, H] (the embedding of tok_{r+1}, the hidden h_r) -> (z, g, routing).
-    With a ``store`` the rows sit at NextN positions p0.. and attend over (and index) the store's rows 0..p0+R-1,
-    theirs written first; without one (training) they are the positions 0..R-1 and attend among themselves."""
+          select_tail: bool) -> tuple[T, T, Routing, kdsa.Selection]:
+    """The NextN block on rows (e, h) [R, H] (the embedding of tok_{r+1}, the hidden h_r) -> (z, g, routing, the
+    indexer's Selection). With a ``store`` the rows sit at NextN positions p0.. and attend over (and index) the
+    store's rows 0..p0+R-1, theirs written first; without one (training) they are the positions 0..R-1 and attend
+    among themselves."""
     eps, d, w, iw = spec.layer.rms_eps, spec.dsa, mla_weights(t, N + "self_attn."), indexer_weights(t, N + "self_attn.")
     u = F.linear(torch.cat([rms_norm(e, t[N + "enorm.weight"], eps), rms_norm(h, t[N + "hnorm.weight"], eps)], -1),
                  t[N + "eh_proj.weight"])
@@ -60,13 +61,13 @@ def block(t: dict[str, T], spec: Glm5NextSpec, e: T, h: T, store: Store | None,
     else:
         keys = a
     qr = kmla.q_resid(a, w, eps)
-    mask = kdsa.indexer(keys, a, qr, torch.arange(p0, end, device=a.device), iw, d.num_heads, d.kpool, d.topk,
-                        select_tail).mask
-    y = u + kmla.mla_attention(qr, c, mask, w, spec.mla.num_heads, spec.mla.qk_nope_head_dim)
+    sel = kdsa.indexer(keys, a, qr, torch.arange(p0, end, device=a.device), iw, d.num_heads, d.kpool, d.topk,
+                       select_tail)
+    y = u + kmla.mla_attention(qr, c, sel.mask, w, spec.mla.num_heads, spec.mla.qk_nope_head_dim)
     b = rms_norm(y, t[N + "post_attention_layernorm.weight"], eps)
     routing = route(spec.moe, t, N + "mlp.", b)
     z = y + moe(spec, t, N + "mlp.", b, routing)
-    return z, rms_norm(z, t[N + "shared_head.norm.weight"], eps), routing
+    return z, rms_norm(z, t[N + "shared_head.norm.weight"], eps), routing, sel
 
 
 @dataclass
@@ -98,7 +99,8 @@ class Glm5NextNDraft(ChainStore):
         self.cap, self.store_what = max_len + width + 2, "NextN"
         z = lambda *s: torch.zeros(*s, device=self.device, dtype=self.dtype)  # noqa: E731
         self.latent, self.index_in = z(self.cap, spec.mla.kv_lora_rank), z(self.cap, spec.hidden_size)
-        self.routings: list = []
+        self.routings: list[Routing] = []             # per pass since ``prompt``: the router's choice
+        self.selections: list[kdsa.Selection] = []    # and the indexer's (scores, pools, tail, mask)
         self.next_slot, self.anchor_written = 1, False
         self.pend_e = self.pend_h = self.last_h = None
 
@@ -112,13 +114,14 @@ class Glm5NextNDraft(ChainStore):
         p0 = slot0 - 1
         if p0 + e.shape[0] > self.cap:
             raise ValueError(f"NextN store of {self.cap} positions is full (pass ends at {p0 + e.shape[0]})")
-        z, g, routing = block(self.t, self.spec, e, h, Store(self.latent, self.index_in, p0), self.select_tail)
+        z, g, routing, sel = block(self.t, self.spec, e, h, Store(self.latent, self.index_in, p0), self.select_tail)
         self.routings.append(routing)
+        self.selections.append(sel)
         return z, g
 
     def prompt(self, taps: T) -> None:
         """Prompt taps [L+1, P, S, H]: rows 0..P-2 (token j+1, hidden j) are real; hidden P-1 waits for the anchor."""
-        self.routings = []
+        self.routings, self.selections = [], []
         self.start(taps[0][1:, 0], self.target_rows(taps))
 
     def accept(self, kept: int, taps: T) -> None:
