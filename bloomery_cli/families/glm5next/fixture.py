@@ -8,7 +8,8 @@ sparse x3], 4 mHC streams, k-pool 2 and top-4 tokens, 8 experts top-2 in 2 group
 2.5, 1 shared expert, at the tokenizer's vocabulary; plus one NextN block ``model.layers.4.*``
 (num_nextn_predict_layers 1).
 
-Target: next-token CE on random windows of the training stream through transformers' own ``Glm5NextTextModel``
+Target: the indexers seeded random (``random_indexers``: no gradient reaches them), then next-token CE on random
+windows of the training stream through transformers' own ``Glm5NextTextModel``
 (float32, eager; its last hidden state is rms(mean of the streams, model.norm)), the head tied to the embedding
 (the fixtures' 32 MiB store has room for about 1 MB more: hidden 32, tied, keeps the folder near 0.6 MB), AdamW as the
 other fixtures; the router bias ``e_score_correction_bias`` follows DeepSeek-V3's auxiliary-loss-free balancing rule
@@ -56,7 +57,7 @@ def hf_config(vocab: int, eot: int) -> dict[str, Any]:
         "layer_types": ["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"],
         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "q_lora_rank": 24, "kv_lora_rank": 16,
         "qk_nope_head_dim": 16, "v_head_dim": 16, "qk_rope_head_dim": 0, "index_topk": 4, "index_head_dim": 16,
-        "index_n_heads": 2, "index_kpool": 2, "index_kpool_always_select_tail": True,
+        "index_n_heads": 8, "index_kpool": 2, "index_kpool_always_select_tail": True,
         "indexer_types": ["full", "full", "shared", "full"], "linear_head_dim": 16, "linear_num_heads": 4,
         "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "n_routed_experts": 8, "num_experts_per_tok": 2,
         "n_shared_experts": 1, "moe_intermediate_size": 32, "routed_scaling_factor": 2.5, "n_group": 2,
@@ -112,11 +113,30 @@ class _Loads:
             h.remove()
 
 
+def random_indexers(model: torch.nn.Module, seed: int) -> None:
+    """Seeded random weights for every indexer (no gradient reaches them: the choice is a top-k), so the trunk trains
+    around a generic choice: HF's init leaves the scores relu-zero for most pools, and a choice among exact ties is
+    the tie rule's, not the model's (ours takes the lower pool, torch.topk any)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.layers:
+            idx = getattr(layer.self_attn, "indexer", None)
+            for name, p in ([] if idx is None else idx.named_parameters()):
+                r = torch.randn(p.shape, generator=g)
+                if name.startswith("k_norm"):
+                    p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * r)
+                elif name.endswith("ape"):
+                    p.copy_(0.3 * r)
+                else:
+                    p.copy_(r * p.shape[-1] ** -0.5)
+
+
 def train_target(cfg_json: dict, stream: torch.Tensor, cfg: Glm5NextConfig, rep: Reporter
                  ) -> tuple[dict, dict, torch.nn.Module, torch.Tensor]:
     tc = replace(cfg.target, seed=cfg.seed + 1)
     torch.manual_seed(cfg.seed)
     model = build_hf(cfg_json).train()
+    random_indexers(model, cfg.seed + 2)
     v = cfg_json["vocab_size"]
     head = model.embed_tokens.weight                                     # tied (tie_word_embeddings)
     params = {"model." + n: p for n, p in model.named_parameters()}
