@@ -58,9 +58,24 @@ def test_draft_matches_reference(spec):
     assert spec.dsa.topk < len(ids)
 
 
-def test_store_after_a_reject_is_the_real_rows(spec):
+def _keep_chained(monkeypatch):
+    """The rollback planted away: propose also counts its chained rows as written for good."""
+    propose = kmtp.Glm5NextNDraft.propose
+
+    def keep(self, anchor, detail=False):
+        out = propose(self, anchor, detail)
+        self.next_slot += self.width - 1
+        return out
+    monkeypatch.setattr(kmtp.Glm5NextNDraft, "propose", keep)
+
+
+@pytest.mark.parametrize("plant", [None, "chained rows kept"])
+def test_store_after_a_reject_is_the_real_rows(spec, plant, monkeypatch):
     """Propose (3 chained rows written past the real ones), a verify that keeps 2 rows, propose again: the store's
-    real rows are the reference's rows over the committed ids + the anchor, the chained rows gone."""
+    real rows are the reference's rows over the committed ids + the anchor, the chained rows gone. FAIL-first: with
+    the chained rows kept as real the comparison fails."""
+    if plant:
+        _keep_chained(monkeypatch)
     ids = ids_of(20)
     eng, p, d, _ = drafted(spec, ids[:12])
     prop = d.propose(p.argmax[-1])
@@ -73,8 +88,9 @@ def test_store_after_a_reject_is_the_real_rows(spec):
     final = rmodel.forward(spec, seq[:-1]).final
     lat, a = rmtp.store_rows(spec, seq, final)
     got_lat, got_a = d.store_rows()
-    assert got_lat.shape[0] == len(seq) - 1
-    assert worst_rel(got_lat.double().numpy(), lat) < 1e-5 and worst_rel(got_a.double().numpy(), a) < 1e-5
+    ok = got_lat.shape[0] == len(seq) - 1 and worst_rel(got_lat.double().numpy(), lat) < 1e-5 and worst_rel(
+        got_a.double().numpy(), a) < 1e-5
+    assert ok == (plant is None)
 
 
 def test_reference_sees_the_mean_and_the_norm(spec):
