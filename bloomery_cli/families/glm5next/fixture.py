@@ -69,7 +69,7 @@ def hf_config(vocab: int, eot: int) -> dict[str, Any]:
 @dataclass
 class Glm5NextConfig:
     seed: int = 1234
-    target: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch=8, seq=96, warmup=30,
+    target: TrainConfig = field(default_factory=lambda: TrainConfig(steps=900, batch=8, seq=96, warmup=50,
                                                                      log_every=50))
     bias_rate: float = 1e-3
     pool_size: int = 32
