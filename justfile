@@ -67,7 +67,7 @@ gate-qwen3-dflash-swa-spec *ARGS:
 gate-qwen35moe-dflash *ARGS:
     bloomery gate run qwen35moe-dflash {{ARGS}}
 
-# the glm5next fixture (GLM-5.3 layout + its NextN layer), trained through transformers' Glm5NextTextModel
+# the glm5next fixture (GLM-5.3 layout + its NextN layer), trained through transformers' Glm5NextTextModel, ~8-15 min
 fixtures-glm5next:
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.glm5next.fixture --out fixtures
 

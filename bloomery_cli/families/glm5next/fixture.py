@@ -1,6 +1,6 @@
 """The glm5next fixture: a tiny trained GLM-5.3-layout target (HF ``glm5_next`` text model) with its NextN layer.
 
-    OMP_NUM_THREADS=1 python -m bloomery_cli.families.glm5next.fixture --out fixtures      # a few min, 1 core
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.glm5next.fixture --out fixtures   # ~8-15 min, 1 busy core
 
 Same corpus and tokenizer as the other fixtures (``<out>/tokenizer.json`` must exist). Shape: docs/FAMILIES_MOE.md
 4.3's tiny config at hidden 32 (section 9.2 says 64): layers [KDA, MLA full, MLA shared, KDA], mlp [dense,
