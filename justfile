@@ -52,6 +52,9 @@ gate-qwen38-dspark *ARGS:
 gate-mimo2-mtp *ARGS:
     bloomery gate run mimo2-mtp {{ARGS}}
 
+gate-glm5next-mtp *ARGS:
+    bloomery gate run glm5next-mtp {{ARGS}}
+
 gate-qwen3yarn-dflash *ARGS:
     bloomery gate run qwen3yarn-dflash {{ARGS}}
 
@@ -63,6 +66,10 @@ gate-qwen3-dflash-swa-spec *ARGS:
 
 gate-qwen35moe-dflash *ARGS:
     bloomery gate run qwen35moe-dflash {{ARGS}}
+
+# the glm5next fixture (GLM-5.3 layout + its NextN layer), trained through transformers' Glm5NextTextModel, ~8-15 min
+fixtures-glm5next:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.glm5next.fixture --out fixtures
 
 # the mimo2 fixture (MiMo-V2-Flash layout + its 3 MTP layers), ~25 min on 2 busy CPU cores
 fixtures-mimo2:

@@ -30,19 +30,26 @@ CONFIG: dict[str, Any] = {
     "hc_eps": 1e-6, "num_nextn_predict_layers": 0}
 
 
-def shapes() -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every trunk tensor: name -> (shape, kind), kind "lin" (scaled by 1/sqrt(in)), "norm", or a named init."""
+def shapes(nextn: int = 0) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every trunk tensor (and ``nextn`` NextN blocks after it, model.layers.{L + j}.*: enorm, hnorm, eh_proj, an
+    MLA layer with a full indexer, a sparse FFN, shared_head.norm; no mHC): name -> (shape, kind), kind "lin"
+    (scaled by 1/sqrt(in)), "norm", or a named init."""
     c, hc = NH * D, (2 + S) * S
     out: dict[str, tuple[tuple[int, ...], str]] = {
         "model.embed_tokens.weight": ((V, H), "emb"), "model.norm.weight": ((H,), "norm"),
         "lm_head.weight": ((V, H), "lin")}
-    for layer in range(L):
+    for layer in range(L + nextn):
         p = f"model.layers.{layer}."
         t = {"input_layernorm.weight": ((H,), "norm"), "post_attention_layernorm.weight": ((H,), "norm")}
-        for h in ("attn_hc.", "ffn_hc."):
-            t |= {h + "fn": ((hc, S * H), "lin"), h + "base": ((hc,), "base"), h + "scale": ((3,), "scale")}
+        if layer >= L:
+            t |= {"enorm.weight": ((H,), "norm"), "hnorm.weight": ((H,), "norm"), "eh_proj.weight": ((H, 2 * H), "lin"),
+                  "shared_head.norm.weight": ((H,), "norm")}
+        else:
+            for h in ("attn_hc.", "ffn_hc."):
+                t |= {h + "fn": ((hc, S * H), "lin"), h + "base": ((hc,), "base"), h + "scale": ((3,), "scale")}
         a = "self_attn."
-        if TYPES[layer] == "linear_attention":
+        kind = TYPES[layer] if layer < L else "indexed_attention"
+        if kind == "linear_attention":
             t |= {a + "q_proj.weight": ((c, H), "lin"), a + "k_proj.weight": ((c, H), "lin"),
                   a + "v_proj.weight": ((c, H), "lin"), a + "conv1d.weight": ((3 * c, 1, 4), "conv"),
                   a + "forget_gate.f_a_proj.weight": ((D, H), "lin"),
@@ -55,14 +62,14 @@ def shapes() -> dict[str, tuple[tuple[int, ...], str]]:
                   a + "q_b_proj.weight": ((NH * D, QL), "lin"), a + "kv_a_proj_with_mqa.weight": ((KL, H), "lin"),
                   a + "kv_a_layernorm.weight": ((KL,), "norm"), a + "kv_b_proj.weight": ((NH * 2 * D, KL), "lin"),
                   a + "o_proj.weight": ((H, NH * D), "lin")}
-            if IDX[layer] == "full":
+            if layer >= L or IDX[layer] == "full":
                 i = a + "indexer."
                 t |= {i + "wq_b.weight": ((NI * DI, QL), "lin"), i + "wk.weight": ((DI, H), "lin"),
                       i + "k_norm.weight": ((DI,), "norm"), i + "k_norm.bias": ((DI,), "base"),
                       i + "weights_proj.weight": ((NI, H), "lin"), i + "index_kpool_compress_gate": ((DI, H), "lin"),
                       i + "index_kpool_compress_ape": ((P, DI), "base")}
         m = "mlp."
-        if MLP[layer] == "dense":
+        if layer < L and MLP[layer] == "dense":
             t |= {m + "gate_proj.weight": ((I, H), "lin"), m + "up_proj.weight": ((I, H), "lin"),
                   m + "down_proj.weight": ((H, I), "lin")}
         else:
@@ -75,7 +82,7 @@ def shapes() -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def params(seed: int = 0, gain: float = 1.0) -> dict[str, torch.Tensor]:
+def params(seed: int = 0, gain: float = 1.0, nextn: int = 0) -> dict[str, torch.Tensor]:
     """Random float32 weights for ``shapes()``; ``gain`` scales the linear layers (a larger gain drives the
     clamps and the router harder)."""
     g = torch.Generator().manual_seed(seed)
@@ -83,18 +90,19 @@ def params(seed: int = 0, gain: float = 1.0) -> dict[str, torch.Tensor]:
     affine = {"norm": (1.0, 0.2), "emb": (0.0, 1.0), "base": (0.0, 0.3), "scale": (1.0, 0.3), "conv": (0.0, 0.5),
               "dt": (1.5, 0.5), "alog": (0.2, 0.1), "bias": (0.0, 0.05),
               "router": (0.0, 4.0 / H ** 0.5)}
-    for name, (shape, kind) in shapes().items():
+    for name, (shape, kind) in shapes(nextn).items():
         r = torch.randn(shape, generator=g)
         a, b = affine.get(kind, (0.0, gain / shape[-1] ** 0.5))
         out[name] = a + b * r
     return out
 
 
-def write(d: Path, dtype: torch.dtype = torch.float32, seed: int = 0, edit=None) -> Path:
-    """The checkpoint in ``d`` with its weights stored in ``dtype``; ``edit(params)`` changes them first."""
+def write(d: Path, dtype: torch.dtype = torch.float32, seed: int = 0, edit=None, nextn: int = 0) -> Path:
+    """The checkpoint in ``d`` with its weights stored in ``dtype``; ``edit(params)`` changes them first; ``nextn``
+    NextN blocks after the trunk (num_nextn_predict_layers)."""
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(CONFIG))
-    p = params(seed)
+    (d / "config.json").write_text(json.dumps({**CONFIG, "num_nextn_predict_layers": nextn}))
+    p = params(seed, nextn=nextn)
     if edit is not None:
         edit(p)
     save_file({k: v.to(dtype).contiguous() for k, v in p.items()}, str(d / "model.safetensors"))

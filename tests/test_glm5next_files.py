@@ -211,13 +211,13 @@ def test_an_hc_tensor_in_the_nextn_block_is_refused(tmp_path):
         glm5next_from_gguf(path)
 
 
-def test_inventory_names_the_nextn_path_but_not_a_gate(files):
+def test_inventory_names_the_nextn_gate(files):
     for fmt in ("hf", "gguf"):
         m = inventory([files[fmt]]).models[0]
         why = "; ".join(m.why)
-        assert m.verdict == MTP_IN_FILE and "NextN layer in-file" in why and "not gated" in why, (fmt, why)
+        assert m.verdict == MTP_IN_FILE and "drafter here: gate glm5next-mtp" in why, (fmt, why)
     r = runner.invoke(app, ["inventory", str(files["gguf"])], env={"COLUMNS": "250"})
-    assert r.exit_code == 0 and "not gated" in r.output and "PASS" not in r.output, r.output
+    assert r.exit_code == 0 and "glm5next-mtp" in r.output and "PASS" not in r.output, r.output
 
 
 def test_plan_terms_against_a_hand_count(files):

@@ -170,7 +170,8 @@ def test_engine_target_lines_pass(bf16_ckpt, dtype):
     ids = [int(i) for i in np.random.default_rng(1).integers(0, fac.V, PROMPT)]
     report = target_report(spec, ids, dtype)
     assert report.failed == 0, report.lines
-    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == fac.L, report.lines
+    assert sum(1 for line in report.lines if line.startswith("(r) target layer") and " out " in line) == fac.L
+    assert sum(1 for line in report.lines if "chosen experts" in line) == fac.MLP.count("sparse"), report.lines
 
 
 def test_engine_verify_commit_rolls_back_exactly(bf16_ckpt):

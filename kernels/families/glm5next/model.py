@@ -89,6 +89,13 @@ def ffn(spec: Glm5NextSpec, t: Mapping[str, T], m: str, l: int, a: T, routings: 
     routing = route(spec.moe, t, m, a)
     if routings is not None:
         routings[l] = routing
+    return moe(spec, t, m, a, routing)
+
+
+def moe(spec: Glm5NextSpec, t: Mapping[str, T], m: str, a: T, routing: Routing) -> T:
+    """The sparse FFN under ``m`` (a trunk layer's or the NextN layer's "mlp.") on normed rows a [R, H] with the
+    router's choice ``routing``: clamped routed experts + the ungated clamped shared expert."""
+    lim = spec.swiglu_limit
     out = routed_experts_clamped(a, routing, t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"], lim)
     if spec.moe.shared_ff is None:
         return out

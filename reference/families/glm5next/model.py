@@ -44,7 +44,8 @@ from ...xp import here, ns, to_host
 from ..ffn import route
 from ..qwen3.model import RefOut
 
-__all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer", "prefix", "embed_streams"]
+__all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer", "prefix", "embed_streams", "moe",
+           "kv_rows", "recurrent_state"]
 
 Weights = Mapping[str, np.ndarray]
 
@@ -137,6 +138,13 @@ def ffn(spec: Glm5NextSpec, w: Weights, l: int, a: np.ndarray) -> np.ndarray:
     m, lim = prefix(spec) + f"layers.{l}.mlp.", spec.swiglu_limit
     if spec.mlp_types[l] == "dense":
         return swiglu_clamped(a, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"], lim)
+    return moe(spec, w, m, a)
+
+
+def moe(spec: Glm5NextSpec, w: Weights, m: str, a: np.ndarray) -> np.ndarray:
+    """The sparse FFN under ``m`` (= p + "mlp.", a trunk layer's or the NextN layer's) on normed rows a [T, H]:
+    R2 router, clamped routed experts, + the ungated clamped shared expert -> [T, H]."""
+    lim = spec.swiglu_limit
     routed = routed_experts_clamped(a, route(spec.moe, w, m, a), w[m + "experts.gate_up_proj"],
                                     w[m + "experts.down_proj"], lim)
     if spec.moe.shared_ff is None:
@@ -206,3 +214,30 @@ def forward(spec: Glm5NextSpec, ids: Sequence[int]) -> RefOut:
         hidden.append(x)
     final = final_norm(spec, x)
     return RefOut(logits=as_f64(spec).project(head_name(spec), final), hidden=ns(x).stack(hidden), final=final)
+
+
+def kv_rows(spec: Glm5NextSpec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per MLA layer l, what a fresh run over positions 0..length-1 leaves in the engine's cache: (the latent
+    [length, kl], the normed block inputs the indexer's keys are made from [length, H] on a full indexer layer,
+    else [length, 0]), from the taps of a run over at least ``length`` ids (causal: later rows do not enter)."""
+    w, out = as_f64(spec), {}
+    for l, kind in enumerate(spec.layer_types):
+        if kind == "indexed_attention":
+            a = attn_input(spec, w, l, here(taps.hidden[l])[:length])[0]
+            m = mla_weights(w, prefix(spec) + f"layers.{l}.self_attn.")
+            out[l] = (rmla.latent(a, m, spec.layer.rms_eps), a if spec.dsa.types[l] == "full" else a[:, :0])
+    return out
+
+
+def recurrent_state(spec: Glm5NextSpec, taps: RefOut, length: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per KDA layer l, the state a fresh run over positions 0..length-1 ends in: (the conv tail [K-1, 3C]: the
+    projected rows at positions length-K+1..length-1, zeros before 0; the KDA state [n, d, d] after position
+    length-1), from the taps of a run over at least ``length`` ids (causal)."""
+    w, out = as_f64(spec), {}
+    for l, kind in enumerate(spec.layer_types):
+        if kind == "linear_attention":
+            a = attn_input(spec, w, l, here(taps.hidden[l])[:length])[0]
+            o = rkda.kda_attention(a, kda_weights(w, prefix(spec) + f"layers.{l}.self_attn."), spec.kda.num_heads,
+                                   spec.kda.lower_bound, spec.layer.rms_eps)
+            out[l] = (o.tail, o.state)
+    return out
