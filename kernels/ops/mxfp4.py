@@ -82,15 +82,24 @@ def pack_codes(nibbles: T) -> T:
     return n[..., 0::2] | (n[..., 1::2] << 4)
 
 
+def pair_table(dtype: torch.dtype, device: torch.device | str) -> T:
+    """[256, 2] in ``dtype``: the two e2m1 values every code byte holds, in ``unpack_codes``' order (exact)."""
+    lut = torch.tensor(E2M1, dtype=torch.float32, device=device)
+    return lut[unpack_codes(torch.arange(256, dtype=torch.uint8, device=device)[:, None]).long()].to(dtype)
+
+
 def dequantize(w: Mxfp4, dtype: torch.dtype) -> T:
-    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring)."""
+    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring). Decoded straight into ``dtype``: a byte
+    indexes ``pair_table`` (an int32 index, 2 bytes a weight, freed once read), then the block scales multiply in
+    place (a power of two times a 2-bit significand: exact), so a decode holds (2 + e) bytes a weight at its peak,
+    e the run dtype's size, and the result e bytes a weight."""
     if dtype not in EXACT_DTYPES:
         raise ValueError(f"MXFP4 decodes exactly to bf16 or f32 only, not {dtype}")
-    lut = torch.tensor(E2M1, dtype=torch.float32, device=w.codes.device)
-    vals = lut[unpack_codes(w.codes).long()]
-    shape = vals.shape
-    scaled = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK) * e8m0(w.scales)[..., None]
-    return scaled.view(shape).to(dtype)
+    shape = w.shape
+    vals = pair_table(dtype, w.codes.device)[w.codes.int()]                          # [..., R, K/2, 2]
+    blocks = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK)
+    blocks.mul_(e8m0(w.scales).to(dtype)[..., None])
+    return vals.view(shape)
 
 
 def quantize(w: T) -> Mxfp4:
