@@ -10,7 +10,9 @@ The routed experts gather and dequantise inside the matmul: the (row, slot) pair
 ``kernels.ops.moe.routed_experts``; for a chunk of P pairs only the chosen experts' tiles are gathered from the
 packed tensors (codes[ids] [P, 2I, H/2], scales[ids]) and decoded to the run dtype ([P, 2I, H], [P, H, I]) right
 before the batched product, then dropped. The whole expert tensor is never widened: at most ``budget`` bytes of
-decoded tiles exist at a time (at least one pair).
+decoded tiles exist at a time (at least one pair; ``MXFP4_BUDGET``, 64 MiB, unless given: a quarter of the float
+experts' ``GATHER_BUDGET``, so the transient stays small beside 4-bit weights), and the decode itself holds an
+int32 byte index beside its tile (``dequantize``: (2 + e) bytes a weight at its peak), which ``plan`` counts.
 
 What is exact and what is emulated: the decode is exact in bf16 and f32 (an e2m1 value has a 2-bit significand and
 the scale is a power of two; bf16 and f32 share f32's exponent range, so every finite MXFP4 value with
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .moe import GATHER_BUDGET, Routing
+from .moe import Routing
 from .swiglu_clamp import clamp_act
 
 T = torch.Tensor
@@ -34,6 +36,7 @@ BLOCK = 32
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_EMAX, E8M0_BIAS, E8M0_NAN = 2, 127, 255
 EXACT_DTYPES = (torch.bfloat16, torch.float32)
+MXFP4_BUDGET = 1 << 26            # bytes of decoded expert tiles per chunk (at least one pair per chunk)
 
 
 @dataclass
@@ -124,7 +127,7 @@ def gathered(w: Mxfp4, ids: T, dtype: torch.dtype) -> T:
 
 
 def routed_experts_mxfp4(x: T, routing: Routing, gate_up: Mxfp4, down: Mxfp4, limit: float | None,
-                         budget: int = GATHER_BUDGET) -> T:
+                         budget: int = MXFP4_BUDGET) -> T:
     """x [N, H], gate_up [E, 2I, H], down [E, H, I] packed -> [N, H] in x's dtype (module docstring); SwiGLU clamped
     at ``limit`` (``kernels.ops.swiglu_clamp.clamp_act``) or plain when None. The weighted sum in float32."""
     n, k = routing.ids.shape
