@@ -91,18 +91,24 @@ def pair_table(dtype: torch.dtype, device: torch.device | str) -> T:
     return lut[unpack_codes(torch.arange(256, dtype=torch.uint8, device=device)[:, None]).long()].to(dtype)
 
 
-def dequantize(w: Mxfp4, dtype: torch.dtype) -> T:
-    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring). Decoded straight into ``dtype``: a byte
-    indexes ``pair_table`` (an int32 index, 2 bytes a weight, freed once read), then the block scales multiply in
-    place (a power of two times a 2-bit significand: exact), so a decode holds (2 + e) bytes a weight at its peak,
-    e the run dtype's size, and the result e bytes a weight."""
+def decode(index: T, scales: T, dtype: torch.dtype) -> T:
+    """index [..., R, K/2] int32 (the code bytes), scales [..., R, K/32] uint8 -> [..., R, K] in ``dtype``: each byte
+    picks its two values from ``pair_table``, then the block scales multiply in place (a power of two times a 2-bit
+    significand: exact). The index is the caller's to drop: a decode holds (2 + e) bytes a weight at its peak
+    (the int32 index and the tile), e the run dtype's size, and the result e bytes a weight."""
     if dtype not in EXACT_DTYPES:
         raise ValueError(f"MXFP4 decodes exactly to bf16 or f32 only, not {dtype}")
-    shape = w.shape
-    vals = pair_table(dtype, w.codes.device)[w.codes.int()]                          # [..., R, K/2, 2]
+    shape = (*index.shape[:-1], 2 * index.shape[-1])
+    vals = pair_table(dtype, index.device)[index]                                      # [..., R, K/2, 2]
+    del index
     blocks = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK)
-    blocks.mul_(e8m0(w.scales).to(dtype)[..., None])
+    blocks.mul_(e8m0(scales).to(dtype)[..., None])
     return vals.view(shape)
+
+
+def dequantize(w: Mxfp4, dtype: torch.dtype) -> T:
+    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring), decoded straight into ``dtype``."""
+    return decode(w.codes.int(), w.scales, dtype)
 
 
 def quantize(w: T) -> Mxfp4:
@@ -122,8 +128,9 @@ def quantize(w: T) -> Mxfp4:
 
 
 def gathered(w: Mxfp4, ids: T, dtype: torch.dtype) -> T:
-    """The chosen experts' tiles only: ids [P] -> [P, R, K] in ``dtype`` (w: [E, R, K] packed)."""
-    return dequantize(Mxfp4(w.codes[ids], w.scales[ids]), dtype)
+    """The chosen experts' tiles only: ids [P] -> [P, R, K] in ``dtype`` (w: [E, R, K] packed); the gathered code
+    bytes live only until their int32 index is made (``decode``: (2 + e) bytes a weight at the peak)."""
+    return decode(w.codes[ids].int(), w.scales[ids], dtype)
 
 
 def routed_experts_mxfp4(x: T, routing: Routing, gate_up: Mxfp4, down: Mxfp4, limit: float | None,
