@@ -19,7 +19,7 @@ import deepseek4_factory as fac
 import numpy as np
 import pytest
 import torch
-from test_deepseek4_trunk import prompt, target_report
+from test_deepseek4_trunk import needs_hf, prompt, target_report
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
@@ -52,6 +52,7 @@ def test_reads_packed_never_widened(fp4):
     assert not plain.experts_mxfp4 and plain.tensors[GU].dtype == torch.bfloat16
 
 
+@needs_hf
 def test_hf_fp8_dequantize_decodes_the_file_to_our_values(fp4):
     """transformers' Fp8Dequantize (integrations/finegrained_fp8.py, the loader of DeepSeek V4's FP4 experts) on the
     stored I8 codes and F8_E8M0 scales gives exactly reference.ops.mxfp4.dequantize of the bytes the spec hands out."""
