@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_deepseek4_trunk import needs_hf, prompt, target_report
+from test_deepseek4_trunk import test_engine_plain_and_drafted_passes_agree_bit_for_bit as plain_vs_drafted
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
@@ -157,6 +158,13 @@ def test_engine_target_lines_pass_on_packed_experts(fp4, dtype):
     report = target_report(spec, prompt(), dtype)
     assert report.failed == 0, report.lines
     assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == fac.L, report.lines
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_packed_plain_and_drafted_passes_agree_bit_for_bit(fp4, dtype):
+    """tests/test_deepseek4_trunk.py's check on the packed checkpoint: 24 one-row verifies and 6 four-row verifies
+    give the same logits bits (what a gate's ``ids identical`` rests on)."""
+    plain_vs_drafted(fp4, dtype)
 
 
 PLANTS = {
