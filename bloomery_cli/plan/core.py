@@ -151,17 +151,21 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
 def gathered(t: PlanModel, rows: int, e: int) -> int:
     """Routed experts (``kernels.ops.moe.routed_experts``): one chunk of P (row, choice) pairs holds its gathered
     gate_up [P, 2 ff, H] (then down [P, H, ff]) and the pairs' rows; P = min(rows k, GATHER_BUDGET // pair bytes).
-    MXFP4 experts (``kernels.ops.mxfp4.routed_experts_mxfp4``): P from MXFP4_BUDGET, and the decode of gate_up
-    holds its int32 byte index (2 bytes a weight) beside the decoded tile, (2 + e) 2 ff H a pair."""
+    MXFP4 experts (``kernels.ops.mxfp4.routed_experts_mxfp4``): P from MXFP4_BUDGET; the decode of gate_up holds
+    its int32 byte index (2 bytes a weight) beside the decoded tile, (2 + e) 2 ff H a pair, while the pairs' outputs
+    so far hold rows k H e; after the last chunk the outputs, their concatenation and its float32 copy (then the
+    weighted float32 product) hold rows k H max(2 e + 4, e + 8): the larger of the two phases."""
     if t.experts is None:
         return 0
     from bloomery_gates.kernels.ops.moe import GATHER_BUDGET
     from bloomery_gates.kernels.ops.mxfp4 import MXFP4_BUDGET
 
-    ff, k = t.experts.expert_ff, t.experts.top_k
-    budget, tile = (MXFP4_BUDGET, 2 + e) if t.experts.mxfp4 else (GATHER_BUDGET, e)
-    pairs = min(rows * k, max(1, budget // (3 * ff * t.hidden * e)))
-    return pairs * (2 * ff * t.hidden * tile + (3 * ff + 2 * t.hidden) * e) + rows * k * t.hidden * (e + 4)
+    ff, k, h = t.experts.expert_ff, t.experts.top_k, t.hidden
+    pairs = min(rows * k, max(1, (MXFP4_BUDGET if t.experts.mxfp4 else GATHER_BUDGET) // (3 * ff * h * e)))
+    if t.experts.mxfp4:
+        decode = pairs * (2 * ff * h * (2 + e) + (3 * ff + 2 * h) * e) + rows * k * h * e
+        return max(decode, rows * k * h * max(2 * e + 4, e + 8))
+    return pairs * (2 * ff * h * e + (3 * ff + 2 * h) * e) + rows * k * h * (e + 4)
 
 
 def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:
