@@ -7,14 +7,16 @@ Expected layout::
     <dir>/model.safetensors.index.json         # {"weight_map": {tensor name: shard file}} + the shards
 
 Tensors are memory-mapped with ``safetensors.safe_open`` and read on first access. Stored dtypes
-F32, F16 and BF16 are accepted; any other dtype is a ``BadTensor`` when that tensor is needed.
+F32, F16 and BF16 are accepted; any other dtype is a ``BadTensor`` when that tensor is needed, unless a reader
+has allowed it for that tensor by name (``SafetensorsTensors.allow``: DeepSeek V4's packed FP4 experts, I8 / U8
+codes and F8_E8M0 / U8 scales, handed out as uint8 bytes after the reader's own check of their values).
 Pickle checkpoints (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) are refused: we never unpickle.
 Nothing in the directory is imported or executed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,7 @@ class SafetensorsTensors(LazyTensors):
     def __init__(self, files: list[Path]):
         super().__init__()
         self.files = files
+        self._allowed: dict[str, tuple[tuple[str, ...], Callable[[str, torch.Tensor], torch.Tensor]]] = {}
         self._where: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         for f in files:
@@ -100,10 +103,21 @@ class SafetensorsTensors(LazyTensors):
     def file_of(self, name: str) -> Path:
         return self._where[name]
 
+    def allow(self, names: Iterable[str], dtypes: tuple[str, ...],
+              on_read: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
+        """Let ``names`` be stored in ``dtypes`` too (a reader's packed tensors); each is passed through
+        ``on_read(name, tensor)`` when it is read (the reader's value check and view; it raises a named error)."""
+        for name in names:
+            self._allowed[name] = (dtypes, on_read)
+
     def check_dtype(self, name: str) -> None:
         dtype = self.dtype_of(name)
         if name.endswith(INTEGER_TABLES) and dtype in INTEGER_DTYPES:
             return
+        if name in self._allowed:
+            if dtype in self._allowed[name][0]:
+                return
+            raise BadTensor(self.label(name), f"dtype {dtype}; expected one of {', '.join(self._allowed[name][0])}")
         if dtype not in TORCH_DTYPES:
             raise BadTensor(self.label(name), f"dtype {dtype}; expected one of {', '.join(TORCH_DTYPES)}")
 
@@ -113,9 +127,10 @@ class SafetensorsTensors(LazyTensors):
         f = self._where[name]
         try:
             with safe_open(str(f), framework="pt") as handle:
-                return handle.get_tensor(name)
+                t = handle.get_tensor(name)
         except (SafetensorError, RuntimeError, OSError, MemoryError) as exc:
             raise InputError(f, f"cannot read tensor {name}: {exc}") from None
+        return self._allowed[name][1](name, t) if name in self._allowed else t
 
 
 def _open(path: Path) -> Any:

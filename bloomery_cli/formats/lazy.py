@@ -22,7 +22,8 @@ from bloomery_gates.errors import BadTensor
 from bloomery_gates.lru import ByteLRU
 
 DEFAULT_CACHE_BYTES = 1 << 30
-ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                 "F8_E8M0": 1}
 
 
 def cache_budget() -> int:

@@ -4,9 +4,11 @@ From headers alone (``plan_model``), in the run dtype's element size e, for a co
 and S slots. The terms follow what this harness's device engine allocates (kernels/families, kernels/drafts):
 
     target weights   W_t = e * (weight elements, in-file MTP excluded) (+ e * V H: a tied head is cast as its own
-                     copy, except on the host when the file already holds the run dtype)
+                     copy, except on the host when the file already holds the run dtype) + the bytes held whatever
+                     the run dtype (``fixed_bytes``: MXFP4 experts at n/2 + n/32, int64 tables)
     per position     p_t = 2 e sum_groups(layers kv_heads head_dim) + 2 * 4 rotary_dim + 8      (KV, RoPE cos/sin
-                     f32, the int64 key positions); a sliding-window group keeps min(C, window) positions
+                     f32, the int64 key positions) + e position_elems (a family's other rows by position);
+                     a sliding-window group keeps min(C, window) positions
     per slot         s_t = sum_recurrent layers * (4 state_f32 + e conv)                         (DeltaNet / Mamba-2
                      state and conv tail: per slot, not per position)
     the draft D      W_d = e * draft weight elements (+ its own embed / head copies)
@@ -131,8 +133,9 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
     rope = t.rope_tables * 2 * 4 * t.rotary_dim + 8
     shared = on_host and t.embed_dtype == dtype      # .to() of a host tensor already in the run dtype: no copy
     w = e * t.weight_elems + (0 if shared or not t.tied else e * t.embed_elems) + (4 - e) * t.f32_elems
+    w += t.fixed_bytes
     per_slot = sum(r.layers * (4 * r.state_f32 + e * r.conv) for r in t.recurrent)
-    terms = Terms(w, full + rope, per_slot, swa, runtime_arena=0 if on_host else CUDA_ARENA)
+    terms = Terms(w, full + rope + e * t.position_elems, per_slot, swa, runtime_arena=0 if on_host else CUDA_ARENA)
     if d is not None:
         terms.draft_weights = e * d.weight_elems
         dv = d.head_dim if d.v_head_dim is None else d.v_head_dim
@@ -147,14 +150,22 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
 
 def gathered(t: PlanModel, rows: int, e: int) -> int:
     """Routed experts (``kernels.ops.moe.routed_experts``): one chunk of P (row, choice) pairs holds its gathered
-    gate_up [P, 2 ff, H] (then down [P, H, ff]) and the pairs' rows; P = min(rows k, GATHER_BUDGET // pair bytes)."""
+    gate_up [P, 2 ff, H] (then down [P, H, ff]) and the pairs' rows; P = min(rows k, GATHER_BUDGET // pair bytes).
+    MXFP4 experts (``kernels.ops.mxfp4.routed_experts_mxfp4``): P from MXFP4_BUDGET; the decode of gate_up holds
+    its int32 byte index (2 bytes a weight) beside the decoded tile, (2 + e) 2 ff H a pair, while the pairs' outputs
+    so far hold rows k H e; after the last chunk the outputs, their concatenation and its float32 copy (then the
+    weighted float32 product) hold rows k H max(2 e + 4, e + 8): the larger of the two phases."""
     if t.experts is None:
         return 0
     from bloomery_gates.kernels.ops.moe import GATHER_BUDGET
+    from bloomery_gates.kernels.ops.mxfp4 import MXFP4_BUDGET
 
-    ff, k = t.experts.expert_ff, t.experts.top_k
-    pairs = min(rows * k, max(1, GATHER_BUDGET // (3 * ff * t.hidden * e)))
-    return pairs * (2 * ff * t.hidden * e + (3 * ff + 2 * t.hidden) * e) + rows * k * t.hidden * (e + 4)
+    ff, k, h = t.experts.expert_ff, t.experts.top_k, t.hidden
+    pairs = min(rows * k, max(1, (MXFP4_BUDGET if t.experts.mxfp4 else GATHER_BUDGET) // (3 * ff * h * e)))
+    if t.experts.mxfp4:
+        decode = pairs * (2 * ff * h * (2 + e) + (3 * ff + 2 * h) * e) + rows * k * h * e
+        return max(decode, rows * k * h * max(2 * e + 4, e + 8))
+    return pairs * (2 * ff * h * e + (3 * ff + 2 * h) * e) + rows * k * h * (e + 4)
 
 
 def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:

@@ -44,6 +44,7 @@ class Experts:
 
     top_k: int
     expert_ff: int
+    mxfp4: bool = False        # kept packed and decoded per chunk (kernels.ops.mxfp4.routed_experts_mxfp4)
 
 
 @dataclass
@@ -77,6 +78,10 @@ class PlanModel:
     experts: Experts | None = None             # routed experts run by gathering (kernels.ops.moe.routed_experts)
     notes: tuple[str, ...] = ()                # what the plan's reader should know (printed with the plan)
     residual_streams: int = 1                  # hyper-connections: each layer's output is this many rows of H
+    fixed_bytes: int = 0                       # weight bytes whatever the run dtype, outside weight_elems (packed
+    #                                            MXFP4 experts at 4.25 bits a weight, int64 tables)
+    position_elems: int = 0                    # run-dtype elements per position besides the attention groups' K/V
+    #                                            (deepseek4: the compressor's and indexer's projections)
 
     @property
     def attention_layers(self) -> int:

@@ -10,7 +10,9 @@ The routed experts gather and dequantise inside the matmul: the (row, slot) pair
 ``kernels.ops.moe.routed_experts``; for a chunk of P pairs only the chosen experts' tiles are gathered from the
 packed tensors (codes[ids] [P, 2I, H/2], scales[ids]) and decoded to the run dtype ([P, 2I, H], [P, H, I]) right
 before the batched product, then dropped. The whole expert tensor is never widened: at most ``budget`` bytes of
-decoded tiles exist at a time (at least one pair).
+decoded tiles exist at a time (at least one pair; ``MXFP4_BUDGET``, 64 MiB, unless given: a quarter of the float
+experts' ``GATHER_BUDGET``, so the transient stays small beside 4-bit weights), and the decode itself holds an
+int32 byte index beside its tile (``dequantize``: (2 + e) bytes a weight at its peak), which ``plan`` counts.
 
 What is exact and what is emulated: the decode is exact in bf16 and f32 (an e2m1 value has a 2-bit significand and
 the scale is a power of two; bf16 and f32 share f32's exponent range, so every finite MXFP4 value with
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .moe import GATHER_BUDGET, Routing
+from .moe import Routing
 from .swiglu_clamp import clamp_act
 
 T = torch.Tensor
@@ -34,6 +36,7 @@ BLOCK = 32
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_EMAX, E8M0_BIAS, E8M0_NAN = 2, 127, 255
 EXACT_DTYPES = (torch.bfloat16, torch.float32)
+MXFP4_BUDGET = 1 << 26            # bytes of decoded expert tiles per chunk (at least one pair per chunk)
 
 
 @dataclass
@@ -82,15 +85,30 @@ def pack_codes(nibbles: T) -> T:
     return n[..., 0::2] | (n[..., 1::2] << 4)
 
 
-def dequantize(w: Mxfp4, dtype: torch.dtype) -> T:
-    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring)."""
+def pair_table(dtype: torch.dtype, device: torch.device | str) -> T:
+    """[256, 2] in ``dtype``: the two e2m1 values every code byte holds, in ``unpack_codes``' order (exact)."""
+    lut = torch.tensor(E2M1, dtype=torch.float32, device=device)
+    return lut[unpack_codes(torch.arange(256, dtype=torch.uint8, device=device)[:, None]).long()].to(dtype)
+
+
+def decode(index: T, scales: T, dtype: torch.dtype) -> T:
+    """index [..., R, K/2] int32 (the code bytes), scales [..., R, K/32] uint8 -> [..., R, K] in ``dtype``: each byte
+    picks its two values from ``pair_table``, then the block scales multiply in place (a power of two times a 2-bit
+    significand: exact). The index is the caller's to drop: a decode holds (2 + e) bytes a weight at its peak
+    (the int32 index and the tile), e the run dtype's size, and the result e bytes a weight."""
     if dtype not in EXACT_DTYPES:
         raise ValueError(f"MXFP4 decodes exactly to bf16 or f32 only, not {dtype}")
-    lut = torch.tensor(E2M1, dtype=torch.float32, device=w.codes.device)
-    vals = lut[unpack_codes(w.codes).long()]
-    shape = vals.shape
-    scaled = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK) * e8m0(w.scales)[..., None]
-    return scaled.view(shape).to(dtype)
+    shape = (*index.shape[:-1], 2 * index.shape[-1])
+    vals = pair_table(dtype, index.device)[index]                                      # [..., R, K/2, 2]
+    del index
+    blocks = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK)
+    blocks.mul_(e8m0(scales).to(dtype)[..., None])
+    return vals.view(shape)
+
+
+def dequantize(w: Mxfp4, dtype: torch.dtype) -> T:
+    """[..., R, K] in ``dtype`` (bf16 or f32, both exact: module docstring), decoded straight into ``dtype``."""
+    return decode(w.codes.int(), w.scales, dtype)
 
 
 def quantize(w: T) -> Mxfp4:
@@ -110,12 +128,13 @@ def quantize(w: T) -> Mxfp4:
 
 
 def gathered(w: Mxfp4, ids: T, dtype: torch.dtype) -> T:
-    """The chosen experts' tiles only: ids [P] -> [P, R, K] in ``dtype`` (w: [E, R, K] packed)."""
-    return dequantize(Mxfp4(w.codes[ids], w.scales[ids]), dtype)
+    """The chosen experts' tiles only: ids [P] -> [P, R, K] in ``dtype`` (w: [E, R, K] packed); the gathered code
+    bytes live only until their int32 index is made (``decode``: (2 + e) bytes a weight at the peak)."""
+    return decode(w.codes[ids].int(), w.scales[ids], dtype)
 
 
 def routed_experts_mxfp4(x: T, routing: Routing, gate_up: Mxfp4, down: Mxfp4, limit: float | None,
-                         budget: int = GATHER_BUDGET) -> T:
+                         budget: int = MXFP4_BUDGET) -> T:
     """x [N, H], gate_up [E, 2I, H], down [E, H, I] packed -> [N, H] in x's dtype (module docstring); SwiGLU clamped
     at ``limit`` (``kernels.ops.swiglu_clamp.clamp_act``) or plain when None. The weighted sum in float32."""
     n, k = routing.ids.shape

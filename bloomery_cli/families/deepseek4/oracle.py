@@ -9,6 +9,10 @@ it, about 1e-7 relative from a true float64 forward (section 2.2 measured 6.5e-8
 
 ``hf_deepseek4_taps`` also returns each CSA layer's indexer choice (a forward hook on HF's ``DeepseekV4Indexer``),
 as a chosen-entry mask [T, n] per layer, for the exact comparison of integer outputs.
+
+MXFP4 experts (``spec.experts_mxfp4``): HF's model holds the experts dense here; their values come from
+transformers' own FP4 loader op (``Fp8Dequantize._dequantize_one``, integrations/finegrained_fp8.py: the int8
+nibbles, low first, times the e8m0 bytes' 2^(e - 127) per [1, 32] block), in float64, not from our decoder.
 """
 
 from __future__ import annotations
@@ -71,7 +75,13 @@ def build_hf_deepseek4(spec: Deepseek4Spec, lift: bool = True) -> torch.nn.Modul
     if spec.family != "deepseek4" or spec.source_format != "hf":
         raise InputError(spec.source, "the HF deepseek4 oracle covers deepseek4 HF checkpoints only")
     state = {n: (t.detach().to(torch.float64) if t.is_floating_point() else t.detach())
-             for n, t in spec.tensors.items() if not n.startswith("mtp.")}
+             for n, t in spec.tensors.items() if not n.startswith("mtp.") and not n.endswith("_scale_inv")}
+    if spec.experts_mxfp4:
+        from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+        for n in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+            state[n] = Fp8Dequantize(None)._dequantize_one(spec.tensors[n].view(torch.int8),
+                                                           spec.tensors[n + "_scale_inv"], torch.float64)
     tf = _transformers()
     with Float32AsFloat64() if lift else contextlib.nullcontext():
         model = tf.DeepseekV4ForCausalLM(hf_config(spec)).to(torch.float64).eval()

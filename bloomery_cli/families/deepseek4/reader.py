@@ -19,6 +19,24 @@ Keys, each read and range-checked or refused by name (exit 2):
                hidden_act = silu, mlp_bias = false
     mHC        hc_mult >= 2, hc_sinkhorn_iters >= 1, hc_eps > 0
     MTP        num_nextn_predict_layers (its ``mtp.*`` tensors are not read here)
+    quant      expert_dtype (top level, V4's spelling) or quantization_config.expert_dtype (V4.1's; transformers
+               5.24 folds the first into the second, configuration_deepseek_v4.py:246-254): absent = float experts;
+               "fp4" = the routed experts in DeepSeek's native FP4 (``experts_fp4`` below); "fp8" refused.
+               With a quantization_config: quant_method "fp8" and scale_fmt "ue8m0" (FineGrainedFP8Config's
+               one FP4 form), and every other tensor still float (F32 / F16 / BF16: FP8 dense weights refused).
+
+FP4 experts, the layout followed (transformers' ``FP8Experts`` with ``expert_dtype="fp4"``,
+integrations/finegrained_fp8.py:749-784 and ``Fp8Dequantize._unpack_fp4``; DeepSeek's own files spell the same
+bytes ``layers.L.ffn.experts.J.w{1,3,2}.{weight,scale}``, one tensor per expert, which HF's conversion mapping
+merges into these):
+
+    model.layers.L.mlp.experts.gate_up_proj            I8 / U8       [E, 2 ff, H/2]  e2m1 codes, element 2j in
+    model.layers.L.mlp.experts.down_proj               I8 / U8       [E, H, ff/2]    the low nibble, 2j+1 high
+    model.layers.L.mlp.experts.gate_up_proj_scale_inv  F8_E8M0 / U8  [E, 2 ff, H/32] one e8m0 scale per 32
+    model.layers.L.mlp.experts.down_proj_scale_inv     F8_E8M0 / U8  [E, H, ff/32]   weights of a row
+
+H and ff multiples of 32. The spec keeps them packed: each is handed out as its uint8 bytes when read (never
+widened), and a scale byte 255 (e8m0's NaN) is a ``BadTensor`` naming the tensor, raised when it is read.
 
 Tensors checked by shape: model.embed_tokens [V, H], lm_head [V, H] unless tied, model.hc_head.{hc_fn [S, S H],
 hc_base [S], hc_scale [1]}, and per layer the attention's projections, its compressor / indexer (by the layer's
@@ -30,6 +48,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.hf_dir import model_config, open_safetensors_dir
@@ -44,6 +64,64 @@ HF_KINDS = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa"
             "heavily_compressed_attention": "hca"}
 RATIO_KINDS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 MLP_KINDS = {"hash_moe": "hash", "moe": "moe"}
+PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+SCALE = "_scale_inv"
+CODE_DTYPES, SCALE_DTYPES = ("I8", "U8"), ("F8_E8M0", "U8")
+E8M0_NAN = 255
+
+
+def experts_fp4(top: Cfg, c: Cfg) -> bool:
+    """Whether the routed experts are native FP4 (module docstring, "quant")."""
+    where = c if c.get("quantization_config", None) is not None else top
+    q = where.get("quantization_config", None)
+    raw = c.get("expert_dtype", None)
+    if q is not None:
+        qc = where.sub("quantization_config")
+        raw = qc.get("expert_dtype", raw if raw is not None else "fp8")
+        if qc.get("quant_method", None) != "fp8":
+            raise qc.bad("quant_method", f"{qc.get('quant_method', None)!r}; expected \"fp8\" (transformers' "
+                                         "FineGrainedFP8Config, DeepSeek V4's FP4 experts)")
+        if raw == "fp4" and qc.get("scale_fmt", "float") != "ue8m0":
+            raise qc.bad("scale_fmt", f"{qc.get('scale_fmt', 'float')!r}; expected \"ue8m0\" (one e8m0 byte per "
+                                      "32 FP4 weights)")
+        key = "quantization_config.expert_dtype"
+    else:
+        key = "expert_dtype"
+    if raw is None:
+        return False
+    if raw != "fp4":
+        raise c.bad(key, f"{raw!r}; expected \"fp4\" (FP8 experts are not read here) or no quantization")
+    return True
+
+
+def packed_shapes(f: dict[str, Any], tensors: Any, fp4: bool) -> dict[str, Any]:
+    """FP4: the shape table's entries for the packed experts and their scales (they replace the float ones). Float:
+    nothing; an expert tensor stored packed is named (its config lacks the FP4 declaration)."""
+    H, m = f["layer"].hidden_size, f["moe"]
+    t: dict[str, Any] = {}
+    for layer in range(f["num_layers"]):
+        p = f"model.layers.{layer}."
+        if not fp4:
+            for name in (p + n for n in PACKED):
+                if name in tensors and tensors.dtype_of(name) in CODE_DTYPES:
+                    raise BadTensor(tensors.label(name), f"dtype {tensors.dtype_of(name)}: packed FP4 experts; "
+                                                         "expected config expert_dtype (or quantization_config."
+                                                         "expert_dtype) \"fp4\", or float experts")
+            continue
+        for name, rows, k in ((p + PACKED[0], 2 * m.expert_ff, H), (p + PACKED[1], H, m.expert_ff)):
+            why = f"(layer {layer}: [n_routed_experts, {rows}, {k}] packed"
+            t[name] = ((m.num_experts, rows, k // 2), why + ", two e2m1 codes a byte)")
+            t[name + SCALE] = ((m.num_experts, rows, k // 32), why + ", one e8m0 scale per 32)")
+    return t
+
+
+def as_bytes(name: str, x: torch.Tensor) -> torch.Tensor:
+    """A packed tensor as read: its uint8 bytes (I8 / F8_E8M0 viewed, never converted); scales checked."""
+    b = x.view(torch.uint8)
+    if name.endswith(SCALE) and bool((b == E8M0_NAN).any()):
+        n = int((b == E8M0_NAN).sum())
+        raise BadTensor(f"tensor {name}", f"{n} e8m0 scale byte(s) 255 (NaN); expected finite block scales 0..254")
+    return b
 
 
 def layer_kinds(c: Cfg, n: int) -> tuple[str, ...]:
@@ -132,8 +210,8 @@ def attn_shape(c: Cfg) -> V4AttnShape:
                        compress_scaling(c), csa, hca, c.int("index_n_heads"), di, c.int("index_topk"))
 
 
-def read_shapes(c: Cfg) -> dict[str, Any]:
-    """Every number of a deepseek_v4 config (the keys above) as the spec's fields."""
+def read_shapes(c: Cfg, fp4: bool = False) -> dict[str, Any]:
+    """Every number of a deepseek_v4 config (the keys above) as the spec's fields (``fp4``: the experts packed)."""
     n = c.int("num_hidden_layers")
     attn = attn_shape(c)
     if c.get("hidden_act", "silu") != "silu":
@@ -149,6 +227,10 @@ def read_shapes(c: Cfg) -> dict[str, Any]:
         raise c.bad("num_experts_per_tok", f"{k} is more than n_routed_experts {e}; expected <= {e}")
     ff = c.int("moe_intermediate_size")
     c.int("n_shared_experts", 1, minimum=1, maximum=1, what="1 (V4's one ungated shared expert)")
+    if fp4:
+        for key, v in (("hidden_size", c.int("hidden_size")), ("moe_intermediate_size", ff)):
+            if v % 32:
+                raise c.bad(key, f"{v}; FP4 experts hold whole blocks of 32 weights: expected a multiple of 32")
     moe = MoEShape(e, k, ff, ff, False, "sqrtsoftplus", 1, 1, True, c.float("routed_scaling_factor"))
     hc = HCShape(c.int("hc_mult", 4, minimum=2, what="the stream count"), 0, c.int("hc_sinkhorn_iters", 20),
                  c.float("hc_eps", 1e-6))
@@ -156,7 +238,7 @@ def read_shapes(c: Cfg) -> dict[str, Any]:
                        attn.rope_theta)
     return {"layer": layer, "num_layers": n, "layer_types": layer_kinds(c, n), "mlp_types": mlp_kinds(c, n),
             "attn": attn, "moe": moe, "hc": hc, "swiglu_limit": c.float("swiglu_limit", 10.0),
-            "mtp_layers": c.int("num_nextn_predict_layers", 0, minimum=0)}
+            "mtp_layers": c.int("num_nextn_predict_layers", 0, minimum=0), "experts_mxfp4": fp4}
 
 
 def tensor_shapes(f: dict[str, Any], vocab: int, tied: bool) -> dict[str, Any]:
@@ -216,11 +298,14 @@ def check_tables(tensors: Any, tables: dict[str, Any], where: Path, experts: int
 def deepseek4_from_hf(directory: Path) -> Deepseek4Spec:
     """A deepseek4 target from ``config.json`` + safetensors headers in ``directory`` (no weight is read)."""
     top, c = model_config(directory, family(FAMILY).hf_model_types)
-    f = read_shapes(c)
+    f = read_shapes(c, experts_fp4(top, c))
     vocab = c.int("vocab_size")
     tied = c.bool("tie_word_embeddings", top.bool("tie_word_embeddings", False))
     tensors = open_safetensors_dir(directory)
-    table = tensor_shapes(f, vocab, tied)
+    packed = packed_shapes(f, tensors, f["experts_mxfp4"])
+    for name in packed:
+        tensors.allow([name], SCALE_DTYPES if name.endswith(SCALE) else CODE_DTYPES, as_bytes)
+    table = tensor_shapes(f, vocab, tied) | packed
     tables = {n: table.pop(n) for n in [n for n in table if n.endswith(".tid2eid")]}
     check_shapes(tensors, table, directory)
     check_tables(tensors, tables, directory, f["moe"].num_experts)

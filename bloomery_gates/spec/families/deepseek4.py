@@ -38,7 +38,10 @@ class Deepseek4Spec(ModelSpec):
     """A deepseek4 target (DeepSeek V4, HF ``deepseek_v4``): ``layer_types`` "sliding" | "csa" | "hca" (``attn``),
     ``mlp_types`` "hash" (experts from ``tid2eid[token]``) | "moe" (sqrt-softplus + bias top-k), both renormalised
     x ``moe.routed_scale``, an ungated shared expert, SwiGLU clamp ``swiglu_limit``; mHC ``hc`` streams collapsed by
-    the trained HC head, then the final norm. ``mtp_layers``: the in-file MTP blocks (``mtp.*``, not read here)."""
+    the trained HC head, then the final norm. ``mtp_layers``: the in-file MTP blocks (``mtp.*``, not read here).
+    ``experts_mxfp4``: the routed experts are stored packed (DeepSeek's native FP4: e2m1 codes [E, R, K/2] uint8
+    under ``mlp.experts.{gate_up,down}_proj`` and e8m0 scales [E, R, K/32] uint8 under ``..._scale_inv``;
+    ``bloomery_gates.kernels.ops.mxfp4``), read as bytes and never widened."""
 
     layer_types: tuple[str, ...]
     mlp_types: tuple[str, ...]
@@ -47,3 +50,4 @@ class Deepseek4Spec(ModelSpec):
     hc: HCShape
     swiglu_limit: float
     mtp_layers: int
+    experts_mxfp4: bool = False

@@ -8,7 +8,10 @@ position as qwen3's KV: the window, the compressed entries a query may see and t
 positions at or before the query, so rows past the commit point are never read by a committed row and are
 overwritten by the next pass. ``commit(k)`` moves the length only.
 The weights HF keeps in float32 (norms, sinks, position biases, mHC and HC-head mixes, the router bias) are held in
-float32; everything else in the run dtype; ``tid2eid`` as int64.
+float32; everything else in the run dtype; ``tid2eid`` as int64. MXFP4 routed experts (``spec.experts_mxfp4``: the
+reader hands their codes and ``_scale_inv`` scales over as uint8 bytes) stay packed on the device, 4.25 bits a
+weight (``kernels.ops.mxfp4``): each pass gathers the chosen experts' tiles and decodes them in the run dtype right
+before the batched product (``routed_experts_mxfp4``), never the whole tensor.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from bloomery_gates.spec import Deepseek4Spec
 
 from ...ops import mhc as kmhc
+from ...ops import mxfp4 as kmx
 from ...ops import router_v4 as krouter
 from ...ops import v4_attention as kv4
 from ...ops.moe import Routing, router_logits
@@ -77,7 +81,12 @@ def ffn(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T, routings:
     routing = route(spec, t, l, b, ids)
     if routings is not None:
         routings[l] = routing
-    out = routed_experts_clamped(b, routing, t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"], lim)
+    gu, dn = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
+    if gu.dtype == torch.uint8:                                   # MXFP4: codes + e8m0 scales, decoded per chunk
+        out = kmx.routed_experts_mxfp4(b, routing, kmx.Mxfp4(gu, t[m + "experts.gate_up_proj_scale_inv"]),
+                                       kmx.Mxfp4(dn, t[m + "experts.down_proj_scale_inv"]), lim)
+    else:
+        out = routed_experts_clamped(b, routing, gu, dn, lim)
     s = m + "shared_experts."
     return out + swiglu_clamped(b, t[s + "gate_proj.weight"], t[s + "up_proj.weight"], t[s + "down_proj.weight"], lim)
 
@@ -98,7 +107,7 @@ class Deepseek4Target:
         for n, x in spec.tensors.items():
             if n.startswith(P + "layers.") and int(n[len(P) + 7:].split(".")[0]) < spec.num_layers:
                 keep32 = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
-                dt = keep32 if x.is_floating_point() else torch.long
+                dt = keep32 if x.is_floating_point() else x.dtype if x.dtype == torch.uint8 else torch.long
                 self.t[n[len(P):]] = x.to(device=self.device, dtype=dt)
         self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
         self.head = spec.head_weight().to(device=self.device, dtype=dtype)

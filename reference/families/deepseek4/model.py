@@ -17,6 +17,10 @@ The residual is S = hc.count streams, x [T, S, H]; the embedding enters as S cop
          moe layer:   ids = topk(s + bias),  w = renormalised s[ids] x routed_scale,  s = sqrt(softplus(b Wr^T))
     x  = post y + comb^T x
 
+MXFP4 experts (``spec.experts_mxfp4``): gate_up / down are the e2m1 code bytes and ``..._scale_inv`` the e8m0 bytes
+(uint8, read as their integer values 0..255, exact in float64); the experts run on the exact dequantised values
+(``reference.ops.mxfp4.routed_experts_mxfp4``: W = E2M1[code] 2^(e - 127)), so the bands do not move.
+
 final = rms(hyper_head(x; model.hc_head), model.norm) [T, H] (the trained HC head, ``reference.ops.mhc``);
 logits = final head^T.
 
@@ -33,6 +37,7 @@ import numpy as np
 from bloomery_gates.spec import Deepseek4Spec
 
 from ...ops import mhc as rmhc
+from ...ops import mxfp4 as rmx
 from ...ops import router_v4 as rrouter
 from ...ops import v4_attention as rv4
 from ...ops.moe import Routing, router_logits
@@ -116,8 +121,13 @@ def route(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarra
 def ffn(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Layer l's MoE on normed rows b [T, H]: clamped routed experts + the ungated clamped shared expert."""
     m, lim = P + f"layers.{l}.mlp.", spec.swiglu_limit
-    routed = routed_experts_clamped(b, route(spec, w, l, b, ids), w[m + "experts.gate_up_proj"],
-                                    w[m + "experts.down_proj"], lim)
+    routing = route(spec, w, l, b, ids)
+    if spec.experts_mxfp4:
+        gu, dn = (rmx.Mxfp4(w[m + n].astype(np.uint8), w[m + n + "_scale_inv"].astype(np.uint8))
+                  for n in ("experts.gate_up_proj", "experts.down_proj"))
+        routed = rmx.routed_experts_mxfp4(b, routing, gu, dn, lim)
+    else:
+        routed = routed_experts_clamped(b, routing, w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"], lim)
     s = m + "shared_experts."
     return st(routed + swiglu_clamped(b, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
                                       w[s + "down_proj.weight"], lim))

@@ -1,0 +1,91 @@
+"""``bloomery plan`` for a deepseek4 (DeepSeek V4) target, as its engine holds it (kernels/families/deepseek4/model.py),
+from config.json (the reader's own key rules, ``reader.read_shapes``) and the safetensors headers only.
+
+Weights, per tensor as the engine loads it (the trunk's ``model.layers.{l < L}.*``, embed, head, final norm, HC head;
+the in-file MTP ``mtp.*`` is the draft's, not counted here), e the run dtype's bytes:
+
+    packed experts (MXFP4)   their stored bytes: codes n/2 + e8m0 scales n/32 = 4.25 bits a weight   (fixed_bytes)
+    tid2eid                  8 bytes an entry (int64)                                                (fixed_bytes)
+    F32_SUFFIXES, final norm, HC head      4 bytes an element (f32_elems)
+    everything else          e bytes an element
+
+State per position (``kernels.ops.v4_attention.V4Cache``, run dtype; no RoPE tables: the angles are made per pass):
+
+    every layer   kv [d]            (one K = V head: an attention group of 1 head, width d, no V)
+    CSA layer     k, z [2 d] each and the indexer's ik, iz [2 di] each      (position_elems)
+    HCA layer     k, z [d] each                                             (position_elems)
+
+Transient: the general workspace over the S = hc_mult streams (``residual_streams``), with the routed experts'
+gathered (or MXFP4-decoded) tiles (``plan.core.gathered``).
+"""
+
+from __future__ import annotations
+
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from bloomery_cli.formats.config import Cfg
+
+from ...plan.types import AttnGroup, Experts, PlanModel, _embed_dtype
+
+FAMILY = "deepseek4"
+PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "_scale_inv")
+F32_TOP = ("model.norm.weight", "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")
+
+
+def weight_terms(inv, layers: int, tied: bool, fp4: bool) -> dict[str, int]:
+    """The engine's weights by how it holds them: run-dtype elements (f32 ones included, as core counts them),
+    f32 elements, fixed bytes (packed experts, int64 tables), the packed experts' bytes alone, the embedding's
+    elements, the draft's (in-file MTP) elements."""
+    from bloomery_gates.kernels.families.deepseek4.model import F32_SUFFIXES
+
+    out = {"elems": 0, "f32": 0, "fixed": 0, "packed": 0, "embed": 0, "draft": 0}
+    for t in inv.tensors:
+        n, numel = t.name, prod(t.shape)
+        if n.startswith("model.layers."):
+            if int(n.split(".")[2]) >= layers:
+                out["draft"] += numel
+            elif fp4 and n.endswith(PACKED):
+                out["fixed"] += numel                                   # uint8 bytes as stored
+                out["packed"] += numel
+            elif n.endswith(".tid2eid"):
+                out["fixed"] += 8 * numel
+            else:
+                out["elems"] += numel
+                out["f32"] += numel if n.endswith(F32_SUFFIXES) else 0
+        elif n in F32_TOP:
+            out["elems"] += numel
+            out["f32"] += numel
+        elif n == "model.embed_tokens.weight":
+            out["elems"] += numel
+            out["embed"] = numel
+        elif n == "lm_head.weight" and not tied:
+            out["elems"] += numel
+        elif n.startswith("mtp."):
+            out["draft"] += numel
+    return out
+
+
+def deepseek4_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
+    """The plan model of a deepseek4 HF checkpoint (``c``: its config), float or MXFP4 experts."""
+    from .reader import experts_fp4, read_shapes
+
+    f = read_shapes(c, experts_fp4(c, c))
+    L, a, moe, fp4 = f["layer"], f["attn"], f["moe"], f["experts_mxfp4"]
+    tied = c.bool("tie_word_embeddings", False)
+    w = weight_terms(inv, f["num_layers"], tied, fp4)
+    n_csa, n_hca = f["layer_types"].count("csa"), f["layer_types"].count("hca")
+    meta: dict[str, Any] = {"model_type": str(c.get("model_type")), "config": str(where), "experts_mxfp4": fp4,
+                            "layer_types": list(f["layer_types"]), "packed_expert_bytes": w["packed"]}
+    notes = (f"{FAMILY}: routed experts kept in MXFP4 on the device (4.25 bits a weight: codes n/2 + e8m0 scales "
+             f"n/32 bytes): {w['packed']:,} bytes ({w['packed'] * 64 // 17:,} in bf16)",) if fp4 else ()
+    return PlanModel(path.name, FAMILY, "hf", L.hidden_size, a.num_heads, c.int("vocab_size"),
+                     max(moe.top_k * moe.expert_ff, moe.shared_ff or 0), c.int("max_position_embeddings", 1 << 20),
+                     w["elems"], inv.total_bytes, tied, w["embed"], (AttnGroup(f["num_layers"], 1, a.head_dim,
+                                                                               None, 0),),
+                     0, (), w["draft"], f["mtp_layers"] if w["draft"] else 0, meta=meta,
+                     embed_dtype=_embed_dtype(inv), rope_tables=0, f32_elems=w["f32"],
+                     experts=Experts(moe.top_k, moe.expert_ff, fp4), notes=notes, residual_streams=f["hc"].count,
+                     fixed_bytes=w["fixed"],
+                     position_elems=n_csa * (4 * a.head_dim + 4 * a.index_head_dim) + n_hca * 2 * a.head_dim)
