@@ -1,0 +1,133 @@
+"""deepseek4 (DeepSeek V4) in-file MTP block, issue 26: the device draft (kernels/families/deepseek4/mtp.py) held to
+the float64 reference (reference/families/deepseek4/mtp.py) on a tiny random checkpoint made here
+(tests/deepseek4_factory.py plus ``mtp.0.*``: a sliding, non-hash block, its own HC head), the reader's named
+errors, and the gate ds4-mtp's FAIL-first plants in bf16 on the trained fixture (fixtures/ds4-tiny).
+
+The draft runs after a 12-token prompt (the MTP window of 4 keys drops keys) and again after a verify that kept
+only part of a window (the rollback: the chained rows' KV are rewritten from the target's streams)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import deepseek4_factory as fac
+import numpy as np
+import pytest
+import torch
+
+from bloomery_cli.families.deepseek4.reader import deepseek4_from_hf
+from bloomery_cli.families.deepseek4.reader_mtp import deepseek4_mtp_from_file
+from bloomery_gates.errors import BadTensor, Refused
+from bloomery_gates.kernels.families.deepseek4.model import Deepseek4Target
+from bloomery_gates.kernels.families.deepseek4.mtp import Deepseek4MTPDraft
+from bloomery_gates.reference.families.deepseek4 import model as ref
+from bloomery_gates.reference.families.deepseek4 import mtp as ref_mtp
+
+WIDTH = 3
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def add_mtp(p: dict[str, torch.Tensor], seed: int = 7) -> None:
+    """mtp.0.*: a sliding attention (layer 0's tensor kinds), a non-hash MoE (layer 1's), the mHC mixes and
+    norms, its own HC head, enorm / hnorm / norm and e_proj / h_proj, all drawn fresh."""
+    q = fac.params(seed)
+    take = {"model.layers.0.": ("self_attn.", "attn_hc.", "ffn_hc.", "input_layernorm", "post_attention_layernorm"),
+            "model.layers.1.": ("mlp.",)}
+    for pre, keep in take.items():
+        p.update({"mtp.0." + n[len(pre):]: v for n, v in q.items()
+                  if n.startswith(pre) and n[len(pre):].startswith(keep) and ".compressor." not in n})
+    p.update({"mtp.0.hc_head." + k: q["model.hc_head." + k] for k in ("hc_fn", "hc_base", "hc_scale")})
+    g = torch.Generator().manual_seed(seed + 1)
+    for n in ("enorm", "hnorm", "norm"):
+        p[f"mtp.0.{n}.weight"] = 1.0 + 0.2 * torch.randn(fac.H, generator=g)
+    for n in ("e_proj", "h_proj"):
+        p[f"mtp.0.{n}.weight"] = torch.randn(fac.H, fac.H, generator=g) / fac.H ** 0.5
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return fac.write(tmp_path_factory.mktemp("ds4mtp") / "f32", edit=add_mtp,
+                     config={"num_nextn_predict_layers": 1})
+
+
+def load(d: Path):
+    target = deepseek4_from_hf(d)
+    return target, deepseek4_mtp_from_file(d, target)
+
+
+def test_reader_reads_the_block_and_names_its_errors(ckpt, tmp_path):
+    target, mtp = load(ckpt)
+    assert len(mtp.tensors) == len([n for n in target.tensors if n.startswith("mtp.")])
+    bare = fac.write(tmp_path / "bare")
+    t2 = deepseek4_from_hf(bare)
+    with pytest.raises(BadTensor):
+        deepseek4_mtp_from_file(bare, t2)
+
+    def hashed(p):
+        add_mtp(p)
+        p["mtp.0.mlp.gate.tid2eid"] = p["model.layers.0.mlp.gate.tid2eid"].clone()
+    d = fac.write(tmp_path / "hash", edit=hashed, config={"num_nextn_predict_layers": 1})
+    with pytest.raises(Refused):
+        deepseek4_mtp_from_file(d, deepseek4_from_hf(d))
+
+    def short(p):
+        add_mtp(p)
+        p["mtp.0.e_proj.weight"] = p["mtp.0.e_proj.weight"][:, :-1].clone()
+    d = fac.write(tmp_path / "short", edit=short, config={"num_nextn_predict_layers": 1})
+    with pytest.raises(BadTensor, match="e_proj"):
+        deepseek4_mtp_from_file(d, deepseek4_from_hf(d))
+
+
+def test_draft_equals_reference_and_rolls_back(ckpt):
+    """Two windows: the first after the prompt, the second after a verify that kept 2 of 4 rows; each drafted
+    row's output streams and logits against the f64 reference on the engine's own streams, and the window KV of
+    the real rows against the reference's."""
+    target, mtp = load(ckpt)
+    eng = Deepseek4Target(target, "cpu", torch.float32, 64, rows=WIDTH + 1)
+    draft = Deepseek4MTPDraft(mtp, eng, 64, WIDTH)
+    prompt = [int(i) for i in torch.randint(0, fac.V, (12,), generator=torch.Generator().manual_seed(3))]
+    pre = eng.prefill(prompt)
+    draft.prompt(pre.taps)
+    got = draft.propose(pre.argmax[-1], detail=True)
+    want = ref_mtp.draft(mtp, target, prompt, pre.taps[-1].double().numpy(), pre.argmax[-1], WIDTH, got.ids)
+    assert rel(got.logits.numpy(), want.logits) < 1e-5
+    assert rel(got.layer_out[0].numpy(), want.y) < 1e-5
+    assert got.ids == list(want.ids)
+    window = [pre.argmax[-1], *got.ids]
+    v = eng.verify(window)
+    eng.commit(2)
+    draft.accept(2, v.taps)
+    seq = prompt + window[:2]
+    anchor = v.argmax[1]
+    got2 = draft.propose(anchor, detail=True)
+    streams = ref.forward(target, seq).hidden[-1]
+    want2 = ref_mtp.draft(mtp, target, seq, streams, anchor, WIDTH, got2.ids)
+    assert rel(got2.logits.numpy(), want2.logits) < 1e-4
+    kv = ref_mtp.store_rows(mtp, target, seq + [anchor], streams)
+    assert draft.store_rows().shape[0] == len(seq)
+    assert rel(draft.store_rows().numpy(), kv) < 1e-4
+
+
+def test_fail_first_swapped_halves_moves_the_reference_check(ckpt, monkeypatch):
+    """The kernel with eh_proj's halves swapped (hidden first) drifts from the reference far past f32's 1e-5."""
+    from bloomery_gates.kernels.families.deepseek4 import mtp as km
+
+    target, mtp = load(ckpt)
+
+    def swapped(t, e, h, eps):
+        en = km.rms_norm(e, t["enorm.weight"], eps)[:, None, :].expand(-1, h.shape[1], -1)
+        hn = km.rms_norm(h, t["hnorm.weight"], eps)
+        return km.F.linear(torch.cat([hn, en], -1), torch.cat([t["e_proj.weight"], t["h_proj.weight"]], 1))
+
+    monkeypatch.setattr(km, "eh_input", swapped)
+    eng = Deepseek4Target(target, "cpu", torch.float32, 64, rows=WIDTH + 1)
+    draft = Deepseek4MTPDraft(mtp, eng, 64, WIDTH)
+    prompt = list(range(5, 17))
+    pre = eng.prefill(prompt)
+    draft.prompt(pre.taps)
+    got = draft.propose(pre.argmax[-1], detail=True)
+    want = ref_mtp.draft(mtp, target, prompt, pre.taps[-1].double().numpy(), pre.argmax[-1], WIDTH, got.ids)
+    assert rel(got.logits.numpy(), want.logits) > 1e-2
