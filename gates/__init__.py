@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+               deepseek4_mtp,
                mimo2_mtp,
                qwen3_dflash,
                qwen3_dflash2,
@@ -24,3 +25,4 @@ GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2
                               qwen3yarn_dflash.GATE, qwen3_dflash_swa.GATE, qwen3_dflash_swa_spec.GATE,
                               qwen35moe_mtp.GATE, qwen35moe_dflash.GATE)}
 GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE
+GATES[deepseek4_mtp.GATE.name] = deepseek4_mtp.GATE
