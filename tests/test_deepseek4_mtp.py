@@ -131,3 +131,96 @@ def test_fail_first_swapped_halves_moves_the_reference_check(ckpt, monkeypatch):
     got = draft.propose(pre.argmax[-1], detail=True)
     want = ref_mtp.draft(mtp, target, prompt, pre.taps[-1].double().numpy(), pre.argmax[-1], WIDTH, got.ids)
     assert rel(got.logits.numpy(), want.logits) > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------- the gate, bf16
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ds4-tiny"
+needs_fixture = pytest.mark.skipif(not (FIXTURE / "model.safetensors").is_file(), reason="fixtures/ds4-tiny not built")
+
+
+def gate_lines(tmp_path, n: int = 8) -> tuple[int, list[str]]:
+    """``bloomery gate run ds4-mtp --dtype bf16`` on the first fixture prompt: (exit code, printed lines)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from bloomery_cli.cli import app
+
+    first = (FIXTURE.parent / "prompts.jsonl").read_text().splitlines()[0]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"ids": json.loads(first)["ids"]}) + "\n")
+    r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "-n", str(n), "--prompts", str(prompts), "--dtype", "bf16"])
+    return r.exit_code, r.output.splitlines()
+
+
+def mtp_lines(lines: list[str]) -> list[str]:
+    return [x for x in lines if x.startswith("(r) mtp row")]
+
+
+def collapsed_hidden(monkeypatch) -> None:
+    """The MTP fed the target's HC-head collapse (S copies of hyper_head(streams)) instead of the raw streams."""
+    from bloomery_gates.kernels.families.deepseek4 import mtp as km
+
+    real_init = km.Deepseek4MTPDraft.__init__
+
+    def init(self, spec, target, *a, **k):
+        real_init(self, spec, target, *a, **k)
+        self.planted_head = target.hc_head
+
+    def collapse(self, h):
+        x = km.kmhc.hyper_head(h, *self.planted_head, self.tspec.hc.eps, self.eps)
+        return x[:, None, :].expand_as(h).contiguous()
+
+    monkeypatch.setattr(km.Deepseek4MTPDraft, "__init__", init)
+    monkeypatch.setattr(km.Deepseek4MTPDraft, "prompt",
+                        lambda self, taps: self.start(taps[0][1:, 0], collapse(self, taps[-1])))
+    monkeypatch.setattr(km.Deepseek4MTPDraft, "accept",
+                        lambda self, kept, taps: self.queue(kept, taps[0][:, 0], collapse(self, taps[-1][:kept])))
+
+
+def hidden_first(monkeypatch) -> None:
+    """eh_proj's halves swapped: [hnorm(h) ; enorm(e)] into [e_proj | h_proj] (hidden first)."""
+    from bloomery_gates.kernels.families.deepseek4 import mtp as km
+
+    def swapped(t, e, h, eps):
+        en = km.rms_norm(e, t["enorm.weight"], eps)[:, None, :].expand(-1, h.shape[1], -1)
+        hn = km.rms_norm(h, t["hnorm.weight"], eps)
+        return km.F.linear(torch.cat([hn, en], -1), torch.cat([t["e_proj.weight"], t["h_proj.weight"]], 1))
+
+    monkeypatch.setattr(km, "eh_input", swapped)
+
+
+@needs_fixture
+def test_gate_mtp_lines_pass_in_bf16(tmp_path):
+    code, lines = gate_lines(tmp_path)
+    rows = mtp_lines(lines)
+    assert len(rows) == 2 * WIDTH and all(x.endswith("PASS") for x in rows), "\n".join(lines)
+    assert any(x.startswith("(r) state after") and "mtp window kv" in x and x.endswith("PASS") for x in lines)
+
+
+@needs_fixture
+@pytest.mark.parametrize("plant", [collapsed_hidden, hidden_first], ids=["hc-head-collapsed", "hidden-first"])
+def test_fail_first_gate_exits_1_in_bf16(tmp_path, monkeypatch, plant):
+    plant(monkeypatch)
+    code, lines = gate_lines(tmp_path)
+    assert code == 1, "\n".join(lines)
+    assert any(x.endswith("FAIL") for x in mtp_lines(lines)), "\n".join(lines)
+
+
+def test_a_deepseek4_gguf_is_refused_by_name_exit_2(tmp_path):
+    """The registry reads arch deepseek4 as this family; its GGUF reader is not built: a named refusal, exit 2."""
+    import gguf
+    from typer.testing import CliRunner
+
+    from bloomery_cli.cli import app
+
+    path = tmp_path / "v4.gguf"
+    w = gguf.GGUFWriter(str(path), "deepseek4")
+    w.add_uint32("deepseek4.block_count", 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "--target", str(path), "--draft", str(path), "-n", "4"])
+    assert r.exit_code == 2 and "deepseek4" in r.output and "Traceback" not in r.output, r.output
