@@ -157,7 +157,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "final_norm": R + "glm5next.model:final_norm", "oracle": GN + "oracle:hf_glm5next_logits",
                  "layer_ops": QWEN3_OPS}),
     Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), ("deepseek4",),
-           runs=True, mtp="in-file",
+           runs=True, mtp="in-file", draft_device=True,
            code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",

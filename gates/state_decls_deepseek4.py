@@ -32,7 +32,7 @@ from ..reference.xp import ns
 
 def _names(spec, l: int) -> list[str]:
     kind = spec.layer_types[l]
-    out = [f"target layer {l} window kv"]
+    out = [f"target layer {l} k_cache = v_cache (window, one K = V head)"]
     if kind != "sliding":
         out.append(f"target layer {l} compressor k|z")
     if kind == "csa":
@@ -89,7 +89,7 @@ def _t_ops(run: StateRun) -> dict[str, list[Op]]:
 
 DEEPSEEK4_STATE = (StateDecl(_t_read, _t_reference, _t_ops),)
 
-MTP_NAME = "mtp window kv"
+MTP_NAME = "mtp store k = v (window)"
 
 
 def _m_read(draft, run: StateRun) -> dict[str, np.ndarray]:

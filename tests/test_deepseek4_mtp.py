@@ -196,7 +196,7 @@ def test_gate_mtp_lines_pass_in_bf16(tmp_path):
     code, lines = gate_lines(tmp_path)
     rows = mtp_lines(lines)
     assert len(rows) == 2 * WIDTH and all(x.endswith("PASS") for x in rows), "\n".join(lines)
-    assert any(x.startswith("(r) state after") and "mtp window kv" in x and x.endswith("PASS") for x in lines)
+    assert any(x.startswith("(r) state after") and "mtp store k = v" in x and x.endswith("PASS") for x in lines)
 
 
 @needs_fixture

@@ -135,6 +135,8 @@ class Deepseek4Target:
         self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
         self.head = spec.head_weight().to(device=self.device, dtype=dtype)
         self.final_w = spec.tensors[P + "norm.weight"].float().to(self.device)
+        self.final_norm = self.final_w                 # the name ``parallel.draft_device.TargetView`` reads
+        self.tap_width = spec.hc.count * spec.hidden_size      # a tap row is the S streams [S, H]
         self.hc_head = [spec.tensors[P + "hc_head." + k].float().to(self.device)
                         for k in ("hc_fn", "hc_base", "hc_scale")]
         self.cap = max_len + (rows or 0)
