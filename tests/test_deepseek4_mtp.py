@@ -224,3 +224,25 @@ def test_a_deepseek4_gguf_is_refused_by_name_exit_2(tmp_path):
     w.close()
     r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "--target", str(path), "--draft", str(path), "-n", "4"])
     assert r.exit_code == 2 and "deepseek4" in r.output and "Traceback" not in r.output, r.output
+
+
+@needs_fixture
+def test_fixture_length_uses_the_hash_layer_and_the_compressors():
+    """On the first gate prompt (56 tokens: 14 CSA entries of which the indexer keeps 4, 3 HCA entries) the f64
+    logits move by more than 1e-2 relative when a CSA / HCA layer is made sliding-only, when the indexer keeps every
+    entry, or when the hash table is shifted by one token: every path carries weight at the fixture's length."""
+    import dataclasses
+    import json
+
+    spec = deepseek4_from_hf(FIXTURE)
+    ids = json.loads((FIXTURE.parent / "prompts.jsonl").read_text().splitlines()[0])["ids"]
+    base = ref.forward(spec, ids).logits
+    variants = [dataclasses.replace(spec, layer_types=tuple("sliding" if j == l else t
+                                                            for j, t in enumerate(spec.layer_types)))
+                for l, k in enumerate(spec.layer_types) if k != "sliding"]
+    variants.append(dataclasses.replace(spec, attn=dataclasses.replace(spec.attn, index_topk=10 ** 6)))
+    t = {k: spec.tensors[k] for k in spec.tensors}
+    t["model.layers.0.mlp.gate.tid2eid"] = torch.roll(t["model.layers.0.mlp.gate.tid2eid"], 1, 0)
+    variants.append(dataclasses.replace(spec, tensors=t))
+    assert len(ids) // spec.attn.csa_rate > spec.attn.index_topk and len(ids) // spec.attn.hca_rate >= 2
+    assert all(rel(ref.forward(v, ids).logits, base) > 1e-2 for v in variants)
