@@ -18,7 +18,10 @@ Keys, each read and range-checked or refused by name (exit 2):
                routed_scaling_factor, swiglu_limit, norm_topk_prob (unused by V4: always renormalised, true only),
                hidden_act = silu, mlp_bias = false
     mHC        hc_mult >= 2, hc_sinkhorn_iters >= 1, hc_eps > 0
-    MTP        num_nextn_predict_layers (its ``mtp.*`` tensors are not read here)
+    MTP        num_nextn_predict_layers (its tensors are read by ``reader_mtp``: DeepSeek's ``mtp.K.*`` spelled as this
+               reader spells the trunk, HF's module names: ``mtp.0.{self_attn, mlp, attn_hc, ffn_hc}.*``,
+               ``mtp.0.{input_layernorm, post_attention_layernorm, enorm, hnorm, norm}.weight``,
+               ``mtp.0.{e_proj, h_proj}.weight``, ``mtp.0.hc_head.{hc_fn, hc_base, hc_scale}``)
 
 Tensors checked by shape: model.embed_tokens [V, H], lm_head [V, H] unless tied, model.hc_head.{hc_fn [S, S H],
 hc_base [S], hc_scale [1]}, and per layer the attention's projections, its compressor / indexer (by the layer's
