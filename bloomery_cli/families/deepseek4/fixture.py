@@ -8,11 +8,13 @@ Target: transformers' ``DeepseekV4ForCausalLM`` (its own autograd-able forward; 
 2 distinct experts of 8 per token, seeded; the router bias ``e_score_correction_bias`` a seeded N(0, 0.1) draw,
 fixed: HF keeps both as buffers, so neither is trained), next-token CE on random 128-token windows of the training
 stream, AdamW as the other fixtures. Shape: H 32 (the embedding tied to the head: the fixtures' size cap), 4 layers
-[sliding, CSA, HCA, CSA], CSA rate 4 (overlapping, a top-4 indexer), HCA rate 16, window 16, 4 heads x 32 over one K
-= V head, rope 8, 8 experts top-2 (layer 0 a hash layer), 4 mHC streams, a YaRN compress rope. At a prompt of P
-tokens a CSA layer holds P // 4 entries (the indexer keeps 4: sparse from 17 tokens on), an HCA layer P // 16 (from
-16 tokens on), the window drops keys from 17 on; the gates' prompts (p0..p7, 40..64 tokens) and their 256 drafted
-ids run every path.
+[sliding, CSA, HCA, CSA], CSA rate 4 (overlapping, a top-4 lightning indexer of 16 heads x 8: with 2 heads the ReLU
+scores of two entries were often both exactly 0, a tie at the top-k boundary that transformers breaks in another
+order than ``topk_stable``, which moved HF's logits 1.6e-2 from ours at 23 tokens), HCA rate 16, window 16, 4 heads
+x 32 over one K = V head, rope 8, 8 experts top-2 (layer 0 a hash layer), 4 mHC streams, a YaRN compress rope. At a
+prompt of P tokens a CSA layer holds P // 4 entries (the indexer keeps 4: sparse from 17 tokens on), an HCA layer P
+// 16 (from 16 tokens on), the window drops keys from 17 on; the gates' prompts (p0..p7, 40..64 tokens) and their
+256 drafted ids run every path.
 
 MTP (``mtp.0.*`` beside the trunk in model.safetensors, names as ``reader_mtp`` reads them): warm-started from the
 trained trunk's layer 0 attention / mHC (sliding) and layer 1 MoE (non-hash), its HC head from the trunk's,
@@ -59,7 +61,7 @@ def hf_config(vocab: int, eot: int) -> dict[str, Any]:
         "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 32,
                          "beta_slow": 1},
-        "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4, "n_routed_experts": E, "num_experts_per_tok": K,
+        "index_n_heads": 16, "index_head_dim": 8, "index_topk": 4, "n_routed_experts": E, "num_experts_per_tok": K,
         "n_shared_experts": 1, "moe_intermediate_size": 32, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
         "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
         "hc_mult": S, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "max_position_embeddings": 1024,
