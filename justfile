@@ -55,6 +55,9 @@ gate-mimo2-mtp *ARGS:
 gate-glm5next-mtp *ARGS:
     bloomery gate run glm5next-mtp {{ARGS}}
 
+gate-ds4-mtp *ARGS:
+    bloomery gate run ds4-mtp {{ARGS}}
+
 gate-qwen3yarn-dflash *ARGS:
     bloomery gate run qwen3yarn-dflash {{ARGS}}
 
@@ -74,6 +77,10 @@ fixtures-glm5next:
 # the mimo2 fixture (MiMo-V2-Flash layout + its 3 MTP layers), ~25 min on 2 busy CPU cores
 fixtures-mimo2:
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.mimo2.fixture --out fixtures
+
+# the deepseek4 fixture (DeepSeek V4 layout + its in-file MTP block), ~8 min on 2 busy CPU cores
+fixtures-ds4:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture --out fixtures
 
 gate-qwen35moe-mtp *ARGS:
     bloomery gate run qwen35moe-mtp {{ARGS}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+               deepseek4_mtp,
                glm5next_mtp,
                mimo2_mtp,
                qwen3_dflash,
@@ -26,3 +27,4 @@ GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2
                               qwen35moe_mtp.GATE, qwen35moe_dflash.GATE)}
 GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE
 GATES[glm5next_mtp.GATE.name] = glm5next_mtp.GATE
+GATES[deepseek4_mtp.GATE.name] = deepseek4_mtp.GATE

@@ -108,12 +108,13 @@ class CrossDraft:
         setattr(self.inner, name, value)
 
     def _cross(self, taps: torch.Tensor, rows: int, fresh: bool, into: Crossing) -> torch.Tensor:
-        """taps [L+1, >= rows, H] -> [L+1, rows, H] on DEV with the declared layers' first ``rows`` rows."""
+        """taps [L+1, >= rows, ...] -> [L+1, rows, ...] on DEV with the declared layers' first ``rows`` rows (a row
+        is [H], or [S, H] for a target whose taps are its residual streams)."""
         dev = self.inner.device
-        n, _, h = taps.shape
+        n, tail = taps.shape[0], taps.shape[2:]
         buf = self.buf
-        if fresh or buf is None or buf.shape[1] < rows:
-            buf = torch.full((n, rows, h), float("nan"), device=dev, dtype=taps.dtype)
+        if fresh or buf is None or buf.shape[1] < rows or buf.shape[2:] != tail:
+            buf = torch.full((n, rows, *tail), float("nan"), device=dev, dtype=taps.dtype)
             if not fresh:
                 object.__setattr__(self, "buf", buf)
         _sync(self.source)
@@ -122,7 +123,7 @@ class CrossDraft:
             buf[j, :rows].copy_(taps[j, :rows])
         _sync(dev)
         into.seconds += time.perf_counter() - t0
-        into.bytes += rows * len(self.layers) * h * taps.element_size()
+        into.bytes += rows * len(self.layers) * tail.numel() * taps.element_size()
         into.windows += 1
         return buf[:, :rows]
 
@@ -150,7 +151,8 @@ def bind(make_draft, kind: str, draft_spec: Any, engine: Any, max_len: int, devi
     inner = make_draft(draft_spec, view, max_len, **options)
     n_taps = engine.spec.num_layers + 1
     layers = tap_layers(kind, getattr(inner, "run_spec", draft_spec), n_taps)
-    row = len(layers) * engine.shape.hidden_size * torch.empty((), dtype=engine.dtype).element_size()
+    width = getattr(engine, "tap_width", engine.shape.hidden_size)      # S * H where the taps are S streams
+    row = len(layers) * width * torch.empty((), dtype=engine.dtype).element_size()
     facts = {"draft_device": str(device), "draft_shared_copy_bytes": view.copied_bytes,
              "cross_layers": list(layers), "cross_bytes_per_kept_row": row}
     return CrossDraft(inner, layers, engine.device), facts

@@ -18,6 +18,10 @@ Keys, each read and range-checked or refused by name (exit 2):
                routed_scaling_factor, swiglu_limit, norm_topk_prob (unused by V4: always renormalised, true only),
                hidden_act = silu, mlp_bias = false
     mHC        hc_mult >= 2, hc_sinkhorn_iters >= 1, hc_eps > 0
+    MTP        num_nextn_predict_layers (its tensors are read by ``reader_mtp``: DeepSeek's ``mtp.K.*`` spelled as this
+               reader spells the trunk, HF's module names: ``mtp.0.{self_attn, mlp, attn_hc, ffn_hc}.*``,
+               ``mtp.0.{input_layernorm, post_attention_layernorm, enorm, hnorm, norm}.weight``,
+               ``mtp.0.{e_proj, h_proj}.weight``, ``mtp.0.hc_head.{hc_fn, hc_base, hc_scale}``)
     MTP        num_nextn_predict_layers (its ``mtp.*`` tensors are not read here)
     quant      expert_dtype (top level, V4's spelling) or quantization_config.expert_dtype (V4.1's; transformers
                5.24 folds the first into the second, configuration_deepseek_v4.py:246-254): absent = float experts;
@@ -312,3 +316,13 @@ def deepseek4_from_hf(directory: Path) -> Deepseek4Spec:
     return Deepseek4Spec(family=FAMILY, source=directory, source_format="hf", vocab_size=vocab,
                          tie_word_embeddings=tied, max_position=c.int("max_position_embeddings", 1 << 20),
                          tensors=tensors, **f)
+
+
+def deepseek4_from_gguf(path: Path) -> Deepseek4Spec:
+    """A GGUF of arch ``deepseek4`` (llama.cpp's converter, docs/FAMILIES_MOE.md 4.4 "GGUF") is recognised and
+    refused by name (exit 2): its reader (the converter's keys and tensor names back to the HF names above, MXFP4
+    experts) is not built yet; the HF directory reads."""
+    from bloomery_gates.errors import Refused
+
+    raise Refused(path, "a deepseek4 (DeepSeek V4) GGUF: this build reads the HF layout only (config.json + "
+                        "*.safetensors, model_type deepseek_v4); the GGUF reader is not written yet")

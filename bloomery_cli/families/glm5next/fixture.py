@@ -11,7 +11,7 @@ sparse x3], 4 mHC streams, k-pool 2 and top-4 tokens, 8 experts top-2 in 2 group
 Target: the indexers seeded random (``random_indexers``: no gradient reaches them), then next-token CE on random
 windows of the training stream through transformers' own ``Glm5NextTextModel``
 (float32, eager; its last hidden state is rms(mean of the streams, model.norm)), the head tied to the embedding
-(the fixtures' 32 MiB store has room for about 1 MB more: hidden 32, tied, keeps the folder near 0.6 MB), AdamW as the
+(the fixtures' store, then 32 MiB with about 1 MB free: hidden 32, tied, keeps the folder near 0.6 MB), AdamW as the
 other fixtures; the router bias ``e_score_correction_bias`` follows DeepSeek-V3's auxiliary-loss-free balancing rule
 after every step (b_e += gamma sign(mean load - load_e)), so it is trained and acts on the choice only.
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..core import ModelSpec, RopeScaling
+from ..core import ModelSpec, RopeScaling, Tensors
 from ..shapes import HCShape, MoEShape
 
 
@@ -51,3 +52,20 @@ class Deepseek4Spec(ModelSpec):
     swiglu_limit: float
     mtp_layers: int
     experts_mxfp4: bool = False
+
+
+@dataclass(frozen=True)
+class Deepseek4MTPSpec:
+    """The in-file MTP block of a deepseek4 target (DeepSeek V4: ``num_nextn_predict_layers`` 1), HF-side names
+    ``mtp.0.*`` (``bloomery_cli.families.deepseek4.reader_mtp``): enorm, hnorm, e_proj, h_proj [H, H] (llama.cpp's
+    ``eh_proj = [e | h]``, embedding first), one mHC block of the trunk's shape (``attn_hc`` / ``ffn_hc``,
+    input_layernorm, a sliding ``self_attn``, post_attention_layernorm, a sqrt-softplus non-hash ``mlp``), its own
+    ``hc_head`` and ``norm`` (shared_head.norm). It reads the target's 4 raw streams and drafts with the target's
+    embedding and head; ``tensors`` keep the checkpoint's names."""
+
+    kind: str                      # "deepseek4-mtp"
+    source: Path
+    source_format: str             # "hf"
+    num_layers: int                # 1 (the block is chained: its output streams are the next draft's hidden)
+    vocab_size: int
+    tensors: Tensors = field(repr=False)

@@ -16,7 +16,7 @@ before the batched product (``routed_experts_mxfp4``), never the whole tensor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +44,9 @@ def compressor_weights(t: Mapping[str, T], c: str) -> kv4.CompressorWeights:
                                  bias=t[c + "position_bias"], norm=t[c + "kv_norm.weight"])
 
 
-def attn_weights(spec: Deepseek4Spec, t: Mapping[str, T], l: int) -> kv4.V4AttnWeights:
-    a, kind = f"layers.{l}.self_attn.", spec.layer_types[l]
+def attn_weights_at(t: Mapping[str, T], a: str, kind: str) -> kv4.V4AttnWeights:
+    """The attention tensors under prefix ``a`` (``...self_attn.``) of a ``kind`` layer (its compressor and
+    indexer by the kind); the trunk's layers and the MTP block share it."""
     comp = idx = None
     if kind != "sliding":
         comp = compressor_weights(t, a + "compressor.")
@@ -59,6 +60,10 @@ def attn_weights(spec: Deepseek4Spec, t: Mapping[str, T], l: int) -> kv4.V4AttnW
         o_b=t[a + "o_b_proj.weight"], sinks=t[a + "sinks"], comp=comp, indexer=idx)
 
 
+def attn_weights(spec: Deepseek4Spec, t: Mapping[str, T], l: int) -> kv4.V4AttnWeights:
+    return attn_weights_at(t, f"layers.{l}.self_attn.", spec.layer_types[l])
+
+
 def layer_rope(spec: Deepseek4Spec, l: int) -> kv4.Rope:
     a = spec.attn
     if spec.layer_types[l] == "sliding":
@@ -66,21 +71,25 @@ def layer_rope(spec: Deepseek4Spec, l: int) -> kv4.Rope:
     return kv4.Rope(a.compress_theta, a.rope_dim, a.compress_scaling)
 
 
+def route_at(spec: Deepseek4Spec, t: Mapping[str, T], m: str, kind: str, b: T, ids: T) -> Routing:
+    """The routing of rows b [R, H] by the router under prefix ``m`` (``...mlp.``): the hash table on a "hash"
+    layer, sqrt-softplus + bias top-k on a "moe" one."""
+    g, scale = m + "gate.", spec.moe.routed_scale
+    logits = router_logits(b, t[g + "weight"])
+    if kind == "hash":
+        return krouter.hash_route(logits, t[g + "tid2eid"], ids, scale)
+    return krouter.sqrtsoftplus_topk(logits, t[g + "e_score_correction_bias"], spec.moe.top_k, scale)
+
+
 def route(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T) -> Routing:
     """Layer l's routing of rows b [R, H]: the hash table on a hash layer, sqrt-softplus + bias top-k else."""
-    m, scale = f"layers.{l}.mlp.gate.", spec.moe.routed_scale
-    logits = router_logits(b, t[m + "weight"])
-    if spec.mlp_types[l] == "hash":
-        return krouter.hash_route(logits, t[m + "tid2eid"], ids, scale)
-    return krouter.sqrtsoftplus_topk(logits, t[m + "e_score_correction_bias"], spec.moe.top_k, scale)
+    return route_at(spec, t, f"layers.{l}.mlp.", spec.mlp_types[l], b, ids)
 
 
-def ffn(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T, routings: dict | None = None) -> T:
-    """Layer l's MoE on normed rows b [R, H]: clamped routed experts + the ungated clamped shared expert."""
-    m, lim = f"layers.{l}.mlp.", spec.swiglu_limit
-    routing = route(spec, t, l, b, ids)
-    if routings is not None:
-        routings[l] = routing
+def ffn_at(spec: Deepseek4Spec, t: Mapping[str, T], m: str, routing: Routing, b: T) -> T:
+    """The MoE under prefix ``m`` on normed rows b [R, H] with its routing: clamped routed experts + the ungated
+    clamped shared expert."""
+    lim = spec.swiglu_limit
     gu, dn = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
     if gu.dtype == torch.uint8:                                   # MXFP4: codes + e8m0 scales, decoded per chunk
         out = kmx.routed_experts_mxfp4(b, routing, kmx.Mxfp4(gu, t[m + "experts.gate_up_proj_scale_inv"]),
@@ -89,6 +98,29 @@ def ffn(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T, routings:
         out = routed_experts_clamped(b, routing, gu, dn, lim)
     s = m + "shared_experts."
     return out + swiglu_clamped(b, t[s + "gate_proj.weight"], t[s + "up_proj.weight"], t[s + "down_proj.weight"], lim)
+
+
+def ffn(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T, routings: dict | None = None) -> T:
+    """Layer l's MoE on normed rows b [R, H]: clamped routed experts + the ungated clamped shared expert."""
+    routing = route(spec, t, l, b, ids)
+    if routings is not None:
+        routings[l] = routing
+    return ffn_at(spec, t, f"layers.{l}.mlp.", routing, b)
+
+
+def hc_block(spec: Deepseek4Spec, t: Mapping[str, T], p: str, x: T, attend: Callable[[T], T],
+             moe: Callable[[T], T]) -> T:
+    """One mHC block under prefix ``p`` on streams x [R, S, H]: the attention sublayer ``attend`` (normed rows
+    [R, H] -> [R, H]) and the MoE sublayer ``moe``, each between its mHC collapse and expand -> x' [R, S, H]."""
+    s, eps = spec.hc, spec.layer.rms_eps
+    hw = kmhc.mhc_weights(x, t[p + "attn_hc.fn"], t[p + "attn_hc.base"], t[p + "attn_hc.scale"], s.sinkhorn_iters,
+                          s.eps, eps)
+    a = rms_norm(kmhc.mhc_collapse(x, hw.pre), t[p + "input_layernorm.weight"], eps)
+    x = kmhc.mhc_expand(attend(a), x, hw.post, hw.comb)
+    fw = kmhc.mhc_weights(x, t[p + "ffn_hc.fn"], t[p + "ffn_hc.base"], t[p + "ffn_hc.scale"], s.sinkhorn_iters,
+                          s.eps, eps)
+    b = rms_norm(kmhc.mhc_collapse(x, fw.pre), t[p + "post_attention_layernorm.weight"], eps)
+    return kmhc.mhc_expand(moe(b), x, fw.post, fw.comb)
 
 
 class Deepseek4Target:
@@ -112,6 +144,8 @@ class Deepseek4Target:
         self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
         self.head = spec.head_weight().to(device=self.device, dtype=dtype)
         self.final_w = spec.tensors[P + "norm.weight"].float().to(self.device)
+        self.final_norm = self.final_w                 # the name ``parallel.draft_device.TargetView`` reads
+        self.tap_width = spec.hc.count * spec.hidden_size      # a tap row is the S streams [S, H]
         self.hc_head = [spec.tensors[P + "hc_head." + k].float().to(self.device)
                         for k in ("hc_fn", "hc_base", "hc_scale")]
         self.cap = max_len + (rows or 0)
@@ -173,15 +207,8 @@ class Deepseek4Target:
         x = e[:, None, :].expand(r, spec.hc.count, -1).contiguous()                         # [R, S, H]
         taps = [x]
         for l in range(spec.num_layers):
-            p = f"layers.{l}."
-            hw = kmhc.mhc_weights(x, self.t[p + "attn_hc.fn"], self.t[p + "attn_hc.base"],
-                                  self.t[p + "attn_hc.scale"], spec.hc.sinkhorn_iters, spec.hc.eps, eps)
-            a = rms_norm(kmhc.mhc_collapse(x, hw.pre), self.t[p + "input_layernorm.weight"], eps)
-            x = kmhc.mhc_expand(self._attention(l, a, p0), x, hw.post, hw.comb)
-            fw = kmhc.mhc_weights(x, self.t[p + "ffn_hc.fn"], self.t[p + "ffn_hc.base"],
-                                  self.t[p + "ffn_hc.scale"], spec.hc.sinkhorn_iters, spec.hc.eps, eps)
-            b = rms_norm(kmhc.mhc_collapse(x, fw.pre), self.t[p + "post_attention_layernorm.weight"], eps)
-            x = kmhc.mhc_expand(ffn(spec, self.t, l, b, tok, self.routings), x, fw.post, fw.comb)
+            x = hc_block(spec, self.t, f"layers.{l}.", x, lambda a, l=l: self._attention(l, a, p0),
+                         lambda b, l=l: ffn(spec, self.t, l, b, tok, self.routings))
             taps.append(x)
         self._ran = r
         self.rows_run += r

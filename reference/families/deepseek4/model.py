@@ -30,7 +30,7 @@ Taps: ``hidden`` [L+1, T, S, H] (hidden[0] the S copies of the embedding, hidden
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -77,9 +77,9 @@ def compressor_weights(w: Weights, c: str) -> rv4.CompressorWeights:
                                  bias=w[c + "position_bias"], norm=w[c + "kv_norm.weight"])
 
 
-def attn_weights(spec: Deepseek4Spec, w: Weights, l: int) -> rv4.V4AttnWeights:
-    """Layer l's attention tensors (its compressor and indexer by its kind)."""
-    a, kind = P + f"layers.{l}.self_attn.", spec.layer_types[l]
+def attn_weights_at(w: Weights, a: str, kind: str) -> rv4.V4AttnWeights:
+    """The attention tensors under prefix ``a`` (``...self_attn.``) of a ``kind`` layer (its compressor and
+    indexer by the kind); the trunk's layers and the MTP block share it."""
     comp = idx = None
     if kind != "sliding":
         comp = compressor_weights(w, a + "compressor.")
@@ -91,6 +91,11 @@ def attn_weights(spec: Deepseek4Spec, w: Weights, l: int) -> rv4.V4AttnWeights:
         q_a=w[a + "q_a_proj.weight"], q_a_norm=w[a + "q_a_norm.weight"], q_b=w[a + "q_b_proj.weight"],
         kv=w[a + "kv_proj.weight"], kv_norm=w[a + "kv_norm.weight"], o_a=w[a + "o_a_proj.weight"],
         o_b=w[a + "o_b_proj.weight"], sinks=w[a + "sinks"], comp=comp, indexer=idx)
+
+
+def attn_weights(spec: Deepseek4Spec, w: Weights, l: int) -> rv4.V4AttnWeights:
+    """Layer l's attention tensors (its compressor and indexer by its kind)."""
+    return attn_weights_at(w, P + f"layers.{l}.self_attn.", spec.layer_types[l])
 
 
 def layer_rope(spec: Deepseek4Spec, l: int) -> rv4.Rope:
@@ -109,19 +114,24 @@ def attention(spec: Deepseek4Spec, w: Weights, l: int, a: np.ndarray) -> tuple[n
                             spec.layer.rms_eps, rate, s.index_heads, s.index_topk, s.o_groups)
 
 
+def route_at(spec: Deepseek4Spec, w: Weights, m: str, kind: str, b: np.ndarray, ids: np.ndarray) -> Routing:
+    """The routing of rows b [T, H] by the router under prefix ``m`` (``...mlp.``) of a "hash" | "moe" layer."""
+    g, scale = m + "gate.", spec.moe.routed_scale
+    logits = router_logits(b, w[g + "weight"])
+    if kind == "hash":
+        return rrouter.hash_route(logits, w[g + "tid2eid"], ids, scale)
+    return rrouter.sqrtsoftplus_topk(logits, w[g + "e_score_correction_bias"], spec.moe.top_k, scale)
+
+
 def route(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> Routing:
     """Layer l's routing of rows b [T, H] (token ids [T] for a hash layer)."""
-    m, scale = P + f"layers.{l}.mlp.gate.", spec.moe.routed_scale
-    logits = router_logits(b, w[m + "weight"])
-    if spec.mlp_types[l] == "hash":
-        return rrouter.hash_route(logits, w[m + "tid2eid"], ids, scale)
-    return rrouter.sqrtsoftplus_topk(logits, w[m + "e_score_correction_bias"], spec.moe.top_k, scale)
+    return route_at(spec, w, P + f"layers.{l}.mlp.", spec.mlp_types[l], b, ids)
 
 
-def ffn(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Layer l's MoE on normed rows b [T, H]: clamped routed experts + the ungated clamped shared expert."""
-    m, lim = P + f"layers.{l}.mlp.", spec.swiglu_limit
-    routing = route(spec, w, l, b, ids)
+def ffn_at(spec: Deepseek4Spec, w: Weights, m: str, routing: Routing, b: np.ndarray) -> np.ndarray:
+    """The MoE under prefix ``m`` on normed rows b [T, H] with its routing: clamped routed experts + the
+    ungated clamped shared expert."""
+    lim = spec.swiglu_limit
     if spec.experts_mxfp4:
         gu, dn = (rmx.Mxfp4(w[m + n].astype(np.uint8), w[m + n + "_scale_inv"].astype(np.uint8))
                   for n in ("experts.gate_up_proj", "experts.down_proj"))
@@ -133,15 +143,28 @@ def ffn(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray)
                                       w[s + "down_proj.weight"], lim))
 
 
-def decoder_layer(spec: Deepseek4Spec, w: Weights, l: int, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Layer l over the whole sequence x [T, S, H] (token ids [T]) -> x' [T, S, H]."""
-    p, eps = P + f"layers.{l}.", spec.layer.rms_eps
+def ffn(spec: Deepseek4Spec, w: Weights, l: int, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l's MoE on normed rows b [T, H]: clamped routed experts + the ungated clamped shared expert."""
+    return ffn_at(spec, w, P + f"layers.{l}.mlp.", route(spec, w, l, b, ids), b)
+
+
+def hc_block(spec: Deepseek4Spec, w: Weights, p: str, x: np.ndarray, attend: Callable[[np.ndarray], np.ndarray],
+             moe: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """One mHC block under prefix ``p`` on streams x [T, S, H] (the layer of the module docstring with its
+    attention ``attend`` and MoE ``moe`` on normed rows [T, H]) -> x' [T, S, H]."""
+    eps = spec.layer.rms_eps
     hw = _mhc(spec, w, p + "attn_hc.", x)
     a = rms_norm(rmhc.mhc_collapse(x, hw.pre), w[p + "input_layernorm.weight"], eps)
-    x = rmhc.mhc_expand(attention(spec, w, l, a)[0], x, hw.post, hw.comb)
+    x = rmhc.mhc_expand(attend(a), x, hw.post, hw.comb)
     fw = _mhc(spec, w, p + "ffn_hc.", x)
     b = rms_norm(rmhc.mhc_collapse(x, fw.pre), w[p + "post_attention_layernorm.weight"], eps)
-    return rmhc.mhc_expand(ffn(spec, w, l, b, ids), x, fw.post, fw.comb)
+    return rmhc.mhc_expand(moe(b), x, fw.post, fw.comb)
+
+
+def decoder_layer(spec: Deepseek4Spec, w: Weights, l: int, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l over the whole sequence x [T, S, H] (token ids [T]) -> x' [T, S, H]."""
+    return hc_block(spec, w, P + f"layers.{l}.", x, lambda a: attention(spec, w, l, a)[0],
+                    lambda b: ffn(spec, w, l, b, ids))
 
 
 def reference_layer(spec: Deepseek4Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
