@@ -148,7 +148,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "final_norm": R + "qwen4exp.model:final_norm", "oracle": QX + "oracle:hf_qwen4exp_logits",
                  "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
-           runs=True, mtp="in-file", hybrid=True,
+           runs=True, mtp="in-file", draft_device=True, hybrid=True,
            draft_path="NextN layer in-file (a plain-residual MLA + DSA + MoE block fed norm(mean of the streams))",
            code={"read_hf": GN + "reader:glm5next_from_hf", "read_gguf": GN + "reader_gguf:glm5next_from_gguf",
                  "plan_hf": GN + "plan:glm5next_target", "plan_gguf": GN + "plan:glm5next_gguf_target",
