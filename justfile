@@ -58,6 +58,9 @@ gate-glm5next-mtp *ARGS:
 gate-ds4-mtp *ARGS:
     bloomery gate run ds4-mtp {{ARGS}}
 
+gate-qwen4exp-mtp *ARGS:
+    bloomery gate run qwen4exp-mtp {{ARGS}}
+
 gate-qwen3yarn-dflash *ARGS:
     bloomery gate run qwen3yarn-dflash {{ARGS}}
 

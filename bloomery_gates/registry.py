@@ -135,9 +135,9 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "plan_gguf": C + "families.mimo2.plan:mimo2_gguf_target",
                  "plan_draft": C + "families.mimo2.plan:mimo2_draft"}),
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
-    # qwen4exp: read, planned, engine + reference + HF oracle, not run (issue 25: no gate yet); draft_path for inventory
+    # qwen4exp: the gate qwen4exp-mtp (the HF mtp.* head); draft_path for inventory (the GGUF sidecar is read only)
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
-           mtp="sidecar", hybrid=True,
+           runs=True, mtp="sidecar", hybrid=True,
            draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
                       "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
@@ -146,6 +146,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "engine": K + "qwen4exp.model:Qwen4ExpTarget", "reference": R + "qwen4exp.model:forward",
                  "reference_layer": R + "qwen4exp.model:reference_layer",
                  "final_norm": R + "qwen4exp.model:final_norm", "oracle": QX + "oracle:hf_qwen4exp_logits",
+                 "state": G + "state_decls_qwen4exp:QWEN4EXP_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
            runs=True, mtp="in-file", draft_device=True, hybrid=True,

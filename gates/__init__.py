@@ -13,6 +13,7 @@ from . import (
                qwen3_dspark,
                qwen3_eagle3,
                qwen3yarn_dflash,
+               qwen4exp_mtp,
                qwen35moe_dflash,
                qwen35moe_mtp,
                qwen38_dflash,
@@ -28,3 +29,4 @@ GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2
 GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE
 GATES[glm5next_mtp.GATE.name] = glm5next_mtp.GATE
 GATES[deepseek4_mtp.GATE.name] = deepseek4_mtp.GATE
+GATES[qwen4exp_mtp.GATE.name] = qwen4exp_mtp.GATE

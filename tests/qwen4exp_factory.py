@@ -74,3 +74,23 @@ def write_qwen4exp(d: Path, seed: int = 0, tables: bool = False, **over: Any) ->
 
 def make_qwen4exp(d: Path, seed: int = 0, tables: bool = False, **over: Any) -> Qwen4ExpSpec:
     return qwen4exp_from_hf(write_qwen4exp(d, seed, tables, **over))
+
+
+def mtp_tensors(spec: Qwen4ExpSpec, seed: int = 7) -> dict[str, torch.Tensor]:
+    """Random ``mtp.*`` tensors of the HF MTP layout for ``spec`` (shapes from the family's reader), drawn as
+    ``redraw`` draws the trunk's."""
+    from bloomery_cli.families.qwen4exp.reader_mtp_hf import mtp_shapes
+
+    g = torch.Generator().manual_seed(seed)
+    return {n: redraw(n, torch.empty(shape), g).contiguous() for n, (shape, _) in mtp_shapes(spec).items()}
+
+
+def make_qwen4exp_mtp(d: Path, seed: int = 0, **over: Any) -> Qwen4ExpSpec:
+    """``make_qwen4exp`` with random ``mtp.*`` tensors added to model.safetensors (the HF MTP layout)."""
+    from safetensors.torch import load_file
+
+    write_qwen4exp(d, seed, **over)
+    spec = qwen4exp_from_hf(d)
+    state = load_file(str(d / "model.safetensors"))
+    save_file({**state, **mtp_tensors(spec, seed + 7)}, str(d / "model.safetensors"))
+    return qwen4exp_from_hf(d)

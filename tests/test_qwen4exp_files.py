@@ -287,14 +287,15 @@ def test_an_hnorm_over_one_stream_is_refused(tmp_path, files):
         qwen4exp_mtp_from_gguf(path, qwen4exp_from_gguf(files["gguf"]))
 
 
-def test_inventory_names_the_family_and_the_draft_path_but_not_a_gate(files):
+def test_inventory_names_the_sidecar_and_the_family_gate(files):
+    """The family's gate (qwen4exp-mtp, HF mtp.* layout) is named; inventory prints no verdict of a run."""
     for key in ("gguf", "mtp"):
         m = inventory([files[key]]).models[0]
         why = "; ".join(m.why)
         assert m.verdict == MTP_SIDECAR, (key, why)
-        assert "family qwen4exp" in why and "separate shared MTP GGUF" in why and "not gated" in why, why
+        assert "sidecar" in why and "drafter here: gate qwen4exp-mtp" in why, why
     r = runner.invoke(app, ["inventory", str(files["gguf"])], env={"COLUMNS": "250"})
-    assert r.exit_code == 0 and "not gated" in r.output and "PASS" not in r.output, r.output
+    assert r.exit_code == 0 and "qwen4exp-mtp" in r.output and "PASS" not in r.output, r.output
 
 
 def test_plan_terms_against_a_hand_count(files):
@@ -327,11 +328,11 @@ def _mtp_shapes() -> list[tuple[int, ...]]:
     return s
 
 
-def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):
+def test_plan_prints_the_family_and_the_draft_path_gated_in_the_hf_layout_only(files):
     r = runner.invoke(app, ["plan", str(files["hf"]), "--gpu-mem", "1G"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "(qwen4exp)" in r.output, r.output
     assert "draft path: MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF" in r.output, r.output
-    assert "not gated" in r.output, r.output
+    assert "gated (qwen4exp-mtp) in the HF mtp.* layout only" in r.output, r.output
 
 
 def test_plan_refuses_the_trunk_as_its_own_mtp(files):

@@ -183,7 +183,9 @@ def test_target_lines_pass(specs, dtype, gate):
     spec, ids = specs[(gate, False)], token_ids()
     report = target_report(spec, dtype, ids)
     assert report.failed == 0, report.lines
-    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == spec.num_layers, report.lines
+    assert sum(1 for line in report.lines if line.startswith("(r) target layer") and " out [" in line) \
+        == spec.num_layers, report.lines
+    assert sum(1 for line in report.lines if " chosen experts " in line) == spec.num_layers, report.lines  # check_extra
 
 
 @pytest.mark.parametrize("plant", ["mix and inject swapped", "PLE hash multiplier wrong"])

@@ -53,8 +53,8 @@ def test_a_missing_role_is_none_and_a_bad_name_fails():
     assert FAMILIES["qwen3"].check_extra is None
     with pytest.raises(AttributeError):
         FAMILIES["qwen3"].no_such_field  # noqa: B018
-    with pytest.raises(KeyError, match="qwen4exp has no state"):        # no gate yet, so no state declarations
-        FAMILIES["qwen4exp"].load("state")
+    with pytest.raises(KeyError, match="nemotron has no state"):        # inventoried only: no state declarations
+        FAMILIES["nemotron"].load("state")
     with pytest.raises(ModuleNotFoundError):
         registry.resolve("bloomery_cli.no_such_module:x")
 

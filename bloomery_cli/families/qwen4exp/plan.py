@@ -28,9 +28,9 @@ from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _
 
 FAMILY = "qwen4exp"
 VERIFY_ROWS = 4                  # bloomery's qwen4exp MTP windows are 4 rows (issue 25)
-NOTES = (f"{FAMILY}: no engine runs this family here yet (issue 25: its files and plan only); these terms are "
-         "counted from its shapes, not measured",
-         f"{FAMILY} draft path: {family(FAMILY).draft_path}; recognised, not gated (no gate runs it yet)")
+NOTES = (f"{FAMILY}: these terms are counted from its shapes, not measured (no bench runs this family yet)",
+         f"{FAMILY} draft path: {family(FAMILY).draft_path}; gated (qwen4exp-mtp) in the HF mtp.* layout only: the "
+         "separate MTP GGUF is read and planned here, not run")
 
 
 def active_expert_elems(H: int, moe: MoEShape, layers: int) -> int:

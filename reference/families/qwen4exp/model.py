@@ -199,7 +199,7 @@ def recurrent_state(spec: Qwen4ExpSpec, taps: RefOut, length: int,
     out = {}
     for l in range(spec.num_layers):
         if spec.hybrid.is_linear(l):
-            p, x = f"model.layers.{l}.", taps.hidden[l, :length]
+            p, x = f"model.layers.{l}.", here(taps.hidden[l, :length])
             if spec.ple is not None and l in spec.ple.layers:
                 x = ple(spec, w, l, x, tok)
             b = residual(w, p + "attn_hyper_connection.", x, s, eps).block_in
