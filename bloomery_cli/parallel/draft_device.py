@@ -67,9 +67,10 @@ class TargetView:
     def __init__(self, engine: Any, device: torch.device):
         self.device, self.dtype, self.spec, self.shape = device, engine.dtype, engine.spec, engine.shape
         self.embed, self.head = engine.embed.to(device), engine.head.to(device)
-        self.final_norm = engine.final_norm.to(device)
-        own = [t for t, src in ((self.embed, engine.embed), (self.head, engine.head),
-                                (self.final_norm, engine.final_norm)) if t.data_ptr() != src.data_ptr()]
+        final = getattr(engine, "final_norm", None)          # None: a target without one (qwen4exp: HC mixer)
+        self.final_norm = None if final is None else final.to(device)
+        own = [t for t, src in ((self.embed, engine.embed), (self.head, engine.head), (self.final_norm, final))
+               if t is not None and t.data_ptr() != src.data_ptr()]
         seen = {t.data_ptr(): t for t in own}                                   # a tied head is one copy
         self.copied_bytes = sum(t.numel() * t.element_size() for t in seen.values())
 
