@@ -23,14 +23,15 @@ runner = CliRunner()
 
 
 def _entries() -> tuple[list[Path], list[Path]]:
-    """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM."""
+    """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
+    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel)."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
         if p.suffix == ".gguf":
             targets.append(p)
         elif p.is_dir() and (p / "config.json").is_file():
             archs = json.loads((p / "config.json").read_text()).get("architectures") or []
-            (targets if any(a.endswith("ForCausalLM") for a in archs) else drafts).append(p)
+            (targets if any(a.endswith(("ForCausalLM", "TextModel")) for a in archs) else drafts).append(p)
     return targets, drafts
 
 

@@ -26,7 +26,6 @@ windows and real windows.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -42,6 +41,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
+from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 
@@ -221,11 +221,6 @@ def train_mtp(mp: dict, tspec, eng, rows: torch.Tensor, hs: list, labels: torch.
             "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)}
 
 
-def _stream(tok, texts: list[str]) -> torch.Tensor:
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
-
-
 @torch.no_grad()
 def held_out_ce(m, held: torch.Tensor, seq: int, windows: int = 16) -> dict:
     n = min(windows, (held.numel() - 1) // seq)
@@ -237,7 +232,6 @@ def held_out_ce(m, held: torch.Tensor, seq: int, windows: int = 16) -> dict:
 
 
 def build_ds4(out_dir: Path, quick: bool = False, progress=None, config: DS4Config | None = None):
-    from tokenizers import Tokenizer
 
     from bloomery_gates.kernels.families.deepseek4.model import Deepseek4Target
 
@@ -245,18 +239,14 @@ def build_ds4(out_dir: Path, quick: bool = False, progress=None, config: DS4Conf
 
     t_start, out_dir = time.perf_counter(), Path(out_dir)
     cfg = config or (DS4Config.quick() if quick else DS4Config())
-    tok_path = out_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
-    tjson = tok_path.read_text()
-    tok = Tokenizer.from_str(tjson)
+    tok, tjson, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.target.log_every)
     eot = tok.token_to_id(tokenizer_train.EOT)
     config = hf_config(tok.get_vocab_size(), eot)
     work = fresh_work(out_dir, "ds4")
     with _determinism(cfg.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         m = hf_model(config, cfg.seed)
         tstats = train_target(m, train, replace(cfg.target, seed=cfg.seed + 1), rep)
         tstats["held_out"] = held_out_ce(m, held, cfg.target.seq)
@@ -315,20 +305,11 @@ def _readback(d: Path, want: dict) -> None:
 
     spec = deepseek4_from_hf(d)
     mtp = deepseek4_mtp_from_file(d, spec)
-    for name, w in want.items():
-        got = (mtp.tensors if name.startswith("mtp.") else spec.tensors)[name]
-        if not torch.equal(got, w.to(got.dtype) if not w.is_floating_point() else w):
-            raise RuntimeError(f"{d}: {name} does not read back equal to the trained weights")
+    check_readback(d, want, lambda name: (mtp.tensors if name.startswith("mtp.") else spec.tensors)[name])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bloomery_cli.families.deepseek4.fixture",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"))
-    ap.add_argument("--quick", action="store_true", help="a few steps only (pipeline check, not for use)")
-    a = ap.parse_args(argv)
-    build_ds4(a.out, a.quick)
-    return 0
+    return fixture_main("bloomery_cli.families.deepseek4.fixture", __doc__, build_ds4, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ token r+2); rows: the target's greedy continuations of training windows and rand
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -41,6 +40,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
+from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 
@@ -254,11 +254,6 @@ def eval_nextn(mp: dict, spec, model, head, emb, rows: torch.Tensor) -> dict:
     return {"top1_agreement": round(float(hit.float().mean()), 4), "rows": int(hit.numel())}
 
 
-def _stream(tok, texts: list[str]) -> torch.Tensor:
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
-
-
 def _spec_for(cfg_json: dict, tensors: dict):
     """A Glm5NextSpec of the numbers in ``cfg_json`` over in-memory tensors (the reader's own parse)."""
     from bloomery_cli.formats.config import Cfg
@@ -272,21 +267,16 @@ def _spec_for(cfg_json: dict, tensors: dict):
 
 
 def build_glm5next(out_dir: Path, quick: bool = False, progress=None, config: Glm5NextConfig | None = None):
-    from tokenizers import Tokenizer
 
     t_start, out_dir = time.perf_counter(), Path(out_dir)
     cfg = config or (Glm5NextConfig.quick() if quick else Glm5NextConfig())
-    tok_path = out_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
-    tjson = tok_path.read_text()
-    tok = Tokenizer.from_str(tjson)
+    tok, tjson, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.target.log_every)
     eot = tok.token_to_id(tokenizer_train.EOT)
     cfg_json = hf_config(tok.get_vocab_size(), eot)
     with _determinism(cfg.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         t_bf16, tstats, model, _ = train_target(cfg_json, train, cfg, rep)
         head = load_bf16(model, t_bf16)
         tstats["held_out"] = held_out(model, head, held, cfg.target.seq, cfg.eval_windows,
@@ -347,19 +337,11 @@ def _readback(d: Path, want: dict) -> None:
 
     spec = load_target(d)
     glm5next_nextn_from_file(d, spec)
-    for name, w in want.items():
-        if not torch.equal(spec.tensors[name], w):
-            raise RuntimeError(f"{d}: {name} does not read back equal to the trained weights")
+    check_readback(d, want, lambda name: spec.tensors[name])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bloomery_cli.families.glm5next.fixture",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"))
-    ap.add_argument("--quick", action="store_true", help="a few steps only (pipeline check, not for use)")
-    a = ap.parse_args(argv)
-    build_glm5next(a.out, a.quick)
-    return 0
+    return fixture_main("bloomery_cli.families.glm5next.fixture", __doc__, build_glm5next, argv)
 
 
 if __name__ == "__main__":

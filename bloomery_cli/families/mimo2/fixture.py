@@ -18,7 +18,6 @@ tokens + the target's greedy continuation, and random training windows (as the q
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,6 +37,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
+from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 from .fixture_shape import Mimo2Shape, hf_config, init_mimo2, init_mtp
@@ -218,26 +218,16 @@ def greedy_rows(tq: dict, tspec, stream: torch.Tensor, n: int, prefix: int, seq:
     return x
 
 
-def _stream(tok, texts: list[str]) -> torch.Tensor:
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
-
-
 def build_mimo2(out_dir: Path, quick: bool = False, progress=None, config: Mimo2Config | None = None):
-    from tokenizers import Tokenizer
 
     t_start, out_dir = time.perf_counter(), Path(out_dir)
     cfg = config or (Mimo2Config.quick() if quick else Mimo2Config())
-    tok_path = out_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
-    tjson = tok_path.read_text()
-    tok = Tokenizer.from_str(tjson)
+    tok, tjson, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.target.log_every)
     shape = Mimo2Shape(vocab_size=tok.get_vocab_size())
     with _determinism(cfg.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         t_bf16, tstats = train_target(shape, train, cfg, rep)
         tq = {k: v.float() for k, v in t_bf16.items()}
         tspec = shape.spec(tq, mtp_layers=0)
@@ -310,20 +300,11 @@ def _readback(d: Path, want: dict) -> None:
 
     spec = load_target(d)
     mtp = load_mimo2_mtp(d, spec)
-    for name, w in want.items():
-        got = (mtp.tensors if name.startswith("model.mtp.") else spec.tensors)[name]
-        if not torch.equal(got, w):
-            raise RuntimeError(f"{d}: {name} does not read back equal to the trained weights")
+    check_readback(d, want, lambda name: (mtp.tensors if name.startswith("model.mtp.") else spec.tensors)[name])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bloomery_cli.families.mimo2.fixture",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"))
-    ap.add_argument("--quick", action="store_true", help="a few steps only (pipeline check, not for use)")
-    a = ap.parse_args(argv)
-    build_mimo2(a.out, a.quick)
-    return 0
+    return fixture_main("bloomery_cli.families.mimo2.fixture", __doc__, build_mimo2, argv)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ import torch
 
 from ...fixturegen import corpus as corpus_mod
 from ...fixturegen.build import _determinism, _device_info, _versions
+from ...fixturegen.family_kit import token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.manifest import Manifest, verified
 from ...fixturegen.train import TrainConfig, sample_windows
 from ...fixturegen.train_eagle3 import Eagle3Shape, train_eagle3, write_eagle3
-from ..qwen38.fixture_drafts import _stream
 
 EAGLE3 = "qwen3-tiny-eagle3"
 TARGET = "qwen3-tiny"
@@ -88,7 +88,7 @@ def build_qwen3_eagle3(out_dir: Path, device: str = "cpu", config: Eagle3BuildCo
     seed = cfg.seed + SEED_OFFSET
     with _determinism(seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         t0 = time.perf_counter()
         greedy = greedy_rows(tspec, train, cfg.greedy_rows, cfg.seq, cfg.prefix, torch.Generator().manual_seed(seed),
                              dev)

@@ -40,6 +40,7 @@ from bloomery_gates.spec import HybridShape, LayerShape, MoEShape, Qwen35MoeSpec
 from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
+from ...fixturegen.family_kit import load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.manifest import Manifest, verified
 from ...fixturegen.train import (
@@ -55,7 +56,7 @@ from ...fixturegen.train import (
 )
 from ...fixturegen.train_dflash2 import target_shape_of
 from ..qwen38.fixture import Qwen38Shape, hf_config, init_qwen38, write_qwen38_gguf, write_qwen38_target
-from ..qwen38.fixture_drafts import _stream, eval_mtp, train_mtp
+from ..qwen38.fixture_drafts import eval_mtp, train_mtp
 
 TARGET, GGUF = "qwen35moe-tiny", "qwen35moe-tiny.gguf"
 
@@ -285,22 +286,17 @@ def export_gguf(fixtures: Path, out: Path | None = None) -> Path:
 def build_qwen35moe(out_dir: Path, device: str = "cpu", quick: bool = False, progress=None,
                     config: Qwen35MoeConfig | None = None) -> Manifest:
     """Train the target and its MTP head, write and register them in ``out_dir``."""
-    from tokenizers import Tokenizer
 
     from ...loading import load_mtp, load_target
 
     t_start, out_dir = time.perf_counter(), Path(out_dir)
     cfg = config or Qwen35MoeConfig.for_device(device, quick)
     dev = torch.device(device)
-    tok_path = out_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
-    tjson = tok_path.read_text()
-    tok = Tokenizer.from_str(tjson)
+    tok, tjson, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.mtp.log_every)
     with _determinism(cfg.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         shape = Qwen35MoeShape(vocab_size=tok.get_vocab_size())
         t_bf16, tstats = train_target(train, shape, cfg, dev, rep)
         tq = {k: v.to(dev, torch.float32) for k, v in t_bf16.items()}

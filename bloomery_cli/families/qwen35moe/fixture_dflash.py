@@ -26,6 +26,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_draft
+from ...fixturegen.family_kit import token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.manifest import Manifest
 from ...fixturegen.train import (
@@ -39,7 +40,6 @@ from ...fixturegen.train import (
     train_draft,
 )
 from ...fixturegen.train_dflash2 import target_shape_of
-from ..qwen38.fixture_drafts import _stream
 
 TARGET, DFLASH = "qwen35moe-tiny", "qwen35moe-tiny-dflash-b8"
 
@@ -64,7 +64,7 @@ def build(out: Path, device: str = "cpu", steps: int = 300, pool_size: int = 48,
     cfg = TrainConfig(steps=steps, batch=16, seq=128, warmup=max(1, steps // 10), log_every=25, seed=seed + 11)
     with _determinism(seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         pool = greedy_pool(tq, tshape, train.to(dev), pool_size, cfg.seq, (64,), fwd, dev,
                            torch.Generator().manual_seed(seed + 3), batch=64, reporter=rep)
         held_rows = greedy_pool(tq, tshape, held.to(dev), 16, cfg.seq, (64,), fwd, dev,

@@ -33,11 +33,12 @@ from bloomery_gates.kernels.families.qwen38.model import forward_train as qwen38
 from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
+from ...fixturegen.family_kit import token_stream
 from ...fixturegen.install import clean_work, fresh_work, install_model
 from ...fixturegen.manifest import Manifest, verified
 from ...fixturegen.train import greedy_pool
 from ...fixturegen.train_dflash2 import DFlash2Shape, eval_walk, target_shape_of, train_dflash2, write_dflash2
-from .fixture_drafts import DFLASH, MAX_TOTAL_BYTES, TARGET, Qwen38DraftsConfig, _stream
+from .fixture_drafts import DFLASH, MAX_TOTAL_BYTES, TARGET, Qwen38DraftsConfig
 
 DFLASH2 = "qwen38-tiny-dflash2-b8"
 SEED_OFFSET = 12                     # qwen38_drafts uses seed + 0..11
@@ -56,7 +57,7 @@ def _target(out_dir: Path):
 def _rows(cfg: Qwen38DraftsConfig, tok, tq: dict, tspec, fwd, dev: torch.device) -> dict:
     """qwen38_drafts' draft rows, held-out greedy rows and real held-out windows, same seeds."""
     corp = corpus_mod.load_corpus()
-    train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+    train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
     tshape = target_shape_of(tspec)
     t0 = time.perf_counter()
     pool = greedy_pool(tq, tshape, train.to(dev), cfg.pool_size, cfg.seq, cfg.pool_prefixes, fwd, dev,

@@ -42,6 +42,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_draft
+from ...fixturegen.family_kit import token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work
 from ...fixturegen.manifest import Manifest, verified
 from ...fixturegen.train import (
@@ -183,11 +184,6 @@ def eval_mtp(mp: dict, tq: dict, tspec, rows: torch.Tensor, chain: int, first_an
             "mean_accept_len_tf": acc / max(1, chains), "width": chain}
 
 
-def _stream(tok, texts: list[str]) -> torch.Tensor:
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
-
-
 def _readback(work: Path, t_bf16: dict, m_bf16: dict, d_bf16: dict) -> None:
     """Re-read every file through the harness's own readers and compare with what was trained."""
     from ...loading import load_dflash, load_mtp, load_target
@@ -241,7 +237,7 @@ def build_qwen38(out_dir: Path, device: str = "cpu", quick: bool = False, progre
     rep = Reporter(progress, every=cfg.mtp.log_every)
     with _determinism(cfg.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         shape = Qwen38Shape(vocab_size=tok.get_vocab_size())
         t_bf16, _, tstats = train_qwen38_target(train, dev, cfg.target_steps, cfg.seed, progress, held=held,
                                                 shape=shape, batch=cfg.target_batch, seq=cfg.seq,

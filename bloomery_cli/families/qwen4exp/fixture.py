@@ -22,7 +22,6 @@ held-out CE, each MoE layer's expert load, the QSA kept-key fraction and the hea
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,6 +37,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
+from ...fixturegen.family_kit import fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 
@@ -305,24 +305,14 @@ def zero_ties(tspec, w, l: int, b) -> int:
     return ties
 
 
-def _stream(tok, texts: list[str]) -> torch.Tensor:
-    eot = tok.token_to_id(tokenizer_train.EOT)
-    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
-
-
 def build_qwen4exp(out_dir: Path, quick: bool = False, progress=None, config: QxConfig | None = None):
-    from tokenizers import Tokenizer
 
     from .reader import qwen4exp_from_hf
     from .reader_mtp_hf import load_qwen4exp_mtp, mtp_shapes
 
     t_start, out_dir = time.perf_counter(), Path(out_dir)
     qc = config or (QxConfig.quick() if quick else QxConfig())
-    tok_path = out_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
-    tjson = tok_path.read_text()
-    tok = Tokenizer.from_str(tjson)
+    tok, tjson, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=qc.target.log_every)
     cfg = hf_config(tok.get_vocab_size(), tok.token_to_id(tokenizer_train.EOT))
     work = fresh_work(out_dir, "qwen4exp")
@@ -331,7 +321,7 @@ def build_qwen4exp(out_dir: Path, quick: bool = False, progress=None, config: Qx
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     with _determinism(qc.seed):
         corp = corpus_mod.load_corpus()
-        train, held = _stream(tok, corp.train_texts()), _stream(tok, corp.held_out_texts())
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
         t_bf16, tstats = train_target(cfg, train, qc, rep)
         write_safetensors(d / "model.safetensors", t_bf16)
         tspec = qwen4exp_from_hf(d)
@@ -384,13 +374,7 @@ def build_qwen4exp(out_dir: Path, quick: bool = False, progress=None, config: Qx
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bloomery_cli.families.qwen4exp.fixture",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"))
-    ap.add_argument("--quick", action="store_true", help="a few steps only (pipeline check, not for use)")
-    a = ap.parse_args(argv)
-    build_qwen4exp(a.out, a.quick)
-    return 0
+    return fixture_main("bloomery_cli.families.qwen4exp.fixture", __doc__, build_qwen4exp, argv)
 
 
 if __name__ == "__main__":

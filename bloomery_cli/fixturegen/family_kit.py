@@ -1,0 +1,50 @@
+"""What every family's fixture builder (``bloomery_cli/families/<family>/fixture*.py``) does alike: the repo
+tokenizer read from the fixtures folder, the corpus as one token stream, the command line, and the read-back of
+the written checkpoint against the trained weights."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from . import tokenizer_train
+
+
+def load_tokenizer(out_dir: Path):
+    """(tokenizer, its JSON text, the end-of-text id) from ``out_dir/tokenizer.json`` (the qwen3 build writes it)."""
+    from tokenizers import Tokenizer
+
+    tok_path = Path(out_dir) / "tokenizer.json"
+    if not tok_path.is_file():
+        raise FileNotFoundError(f"{tok_path}: missing; build the qwen3 fixtures first (same tokenizer)")
+    tjson = tok_path.read_text()
+    tok = Tokenizer.from_str(tjson)
+    return tok, tjson, tok.token_to_id(tokenizer_train.EOT)
+
+
+def token_stream(tok, texts: list[str]) -> torch.Tensor:
+    """The texts encoded and joined, each followed by the end-of-text id: [N] int64."""
+    eot = tok.token_to_id(tokenizer_train.EOT)
+    return torch.tensor([i for d in tokenizer_train.encode_docs(tok, texts) for i in (*d, eot)], dtype=torch.long)
+
+
+def check_readback(d: Path, want: Mapping[str, torch.Tensor], read: Callable[[str], torch.Tensor]) -> None:
+    """Every trained tensor ``want[name]`` equals ``read(name)``, the tensor the family's readers give for it."""
+    for name, w in want.items():
+        got = read(name)
+        if not torch.equal(got, w if w.is_floating_point() else w.to(got.dtype)):
+            raise RuntimeError(f"{d}: {name} does not read back equal to the trained weights")
+
+
+def fixture_main(module: str, doc: str | None, build: Callable[[Path, bool], object],
+                 argv: list[str] | None = None) -> int:
+    """``python -m <module> [--out fixtures] [--quick]``: run ``build(out, quick)``."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("fixtures"))
+    ap.add_argument("--quick", action="store_true", help="a few steps only (pipeline check, not for use)")
+    a = ap.parse_args(argv)
+    build(a.out, a.quick)
+    return 0
