@@ -54,6 +54,8 @@ class Family:
     plan_as: str | None = None                 # plan's built-in layout ("qwen3", "qwen38", "nemotron") or None
     llama_bench: bool = False                  # bench --llama-cpp writes its GGUF (bench_llamacpp.write_gguf)
     draft_path: str | None = None              # the draft path inventory names for a family no gate runs yet
+    gguf_runs: bool = True                     # the engine and reference run a spec read from its GGUF (False: the
+                                               # GGUF is read for inventory / plan only; the gates run the HF layout)
     code: dict[str, str] = field(default_factory=dict)
 
     def has(self, role: str) -> bool:
@@ -137,7 +139,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
     # qwen4exp: the gate qwen4exp-mtp (the HF mtp.* head); draft_path for inventory (the GGUF sidecar is read only)
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
-           runs=True, mtp="sidecar", draft_device=True, hybrid=True,
+           runs=True, mtp="sidecar", draft_device=True, hybrid=True, gguf_runs=False,
            draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
                       "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
@@ -149,7 +151,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "state": G + "state_decls_qwen4exp:QWEN4EXP_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
-           runs=True, mtp="in-file", draft_device=True, hybrid=True,
+           runs=True, mtp="in-file", draft_device=True, hybrid=True, gguf_runs=False,
            draft_path="NextN layer in-file (a plain-residual MLA + DSA + MoE block fed norm(mean of the streams))",
            code={"read_hf": GN + "reader:glm5next_from_hf", "read_gguf": GN + "reader_gguf:glm5next_from_gguf",
                  "plan_hf": GN + "plan:glm5next_target", "plan_gguf": GN + "plan:glm5next_gguf_target",
@@ -159,7 +161,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "state": G + "state_decls_glm5next:GLM5NEXT_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), ("deepseek4",),
-           runs=True, mtp="in-file", draft_device=True,
+           runs=True, mtp="in-file", draft_device=True, gguf_runs=False,
            code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target", "plan_hf": DS + "plan:deepseek4_target",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",

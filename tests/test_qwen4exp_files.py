@@ -293,7 +293,7 @@ def test_inventory_names_the_sidecar_and_the_family_gate(files):
         m = inventory([files[key]]).models[0]
         why = "; ".join(m.why)
         assert m.verdict == MTP_SIDECAR, (key, why)
-        assert "sidecar" in why and "drafter here: gate qwen4exp-mtp" in why, why
+        assert "sidecar" in why and "HF layout only: gate qwen4exp-mtp" in why, why     # GGUF: read, not run
     r = runner.invoke(app, ["inventory", str(files["gguf"])], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "qwen4exp-mtp" in r.output and "PASS" not in r.output, r.output
 

@@ -108,6 +108,10 @@ def _drafter_line(m: ModelInventory, kinds: frozenset[str] | set[str], what: str
                   if getattr(g, "draft_kind", None) in kinds and (fam is None or getattr(g, "family", None) == fam))
     who = f"family {fam}" if fam else f"model_type/arch {m.arch!r} (no family here)"
     if fam and hits:
+        entry = _registered(m)
+        if m.fmt == "gguf" and entry is not None and not entry.gguf_runs:
+            return (f"drafter here for the HF layout only: gate {', '.join(hits)}; family {fam}'s GGUF layout is "
+                    "read for inventory and plan, not run by the gates")
         return f"drafter here: gate {', '.join(hits)}"
     entry = _registered(m)
     if entry is not None and entry.draft_path:     # the registry names the path; no gate runs it
