@@ -7,7 +7,8 @@ then a prefill of P ids and a verify of R rows. Printed and recorded (JSON under
                    bytes_at with P prefill rows): resident (weights + caches), the transient, the total
     measured       CUDA: torch.cuda.memory_allocated after the build, torch.cuda.max_memory_allocated after the
                    prefill + verify (both from before the build); host: the engine's resident storages after the
-                   build, + the peak of the run's op allocations (plan.peak)
+                   build, + the host allocator's peak during the run (``plan.peak.allocator_peak_of``: it sees
+                   the buffers ops make inside themselves, as torch.cuda.max_memory_allocated does)
     ratios         planned / measured after load, and after the run (the issue's "agree within 2%")
     experts        the packed experts' resident bytes (codes + e8m0 scales) vs the same weights in bf16 (2 bytes
                    each): the issue's "a quarter of bf16" (4.25 / 16 = 0.2656)
@@ -102,10 +103,11 @@ def main() -> int:
         peak = torch.cuda.max_memory_allocated(device) - base
         what = "torch.cuda.max_memory_allocated from before the build"
     else:
-        from bloomery_cli.plan.peak import peak_of
-        got, during = peak_of(run)
+        from bloomery_cli.plan.peak import allocator_peak_of
+        got, during = allocator_peak_of(run)
         peak = resident + during
-        what = "resident storages after the build + the peak of the run's op allocations (plan.peak)"
+        what = ("resident storages after the build + the host allocator's peak during the run "
+                "(plan.peak.allocator_peak_of: the ops' inner buffers too, as CUDA's allocator counts them)")
     run_s = time.perf_counter() - t2
 
     packed = {n: x for n, x in eng.t.items() if ".experts." in n}

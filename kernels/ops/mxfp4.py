@@ -95,11 +95,15 @@ def decode(index: T, scales: T, dtype: torch.dtype) -> T:
     """index [..., R, K/2] int32 (the code bytes), scales [..., R, K/32] uint8 -> [..., R, K] in ``dtype``: each byte
     picks its two values from ``pair_table``, then the block scales multiply in place (a power of two times a 2-bit
     significand: exact). The index is the caller's to drop: a decode holds (2 + e) bytes a weight at its peak
-    (the int32 index and the tile), e the run dtype's size, and the result e bytes a weight."""
+    (the int32 index and the tile), e the run dtype's size, and the result e bytes a weight: the lookup is an
+    ``index_select`` on the int32 index, never advanced indexing (which widens the index to int64 inside the
+    op, 4 more bytes a weight that no op output shows)."""
     if dtype not in EXACT_DTYPES:
         raise ValueError(f"MXFP4 decodes exactly to bf16 or f32 only, not {dtype}")
     shape = (*index.shape[:-1], 2 * index.shape[-1])
-    vals = pair_table(dtype, index.device)[index]                                      # [..., R, K/2, 2]
+    # index_select takes the int32 index as it is; ``table[index]`` (aten.index) would first copy it to int64
+    # inside the kernel (8 bytes a code byte, 4 a weight: issue 26's 88 MB on the H200, unseen by plan)
+    vals = torch.index_select(pair_table(dtype, index.device), 0, index.reshape(-1))     # [n/2, 2]
     del index
     blocks = vals.view(*shape[:-1], shape[-1] // BLOCK, BLOCK)
     blocks.mul_(e8m0(scales).to(dtype)[..., None])
