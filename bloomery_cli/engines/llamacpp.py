@@ -61,6 +61,12 @@ PAIRS: dict[str, Pair] = {
     "qwen3yarn-dflash": Pair(why_not="no GGUF of the qwen3yarn fixture target is bundled"),
     "qwen3-dflash-swa": Pair(why_not="llama.cpp's DFlash graph has no sliding-window draft layers"),
     "qwen3-dflash-swa-spec": Pair(why_not="llama.cpp's DFlash graph has no sliding-window draft layers"),
+    "qwen4exp-mtp": Pair(why_not="llama.cpp has no MTP graph for qwen4exp (no nextn tensor in its QWEN4EXP list; "
+                                 "its converter drops mtp.*), and no qwen4exp GGUF is bundled"),
+    "glm5next-mtp": Pair(why_not="llama.cpp's glm5-next NextN graph throws \"not implemented yet\", and its graph "
+                                 "reads no expert-group keys (the fixture routes in 2 groups)"),
+    "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
+                            "llama.cpp's deepseek4 MTP graph exists)"),
 }
 
 
