@@ -249,11 +249,11 @@ def test_fail_first_gguf_value_heads_left_tiled(monkeypatch, fixture_gguf):
     """The reader skips undoing the converter's V-head tiling: kernel and reference agree on the wrong weights, so
     only llama.cpp on the same file (tier 3) can see it, and it must."""
     pytest.importorskip("llama_cpp")
-    from bloomery_cli import formats
+    from bloomery_cli.families.qwen38 import reader as qwen38_reader
     from bloomery_cli.gate import GateOptions, run_gate
     from bloomery_gates.gates import GATES
 
-    monkeypatch.setattr(formats.qwen38, "_untile_fn", lambda *a: (lambda x: x))
+    monkeypatch.setattr(qwen38_reader, "_untile_fn", lambda *a: (lambda x: x))
     lines: list[str] = []
     code, _ = run_gate(GATES["qwen35moe-mtp"], GateOptions(target=fixture_gguf, draft=fixture_gguf, n=16,
                                                            max_prompts=1, oracle=True), emit=lines.append)
