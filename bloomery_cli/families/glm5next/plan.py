@@ -4,9 +4,14 @@ headers only. No engine exists yet (issue 25): these are the terms such an engin
 Target (e the run dtype's bytes; n_s = hc_mult streams):
 
     MLA latent KV per position   e L_mla kv_lora          (NoPE: no rope part; the latent is the whole cache row)
-    indexer keys per position    e L_full index_head_dim  (the DSA indexer's keys on its full-indexer layers; a
-                                                          shared layer reuses the previous full layer's choice)
+    indexer inputs per position  e L_full H               (the normed block inputs [cap, H] the DSA indexer's keys
+                                                          are made from on every pass, on its full-indexer layers;
+                                                          a shared layer reuses the previous full layer's choice)
+    attention scores             a pass of r rows ending at key L scores [r, L] (``keys_to_end``: MLA reads the
+                                 latent up to the pass's end, not the whole cache) and holds the indexer's pool
+                                 scores [r, L / kpool] f32 and token mask [r, L + 1] bool (``index_pool``)
     KDA state per slot           L_kda (4 h d d + e (k - 1) 3 h d)   (S [h, d, d] f32, the q/k/v conv tails)
+    KDA prefill scratch          the chunked form's decay matrices per chunk of C = 64 rows (``kda_scratch``)
     HC activations               each layer's output is n_s rows of H (``residual_streams``)
     active experts               per token, elements L_sparse (k 3 H ff + 3 H ff n_shared + E H)
                                  (``meta["active_expert_elems"]``)
@@ -28,6 +33,7 @@ from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _
 
 FAMILY = "glm5next"
 VERIFY_ROWS = 4
+KDA_CHUNK = 64                   # kernels.ops.kda.kda_chunked's default chunk (the engine's prefill)
 NOTES = (f"{FAMILY}: no engine runs this family here yet (issue 25: its files and plan only); these terms are "
          "counted from its shapes, not measured",
          f"{FAMILY} draft path: {family(FAMILY).draft_path}; recognised, not gated (no gate runs it yet)")
@@ -39,13 +45,23 @@ def active_expert_elems(f: dict[str, Any]) -> int:
     return sparse * (moe.top_k * 3 * H * moe.expert_ff + 3 * H * (moe.shared_ff or 0) + moe.num_experts * H)
 
 
+def kda_scratch(h: int, d: int, chunk: int = KDA_CHUNK) -> tuple[int, int, int, int]:
+    """The chunked KDA prefill (``kernels.ops.kda._chunked``), per chunk: the float64 differences [h, C, C, d] and
+    their masked copy, then exp in float64 and its float32 D (20 h C^2 d bytes; from the second chunk on the
+    previous chunk's differences and D are still held while the next chunk's two f64 are made: 28 h C^2 d), the
+    float32 A and M [h, C, C], the float64 G [h, C, d] twice and the float32 rows of the solve (~6 [h, C, d]), the
+    identity [C, C]; per row padded to C: q, k, v, g in float32 and three float32 [h, d] rows (28 h d)."""
+    u, small = h * chunk * chunk * d, 8 * h * chunk * chunk + 40 * h * chunk * d + 4 * chunk * chunk
+    return chunk, 20 * u + small, 28 * u + small, 28 * h * d
+
+
 def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int, tied: bool,
            meta: dict[str, Any]) -> PlanModel:
     types, mla, dsa, kda, moe = f["layer_types"], f["mla"], f["dsa"], f["kda"], f["moe"]
     n_mla = sum(t == "indexed_attention" for t in types)
     n_full = sum(t == "full" for t in dsa.types)
     attn = tuple(g for g in (AttnGroup(n_mla, 1, mla.kv_lora_rank, None, 0),
-                             AttnGroup(n_full, 1, dsa.head_dim, None, 0)) if g.layers)
+                             AttnGroup(n_full, 1, f["layer"].hidden_size, None, 0)) if g.layers)
     n_kda, h, d = len(types) - n_mla, kda.num_heads, kda.head_dim
     rec = (Recurrent("kda", n_kda, h * d * d, (kda.conv_kernel - 1) * 3 * h * d, 3 * h * d),) if n_kda else ()
     L = f["layer"]
@@ -58,7 +74,9 @@ def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int
                      _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn, 0,
                      rec, draft, f["nextn_layers"] if draft else 0, meta=meta,
                      embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
-                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES)
+                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES,
+                     keys_to_end=True, prefill_scratch=kda_scratch(h, d) if n_kda else (0, 0, 0, 0),
+                     index_pool=dsa.kpool if n_full else 0)
 
 
 def glm5next_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
