@@ -173,7 +173,8 @@ def workspace(t: PlanModel, rows: int, ctx: int, e: int, end: int | None = None,
     ``end``: the last key the pass writes (None: ``ctx``); a ``keys_to_end`` family scores [r, end] keys, and an
     indexer (``index_pool`` p) holds r (end + 1) mask bytes and 4 r (end // p) score bytes at attention; a
     ``prefill`` pass of a chunked recurrent form holds its chunk scratch (``prefill_scratch``) in its recurrent
-    phase; ``masks_held``: the masks (2 r C bytes) and the indexer's selection are held through every phase."""
+    phase; ``masks_held``: the masks (2 r C bytes) and the indexer's selection are held through every phase, and
+    ``held_row_bytes`` per row in every phase."""
     chunk, one, more, per_row = t.prefill_scratch
     scratch = (one if rows <= chunk else more) + per_row * -(-rows // chunk) * chunk if prefill and chunk else 0
     end = ctx if end is None else min(end, ctx)
@@ -189,7 +190,8 @@ def workspace(t: PlanModel, rows: int, ctx: int, e: int, end: int | None = None,
     rec = max((taps + scratch + rows * (3 * e * r.channels + 8 * r.state_f32 // max(1, r.channels))
                for r in t.recurrent), default=0)
     pending = sum(r.layers * (e * (r.conv + rows * r.channels) + 4 * r.state_f32) for r in t.recurrent)
-    held = rows * ctx * 2 + index if t.masks_held else 0
+    held = (rows * ctx * 2 + index if t.masks_held else 0) + rows * t.held_row_bytes
+    attn += rows * t.held_row_bytes
     return max(attn, mlp + held, head + held, rec + held) + pending
 
 

@@ -29,7 +29,7 @@ from bloomery_cli.formats.config import Cfg
 from bloomery_gates.errors import InputError
 from bloomery_gates.registry import family
 
-from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype, routing_held
 
 FAMILY = "glm5next"
 VERIFY_ROWS = 4
@@ -75,6 +75,7 @@ def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int
                      rec, draft, f["nextn_layers"] if draft else 0, meta=meta,
                      embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
                      experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES,
+                     held_row_bytes=routing_held(moe, sum(t == "sparse" for t in f["mlp_types"])),
                      keys_to_end=True, prefill_scratch=kda_scratch(h, d) if n_kda else (0, 0, 0, 0),
                      index_pool=dsa.kpool if n_full else 0)
 

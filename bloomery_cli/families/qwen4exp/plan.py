@@ -28,7 +28,7 @@ from bloomery_gates.errors import InputError, Mismatch
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, QSAShape
 
-from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype, routing_held
 
 FAMILY = "qwen4exp"
 VERIFY_ROWS = 4                  # bloomery's qwen4exp MTP windows are 4 rows (issue 25)
@@ -61,6 +61,7 @@ def _model(path: Path, inv, fmt: str, layer: LayerShape, hy: HybridShape, moe: M
                      hy.rotary_dim, rec, _elems(inv, ("mtp_nextn",)), 1 if _elems(inv, ("mtp_nextn",)) else 0,
                      meta=meta, embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
                      experts=Experts(moe.top_k, moe.expert_ff), residual_streams=hc.count, notes=NOTES,
+                     held_row_bytes=routing_held(moe, n),
                      index_pool=qsa.compress_ratio if n - lin else 0, masks_held=bool(n - lin))
 
 
