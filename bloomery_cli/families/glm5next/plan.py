@@ -17,16 +17,20 @@ Target (e the run dtype's bytes; n_s = hc_mult streams):
                                  (``meta["active_expert_elems"]``)
 
 Draft: the NextN block(s) in the target's own file (model.layers.{n}.* / blk.{n}.*), one MLA layer's latent KV
-(kv heads 1, width kv_lora, no V) and a verify of 4 rows; no rope.
+(kv heads 1, width kv_lora, no V) and its indexer inputs (H per position: ``store_elems``) over max_len + R + 2
+positions, and a verify of 4 rows; no rope. The weights the engine keeps in f32 (router, mHC base / scale, KDA conv,
+dt_bias, A_log: ``F32_SUFFIXES``) are ``f32_elems``.
 """
 
 from __future__ import annotations
 
+from math import prod
 from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
 from bloomery_gates.errors import InputError
+from bloomery_gates.kernels.families.glm5next.model import F32_SUFFIXES
 from bloomery_gates.registry import family
 
 from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype, routing_held
@@ -69,6 +73,7 @@ def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int
             "active_expert_elems": active_expert_elems(f), "mla_layers": n_mla, "kv_lora": mla.kv_lora_rank,
             "indexer_full_layers": n_full}
     draft = _elems(inv, ("mtp_nextn",))
+    f32 = sum(prod(t.shape) for t in inv.tensors if t.name.endswith(F32_SUFFIXES) and t.group != "mtp_nextn")
     return PlanModel(path.name, FAMILY, fmt, L.hidden_size, L.num_heads, vocab,
                      max(L.intermediate_size, moe.top_k * moe.expert_ff, moe.shared_ff or 0), maxpos,
                      _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn, 0,
@@ -76,7 +81,7 @@ def _model(path: Path, inv, fmt: str, f: dict[str, Any], vocab: int, maxpos: int
                      embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
                      experts=Experts(moe.top_k, moe.expert_ff), residual_streams=f["hc"].count, notes=NOTES,
                      held_row_bytes=routing_held(moe, sum(t == "sparse" for t in f["mlp_types"])),
-                     keys_to_end=True, prefill_scratch=kda_scratch(h, d) if n_kda else (0, 0, 0, 0),
+                     f32_elems=f32, keys_to_end=True, prefill_scratch=kda_scratch(h, d) if n_kda else (0, 0, 0, 0),
                      index_pool=dsa.kpool if n_full else 0)
 
 
@@ -107,4 +112,5 @@ def glm5next_draft(path: Path, target: PlanModel, own: PlanModel | None) -> Plan
         raise InputError(path, "holds no NextN layer (model.layers.{n}.* / blk.{n}.nextn.*); expected a glm5next "
                                "file with num_nextn_predict_layers > 0")
     return PlanDraft(path.name, "mtp", src.draft_elems, src.draft_layers, 1, target.meta["kv_lora"], 0,
-                     VERIFY_ROWS, target.vocab, v_head_dim=0)
+                     VERIFY_ROWS, target.vocab, v_head_dim=0, store_elems=target.hidden,
+                     extra_positions=VERIFY_ROWS + 2)
