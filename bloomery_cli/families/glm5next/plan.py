@@ -17,9 +17,10 @@ Target (e the run dtype's bytes; n_s = hc_mult streams):
                                  (``meta["active_expert_elems"]``)
 
 Draft: the NextN block(s) in the target's own file (model.layers.{n}.* / blk.{n}.*), one MLA layer's latent KV
-(kv heads 1, width kv_lora, no V) and its indexer inputs (H per position: ``store_elems``) over max_len + R + 2
-positions, and a verify of 4 rows; no rope. The weights the engine keeps in f32 (router, mHC base / scale, KDA conv,
-dt_bias, A_log: ``F32_SUFFIXES``) are ``f32_elems``.
+(kv heads 1, width kv_lora, no V) and its indexer inputs (H per position: ``store_elems``) over max_len + width + 2
+positions (the NextN's cap, width = ``kernels.families.glm5next.mtp.WIDTH``), and a verify of 4 rows; no rope.
+The weights the engine keeps in f32 (router, mHC base / scale, KDA conv, dt_bias, A_log: ``F32_SUFFIXES``) are
+``f32_elems``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from bloomery_cli.formats.config import Cfg
 from bloomery_gates.errors import InputError
 from bloomery_gates.kernels.families.glm5next.model import F32_SUFFIXES
+from bloomery_gates.kernels.families.glm5next.mtp import WIDTH as NEXTN_WIDTH
 from bloomery_gates.registry import family
 
 from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype, routing_held
@@ -113,4 +115,4 @@ def glm5next_draft(path: Path, target: PlanModel, own: PlanModel | None) -> Plan
                                "file with num_nextn_predict_layers > 0")
     return PlanDraft(path.name, "mtp", src.draft_elems, src.draft_layers, 1, target.meta["kv_lora"], 0,
                      VERIFY_ROWS, target.vocab, v_head_dim=0, store_elems=target.hidden,
-                     extra_positions=VERIFY_ROWS + 2)
+                     extra_positions=NEXTN_WIDTH + 2)
