@@ -229,10 +229,10 @@ def test_plan_terms_against_a_hand_count(files):
         p = json.loads(runner.invoke(app, ["plan", str(files[fmt]), "--draft", str(files[fmt]), "--gpu-mem", "1G",
                                            "--dtype", "f32", "--json"]).output)
         e = 4
-        assert p["terms"]["per_position"] == e * (2 * KVL + 1 * 16) + 8   # 2 MLA latents, 1 full indexer's keys
+        assert p["terms"]["per_position"] == e * (2 * KVL + 1 * H) + 8    # 2 MLA latents, 1 full indexer's inputs
         assert p["terms"]["per_slot"] == 2 * (4 * NH * D * D + e * 3 * 3 * NH * D)   # KDA S f32, 3 conv tails
         assert p["family"] == "glm5next" and p["draft_kind"] == "mtp"
-        assert p["terms"]["draft_per_position"] == e * KVL + 8           # the NextN's latent, no rope
+        assert p["terms"]["draft_per_position"] == e * (KVL + H) + 8     # the NextN's latent and indexer inputs
 
 
 def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):

@@ -168,19 +168,31 @@ def gathered(t: PlanModel, rows: int, e: int) -> int:
     return pairs * (2 * ff * h * e + (3 * ff + 2 * h) * e) + rows * k * h * (e + 4)
 
 
-def workspace(t: PlanModel, rows: int, ctx: int, e: int) -> int:
-    """ws(r, C): the peak of one pass of ``rows`` rows over ``ctx`` keys (module doc), the largest of its phases."""
+def workspace(t: PlanModel, rows: int, ctx: int, e: int, end: int | None = None, prefill: bool = False) -> int:
+    """ws(r, C): the peak of one pass of ``rows`` rows over ``ctx`` keys (module doc), the largest of its phases.
+    ``end``: the last key the pass writes (None: ``ctx``); a ``keys_to_end`` family scores [r, end] keys, and an
+    indexer (``index_pool`` p) holds r (end + 1) mask bytes and 4 r (end // p) score bytes at attention; a
+    ``prefill`` pass of a chunked recurrent form holds its chunk scratch (``prefill_scratch``) in its recurrent
+    phase; ``masks_held``: the masks (2 r C bytes) and the indexer's selection are held through every phase, and
+    ``held_row_bytes`` per row in every phase."""
+    chunk, one, more, per_row = t.prefill_scratch
+    scratch = (one if rows <= chunk else more) + per_row * -(-rows // chunk) * chunk if prefill and chunk else 0
+    end = ctx if end is None else min(end, ctx)
+    keys = end if t.keys_to_end else ctx
+    index = rows * (end + 1) + 4 * rows * (end // t.index_pool) if t.index_pool else 0
     layers = t.attention_layers + sum(r.layers for r in t.recurrent)
     taps = (layers + 1) * rows * t.residual_streams * t.hidden * e   # every layer's output rows (all HC streams)
     score = t.score_bytes or 8 + (e if e < 4 else 0)   # f32 scores + softmax, + the cast when e < 4 (or the family's)
     width = max(t.hidden, t.heads * (t.attn[0].head_dim if t.attn else t.hidden // t.heads))   # q / gate / o rows
-    attn = rows * ctx * (score * t.heads + 2) + taps + 6 * rows * width * e
+    attn = rows * keys * (score * t.heads + 2) + taps + 6 * rows * width * e + index
     mlp = taps + 3 * rows * t.intermediate * e + 2 * rows * t.hidden * e + gathered(t, rows, e)
     head = 2 * taps + rows * t.vocab * e + rows * t.hidden * e
-    rec = max((taps + rows * (3 * e * r.channels + 8 * r.state_f32 // max(1, r.channels)) for r in t.recurrent),
-              default=0)
+    rec = max((taps + scratch + rows * (3 * e * r.channels + 8 * r.state_f32 // max(1, r.channels))
+               for r in t.recurrent), default=0)
     pending = sum(r.layers * (e * (r.conv + rows * r.channels) + 4 * r.state_f32) for r in t.recurrent)
-    return max(attn, mlp, head, rec) + pending
+    held = (rows * ctx * 2 + index if t.masks_held else 0) + rows * t.held_row_bytes
+    attn += rows * t.held_row_bytes
+    return max(attn, mlp + held, head + held, rec + held) + pending
 
 
 def bytes_at(t: PlanModel, terms: Terms, ctx: int, slots: int, with_draft: bool, e: int,
@@ -192,7 +204,7 @@ def bytes_at(t: PlanModel, terms: Terms, ctx: int, slots: int, with_draft: bool,
     out = {"target_weights": terms.target_weights,
            "target_kv": slots * (cap * terms.per_position + swa),
            "target_state": slots * terms.per_slot,
-           "workspace": max(workspace(t, min(prefill_rows, ctx), cap, e),
+           "workspace": max(workspace(t, min(prefill_rows, ctx), cap, e, end=min(prefill_rows, ctx), prefill=True),
                             workspace(t, r, cap, e) + (slots * terms.verify_state if with_draft else 0)),
            "runtime_arena": terms.runtime_arena}
     if with_draft:

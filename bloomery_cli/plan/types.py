@@ -82,10 +82,27 @@ class PlanModel:
     #                                            MXFP4 experts at 4.25 bits a weight, int64 tables)
     position_elems: int = 0                    # run-dtype elements per position besides the attention groups' K/V
     #                                            (deepseek4: the compressor's and indexer's projections)
+    keys_to_end: bool = False                  # attention scores span the positions written so far (a pass of r
+    #                                            rows ending at key L: [r, L]), not the whole cache (glm5next)
+    prefill_scratch: tuple[int, int, int, int] = (0, 0, 0, 0)   # a chunked prefill's (chunk C, bytes a chunk
+    #                                            holds when the pass is one chunk, when it is more (the previous
+    #                                            chunk's matrices live beside the next's), bytes per row padded to C)
+    held_row_bytes: int = 0                    # bytes per row a pass keeps from layer to layer besides the taps
+    #                                            (each MoE layer's recorded Routing: ids, weights, choice)
+    masks_held: bool = False                   # the pass's causal mask and its selected copy [r, C] bool, and the
+    #                                            last indexer's selection, live through every phase (qwen4exp)
+    index_pool: int = 0                        # a DSA / QSA indexer of pools of this many keys: a pass ending at key
+    #                                            L holds its pool scores [r, L / p] f32 and token mask [r, L + 1] bool
 
     @property
     def attention_layers(self) -> int:
         return sum(g.layers for g in self.attn)
+
+
+def routing_held(moe, layers: int) -> int:
+    """Bytes per row of the Routing each of ``layers`` MoE layers records for the pass (``kernels.ops.moe.Routing``):
+    the ids (a view of the int64 sort [E]), the k float32 weights and the float32 choice [E]: 12 E + 4 k."""
+    return layers * (12 * moe.num_experts + 4 * moe.top_k)
 
 
 def _elems(inv_model, groups: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> int:

@@ -5,6 +5,10 @@ Target (e the run dtype's bytes; H hidden; n_s = hc count streams):
 
     KV per position     e L_full nkv 2 d          the gated-attention layers (the QSA mask selects reads, not storage)
     recurrent per slot  L_gdn (4 nv dk dv + e (k - 1) C),  C = 2 nk dk + nv dv      (GDN state f32 and conv tail)
+    QSA selection       a pass of r rows ending at key L holds the pool scores [r, L / ratio] f32 and the token mask
+                        [r, L + 1] bool (``index_pool``); its scores span the whole cache [r, cap], and the causal
+                        mask [r, cap] with its selected copy and the last selection live through the whole pass
+                        (``masks_held``: in the MLP and head phases too)
     HC activations      each layer's output is n_s rows of H (``residual_streams``: the workspace taps n_s x)
     active experts      per token, elements L (k 3 H ff + 3 H sff + E H + H): the k routed experts' gate/up/down,
                         the shared expert, the router and the shared gate (``meta["active_expert_elems"]``)
@@ -22,9 +26,9 @@ from pathlib import Path
 from bloomery_cli.formats.config import Cfg
 from bloomery_gates.errors import InputError, Mismatch
 from bloomery_gates.registry import family
-from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape
+from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, QSAShape
 
-from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, Recurrent, _elems, _embed_dtype, routing_held
 
 FAMILY = "qwen4exp"
 VERIFY_ROWS = 4                  # bloomery's qwen4exp MTP windows are 4 rows (issue 25)
@@ -39,8 +43,8 @@ def active_expert_elems(H: int, moe: MoEShape, layers: int) -> int:
     return layers * (moe.top_k * 3 * H * moe.expert_ff + 3 * H * sff + moe.num_experts * H + (H if sff else 0))
 
 
-def _model(path: Path, inv, fmt: str, layer: LayerShape, hy: HybridShape, moe: MoEShape, hc: HCShape, vocab: int,
-           maxpos: int, tied: bool, meta: dict) -> PlanModel:
+def _model(path: Path, inv, fmt: str, layer: LayerShape, hy: HybridShape, moe: MoEShape, hc: HCShape,
+           qsa: QSAShape, vocab: int, maxpos: int, tied: bool, meta: dict) -> PlanModel:
     n = len(hy.layer_types)
     lin = sum(hy.is_linear(i) for i in range(n))
     nk, nv = hy.linear_num_key_heads, hy.linear_num_value_heads
@@ -56,16 +60,19 @@ def _model(path: Path, inv, fmt: str, layer: LayerShape, hy: HybridShape, moe: M
                      _elems(inv, exclude=("mtp_nextn",)), inv.total_bytes, tied, _elems(inv, ("token_embd",)), attn,
                      hy.rotary_dim, rec, _elems(inv, ("mtp_nextn",)), 1 if _elems(inv, ("mtp_nextn",)) else 0,
                      meta=meta, embed_dtype=_embed_dtype(inv) if fmt == "hf" else "f32",
-                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=hc.count, notes=NOTES)
+                     experts=Experts(moe.top_k, moe.expert_ff), residual_streams=hc.count, notes=NOTES,
+                     held_row_bytes=routing_held(moe, n),
+                     index_pool=qsa.compress_ratio if n - lin else 0, masks_held=bool(n - lin))
 
 
 def qwen4exp_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
     """An HF qwen4_exp checkpoint (``c``: its text config), by the reader's own key rules."""
     from .reader import read_shapes
 
-    layer, hy, moe, hc, _, _, _ = read_shapes(c)
-    return _model(path, inv, "hf", layer, hy, moe, hc, c.int("vocab_size"), c.int("max_position_embeddings", 32768),
-                  c.bool("tie_word_embeddings", False), {"model_type": str(c.get("model_type")), "config": str(where)})
+    layer, hy, moe, hc, qsa, _, _ = read_shapes(c)
+    return _model(path, inv, "hf", layer, hy, moe, hc, qsa, c.int("vocab_size"),
+                  c.int("max_position_embeddings", 32768), c.bool("tie_word_embeddings", False),
+                  {"model_type": str(c.get("model_type")), "config": str(where)})
 
 
 def qwen4exp_gguf_target(path: Path, inv) -> PlanModel:
@@ -87,7 +94,7 @@ def qwen4exp_gguf_target(path: Path, inv) -> PlanModel:
                                "hc": {"count": hc.count, "low_rank": hc.low_rank},
                                "borrows": "token_embd.weight" not in names}, residual_streams=hc.count, notes=NOTES)
     s = qwen4exp_from_gguf(path)
-    return _model(path, inv, "gguf", s.layer, s.hybrid, s.moe, s.hc, s.vocab_size, s.max_position,
+    return _model(path, inv, "gguf", s.layer, s.hybrid, s.moe, s.hc, s.qsa, s.vocab_size, s.max_position,
                   s.tie_word_embeddings, {"arch": "qwen4exp"})
 
 
