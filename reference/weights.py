@@ -115,6 +115,9 @@ class F64Weights(Mapping[str, np.ndarray]):
             store.put(name, arr)
         return arr, src
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
     def __getitem__(self, name: str) -> np.ndarray:
         arr, src = self._array(name)
         return self._round(arr, src)

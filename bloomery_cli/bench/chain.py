@@ -33,17 +33,9 @@ def host_share(target, prompt: list[int], plain_ids: list[int], plain_ms_per_id:
     dev = target.device
     n = len(plain_ids)
     target.prefill(prompt)
-    target.verify([plain_ids[0]])                                   # stages the width-1 pass
-    commit = getattr(target, "commit_graphs", None)                 # a hybrid's step also commits (state, tail)
-    if commit is not None:
-        target.commit(1)                                            # captures the commit of one row
-
-    def step() -> None:
-        target.graphs.run(1)
-        if commit is not None:
-            commit.run(1)
-
-    dev_ms = time_replays(step, dev, iters) * 1e3
+    target.verify([plain_ids[0]])                                   # stages (and captures) the width-1 pass
+    target.commit(1)                                                # and its commit (a hybrid's: state, tail)
+    dev_ms = time_replays(target.replay_plain_step, dev, iters) * 1e3
     out: dict[str, Any] = {"device_step_ms": dev_ms, "plain_ms_per_id": plain_ms_per_id,
                            "host_share_plain": 1.0 - dev_ms / plain_ms_per_id, "chains": []}
     log(f"host plain_ms_per_id={plain_ms_per_id:.3f} device_step_ms={dev_ms:.3f} "

@@ -1,16 +1,18 @@
 """What every family's fixture builder (``bloomery_cli/families/<family>/fixture*.py``) does alike: the repo
-tokenizer read from the fixtures folder, the corpus as one token stream, the command line, and the read-back of
-the written checkpoint against the trained weights."""
+tokenizer read from the fixtures folder, the corpus as one token stream, the training loop, the command line, and
+the read-back of the written checkpoint against the trained weights."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
 from . import tokenizer_train
+from .train import Reporter, Schedule, TrainConfig, _optimizer, descend
 
 
 def load_tokenizer(out_dir: Path):
@@ -48,3 +50,24 @@ def fixture_main(module: str, doc: str | None, build: Callable[[Path, bool], obj
     a = ap.parse_args(argv)
     build(a.out, a.quick)
     return 0
+
+
+def fit(params: Mapping[str, torch.Tensor], cfg: TrainConfig, label: str, rep: Reporter,
+        loss_of: Callable[[torch.Generator], torch.Tensor], after_step: Callable[[], None] | None = None
+        ) -> tuple[float, float]:
+    """``cfg.steps`` AdamW steps on ``params`` (``fixturegen.train``'s optimizer, warmup schedule and clipping):
+    each step's loss is ``loss_of(gen)``, gen the step sampler seeded with ``cfg.seed`` (the batches it draws);
+    ``after_step`` runs after each update (e.g. a router-bias rule). Returns (seconds, mean loss of the last 50)."""
+    opt, sched = _optimizer(dict(params), cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
+    gen, losses = torch.Generator().manual_seed(cfg.seed), []
+    rep.start(label, cfg.steps)
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = sched(step)
+        losses.append(descend(opt, loss_of(gen), params, cfg.clip))
+        if after_step is not None:
+            after_step()
+        rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
+    rep.done()
+    return round(time.perf_counter() - t0, 1), round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)

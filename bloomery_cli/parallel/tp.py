@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from bloomery_gates.errors import InputError
-from bloomery_gates.kernels.families.qwen3.model import RowPasses
+from bloomery_gates.kernels.families.rows import RowPasses
 from bloomery_gates.registry import keys
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

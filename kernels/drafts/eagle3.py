@@ -22,12 +22,11 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import Eagle3Spec
 
-from ..ops.attention import attend
 from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
 from .chain_store import ChainStore
-from .mtp import chain_mask
+from .mtp import chained_attends
 
 T = torch.Tensor
 L0, A = "layers.0.", "layers.0.self_attn."
@@ -162,17 +161,8 @@ def forward_train(params: Mapping[str, T], spec: Eagle3Spec, taps: list[T], ids:
     cos, sin = cos[1:], sin[1:]
     e = F.embedding(ids[:, 1:], params["model.embed_tokens.weight"])
     h = aux_features(taps, spec.aux_layer_ids, params["fc.weight"])[:, :-1]
-    keys: list[T] = []
-    vals: list[T] = []
     out = []
-    for step in range(1, steps + 1):
-        allowed = chain_mask(tl - 1, step, ids.device)
-
-        def chained(q, k, v, allowed=allowed):
-            keys.append(k)
-            vals.append(v)
-            return attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
-
+    for chained in chained_attends(tl - 1, steps, ids.device):
         y = eagle3_layer(params, spec, e, h, cos, sin, chained)
         nrm, logits = draft_head(params, spec, y)
         out.append(logits)

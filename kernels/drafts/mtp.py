@@ -13,7 +13,7 @@ says (real rows for good, chained rows transient).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +127,23 @@ def chain_mask(r: int, s: int, device) -> T:
     return torch.cat(blocks, dim=1)
 
 
+def chained_attends(r: int, steps: int, device) -> Iterator[Callable[[T, T, T], T]]:
+    """The attention of chain steps s = 1..steps in teacher-forced training, one per iteration: each keeps its
+    step's K / V [N, heads, R, d] beside the earlier steps' and attends over all of them under ``chain_mask(r, s)``
+    (the keys the engine's store would hold at inference)."""
+    keys: list[T] = []
+    vals: list[T] = []
+    for s in range(1, steps + 1):
+        allowed = chain_mask(r, s, device)
+
+        def chained(q: T, k: T, v: T, allowed: T = allowed) -> T:
+            keys.append(k)
+            vals.append(v)
+            return attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
+
+        yield chained
+
+
 def forward_train(mparams: Mapping[str, T], tspec: Qwen38Spec, final: T, ids: T, steps: int) -> list[T]:
     """Differentiable chained MTP over teacher-forced sequences. ``mparams``: the mtp.* tensors plus the target's
     model.embed_tokens.weight (and lm_head.weight when untied). final [N, T, H]: the target's post-final-norm
@@ -142,18 +159,9 @@ def forward_train(mparams: Mapping[str, T], tspec: Qwen38Spec, final: T, ids: T,
     cos, sin = cos[1:], sin[1:]
     e = F.embedding(ids[:, 1:], mparams["model.embed_tokens.weight"])
     h = final[:, :-1]
-    keys: list[T] = []
-    vals: list[T] = []
     head = mparams["model.embed_tokens.weight" if tspec.tie_word_embeddings else "lm_head.weight"]
     out = []
-    for s in range(1, steps + 1):
-        allowed = chain_mask(r, s, ids.device)
-
-        def chained(q, k, v, allowed=allowed):
-            keys.append(k)
-            vals.append(v)
-            return attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
-
+    for chained in chained_attends(r, steps, ids.device):
         y = mtp_layer(mparams, tspec, mtp_in(mparams, e, h, eps), cos, sin, chained, train=True)
         g = rms_norm(y, norm_gain(mparams[P + "norm.weight"]), eps)
         out.append(F.linear(g, head))

@@ -41,9 +41,9 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
-from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
+from ...fixturegen.family_kit import check_readback, fit, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
-from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
+from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
 
 NAME = "ds4-tiny"
 H, S, E, K = 32, 4, 8, 2
@@ -104,23 +104,15 @@ def hf_model(config: dict[str, Any], seed: int):
 
 
 def train_target(m, stream: torch.Tensor, cfg: TrainConfig, rep: Reporter) -> dict:
-    params = {n: p for n, p in m.named_parameters()}
-    opt, sched = _optimizer(params, cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
-    gen, losses, t0 = torch.Generator().manual_seed(cfg.seed), [], time.perf_counter()
-    rep.start("deepseek4 target", cfg.steps)
-    m.train()
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         w = sample_windows(stream, cfg.batch, cfg.seq + 1, gen)
         logits = m(input_ids=w[:, :-1], use_cache=False).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), w[:, 1:].reshape(-1))
-        losses.append(descend(opt, loss, params, cfg.clip))
-        rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
-    rep.done()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), w[:, 1:].reshape(-1))
+
+    m.train()
+    seconds, last = fit(dict(m.named_parameters()), cfg, "deepseek4 target", rep, loss_of)
     m.eval()
-    return {**asdict(cfg), "seconds": round(time.perf_counter() - t0, 1),
-            "train_ce_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
+    return {**asdict(cfg), "seconds": seconds, "train_ce_last50": last,
             "objective": "next-token CE through transformers' DeepseekV4ForCausalLM; tid2eid and the router bias "
                          "seeded draws, fixed (HF buffers)"}
 
@@ -205,20 +197,15 @@ def train_mtp(mp: dict, tspec, eng, rows: torch.Tensor, hs: list, labels: torch.
               rep: Reporter) -> dict:
     for p in mp.values():
         p.requires_grad_(True)
-    opt, sched = _optimizer(mp, cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
-    gen, losses, t0 = torch.Generator().manual_seed(cfg.seed), [], time.perf_counter()
-    rep.start("deepseek4 mtp", cfg.steps)
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         pick = torch.randint(0, len(hs), (cfg.batch,), generator=gen).tolist()
-        losses.append(descend(opt, mtp_loss(mp, tspec, eng, rows, hs, labels, pick)[0], mp, cfg.clip))
-        rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
-    rep.done()
+        return mtp_loss(mp, tspec, eng, rows, hs, labels, pick)[0]
+
+    seconds, last = fit(mp, cfg, "deepseek4 mtp", rep, loss_of)
     for p in mp.values():
         p.requires_grad_(False)
-    return {**asdict(cfg), "seconds": round(time.perf_counter() - t0, 1),
-            "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)}
+    return {**asdict(cfg), "seconds": seconds, "train_loss_last50": last}
 
 
 @torch.no_grad()

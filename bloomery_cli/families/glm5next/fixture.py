@@ -40,9 +40,9 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
-from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
+from ...fixturegen.family_kit import check_readback, fit, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
-from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
+from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
 
 NAME = "glm5next-tiny"
 H, L = 32, 4
@@ -140,29 +140,24 @@ def train_target(cfg_json: dict, stream: torch.Tensor, cfg: Glm5NextConfig, rep:
     v = cfg_json["vocab_size"]
     head = model.embed_tokens.weight                                     # tied (tie_word_embeddings)
     params = {"model." + n: p for n, p in model.named_parameters()}
-    opt, sched = _optimizer(params, tc, torch.device("cpu")), Schedule(tc.steps, tc.lr, tc.warmup)
-    gen, losses = torch.Generator().manual_seed(tc.seed), []
     loads = _Loads(model, cfg_json["n_routed_experts"])
-    rep.start("glm5next target", tc.steps)
-    t0 = time.perf_counter()
-    for step in range(tc.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         w = sample_windows(stream, tc.batch, tc.seq + 1, gen)
         hidden = model(input_ids=w[:, :-1], use_cache=False).last_hidden_state
-        loss = F.cross_entropy((hidden @ head.T).reshape(-1, v), w[:, 1:].reshape(-1))
-        losses.append(descend(opt, loss, params, tc.clip))
-        with torch.no_grad():
-            for i, load in loads.loads.items():
-                b = model.layers[i].mlp.gate.e_score_correction_bias
-                b += cfg.bias_rate * torch.sign(load.float().mean() - load.float())
-        rep.step(step + 1, tc.steps, {"loss": losses[-1]})
-    rep.done()
+        return F.cross_entropy((hidden @ head.T).reshape(-1, v), w[:, 1:].reshape(-1))
+
+    @torch.no_grad()
+    def balance() -> None:                     # the auxiliary-loss-free router-bias rule, after each update
+        for i, load in loads.loads.items():
+            b = model.layers[i].mlp.gate.e_score_correction_bias
+            b += cfg.bias_rate * torch.sign(load.float().mean() - load.float())
+
+    seconds, last = fit(params, tc, "glm5next target", rep, loss_of, balance)
     loads.close()
     model.eval()
     state = {"model." + n: t for n, t in model.state_dict().items()}
-    stats = {**asdict(tc), "bias_rate": cfg.bias_rate, "seconds": round(time.perf_counter() - t0, 1),
-             "train_ce_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
+    stats = {**asdict(tc), "bias_rate": cfg.bias_rate, "seconds": seconds, "train_ce_last50": last,
              "objective": "next-token CE on random windows through transformers' Glm5NextTextModel (float32, eager); "
                           "router bias by the auxiliary-loss-free balancing rule (gamma = bias_rate)"}
     return round_bf16(state), stats, model, head
@@ -227,24 +222,17 @@ def nextn_logits(mp: dict, spec, head: torch.Tensor, emb: torch.Tensor, final: t
 def train_nextn(mp: dict, spec, model, head, emb, rows: torch.Tensor, cfg: TrainConfig, rep: Reporter) -> dict:
     train = {k: v.requires_grad_(k.split(".")[-1] != "e_score_correction_bias") for k, v in mp.items()}
     trainable = {k: v for k, v in train.items() if v.requires_grad}
-    opt, sched = _optimizer(trainable, cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
-    gen, losses = torch.Generator().manual_seed(cfg.seed), []
-    rep.start("glm5next nextn", cfg.steps)
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         ids = rows[torch.randint(0, rows.shape[0], (cfg.batch,), generator=gen)]
         final, lab = final_and_argmax(model, head, ids)
         logits = nextn_logits(mp, spec, head, emb, final, ids)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab[:, 1:].reshape(-1))
-        losses.append(descend(opt, loss, trainable, cfg.clip))
-        rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
-    rep.done()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab[:, 1:].reshape(-1))
+
+    seconds, last = fit(trainable, cfg, "glm5next nextn", rep, loss_of)
     for p in mp.values():
         p.requires_grad_(False)
-    return {**asdict(cfg), "seconds": round(time.perf_counter() - t0, 1),
-            "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)}
+    return {**asdict(cfg), "seconds": seconds, "train_loss_last50": last}
 
 
 @torch.no_grad()

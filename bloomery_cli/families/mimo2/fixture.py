@@ -37,7 +37,7 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
-from ...fixturegen.family_kit import check_readback, fixture_main, load_tokenizer, token_stream
+from ...fixturegen.family_kit import check_readback, fit, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
 from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
 from .fixture_shape import Mimo2Shape, hf_config, init_mimo2, init_mtp
@@ -90,10 +90,10 @@ class _Training:
         kfam.routed_experts = _eager_experts
         self.saved_route = kfam.route
 
-        def route(spec, t, p, x):
+        def route(spec, t, p, x):                    # spec: the layer's MoEShape (ffn.route)
             r = self.saved_route(spec, t, p, x)
             layer = int(p.split(".")[2])
-            self.loads[layer] = torch.bincount(r.ids.reshape(-1), minlength=spec.mimo.moe.num_experts)
+            self.loads[layer] = torch.bincount(r.ids.reshape(-1), minlength=spec.num_experts)
             return r
         kfam.route = route
         return self
@@ -172,26 +172,19 @@ def train_mtp(mp: dict, tq: dict, shape: Mimo2Shape, tspec, rows: torch.Tensor, 
               ) -> dict:
     for p in mp.values():
         p.requires_grad_(True)
-    opt, sched = _optimizer(mp, cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
-    gen, losses = torch.Generator().manual_seed(cfg.seed), []
     wk = [0.8 ** k / sum(0.8 ** j for j in range(shape.mtp_layers)) for k in range(shape.mtp_layers)]
-    rep.start("mimo2 mtp", cfg.steps)
-    t0 = time.perf_counter()
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
+        ids = rows[torch.randint(0, rows.shape[0], (cfg.batch,), generator=gen)]
+        outs, labs = mtp_losses(mp, tq, shape, tspec, ids)
+        return sum(w * F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
+                   for w, o, y in zip(wk, outs, labs, strict=True))
+
     with _Training():
-        for step in range(cfg.steps):
-            for g in opt.param_groups:
-                g["lr"] = sched(step)
-            ids = rows[torch.randint(0, rows.shape[0], (cfg.batch,), generator=gen)]
-            outs, labs = mtp_losses(mp, tq, shape, tspec, ids)
-            loss = sum(w * F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
-                       for w, o, y in zip(wk, outs, labs, strict=True))
-            losses.append(descend(opt, loss, mp, cfg.clip))
-            rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
-    rep.done()
+        seconds, last = fit(mp, cfg, "mimo2 mtp", rep, loss_of)
     for p in mp.values():
         p.requires_grad_(False)
-    return {**asdict(cfg), "seconds": round(time.perf_counter() - t0, 1),
-            "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)}
+    return {**asdict(cfg), "seconds": seconds, "train_loss_last50": last}
 
 
 @torch.no_grad()

@@ -37,9 +37,9 @@ from ...fixturegen import corpus as corpus_mod
 from ...fixturegen import tokenizer_train
 from ...fixturegen.build import _determinism, _device_info, _versions
 from ...fixturegen.export_hf import write_safetensors
-from ...fixturegen.family_kit import fixture_main, load_tokenizer, token_stream
+from ...fixturegen.family_kit import fit, fixture_main, load_tokenizer, token_stream
 from ...fixturegen.install import MAX_FIXTURE_BYTES, clean_work, fresh_work, install_model
-from ...fixturegen.train import Reporter, Schedule, TrainConfig, _optimizer, descend, round_bf16, sample_windows
+from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
 
 NAME = "qwen4exp-tiny"
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
@@ -119,22 +119,15 @@ def train_target(cfg: dict, stream: torch.Tensor, qc: QxConfig, rep: Reporter) -
     model = hf_model(cfg).train()
     params = dict(model.named_parameters())
     spread_streams(params, torch.Generator().manual_seed(qc.seed + 2))
-    opt, sched = _optimizer(params, tc, torch.device("cpu")), Schedule(tc.steps, tc.lr, tc.warmup)
-    gen, losses = torch.Generator().manual_seed(tc.seed), []
-    rep.start("qwen4exp target", tc.steps)
-    t0 = time.perf_counter()
-    for step in range(tc.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         w = sample_windows(stream, tc.batch, tc.seq, gen)
-        out = model(input_ids=w, labels=w, use_cache=False, output_router_logits=True)
-        losses.append(descend(opt, out.loss, params, tc.clip))
-        rep.step(step + 1, tc.steps, {"loss": losses[-1]})
-    rep.done()
+        return model(input_ids=w, labels=w, use_cache=False, output_router_logits=True).loss
+
+    seconds, last = fit(params, tc, "qwen4exp target", rep, loss_of)
     state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in HASH_BUFFERS
              and not (cfg["tie_word_embeddings"] and k == "lm_head.weight")}
-    stats = {**asdict(tc), "seconds": round(time.perf_counter() - t0, 1),
-             "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
+    stats = {**asdict(tc), "seconds": seconds, "train_loss_last50": last,
              "objective": "next-token CE on random windows + 0.01 x HF's load-balancing loss (Qwen4ExpForCausalLM)"}
     return round_bf16(state), stats
 
@@ -213,22 +206,15 @@ def train_mtp(mp: dict, tfull: dict, tspec, rows: torch.Tensor, streams, labels,
               ) -> dict:
     for p in mp.values():
         p.requires_grad_(True)
-    opt, sched = _optimizer(mp, cfg, torch.device("cpu")), Schedule(cfg.steps, cfg.lr, cfg.warmup)
-    gen, losses = torch.Generator().manual_seed(cfg.seed), []
-    rep.start("qwen4exp mtp", cfg.steps)
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = sched(step)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
         i = torch.randint(0, rows.shape[0], (cfg.batch,), generator=gen)
-        loss, _ = mtp_loss(mp, tfull, tspec, rows[i], streams[i], labels[i])
-        losses.append(descend(opt, loss, mp, cfg.clip))
-        rep.step(step + 1, cfg.steps, {"loss": losses[-1]})
-    rep.done()
+        return mtp_loss(mp, tfull, tspec, rows[i], streams[i], labels[i])[0]
+
+    seconds, last = fit(mp, cfg, "qwen4exp mtp", rep, loss_of)
     for p in mp.values():
         p.requires_grad_(False)
-    return {**asdict(cfg), "seconds": round(time.perf_counter() - t0, 1),
-            "train_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4)}
+    return {**asdict(cfg), "seconds": seconds, "train_loss_last50": last}
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ from ...ops.moe import Routing, router_logits
 from ...ops.norm import rms_norm
 from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
 from ..qwen38.model import Qwen38Pass
-from ..rows import pad_rows, trim_rows
+from ..rows import RowPasses
 
 T = torch.Tensor
 P = "model."
@@ -91,7 +91,7 @@ def ffn_at(spec: Deepseek4Spec, t: Mapping[str, T], m: str, routing: Routing, b:
     clamped shared expert."""
     lim = spec.swiglu_limit
     gu, dn = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
-    if gu.dtype == torch.uint8:                                   # MXFP4: codes + e8m0 scales, decoded per chunk
+    if m + "experts.gate_up_proj_scale_inv" in t:                 # MXFP4: codes + e8m0 scales, decoded per chunk
         out = kmx.routed_experts_mxfp4(b, routing, kmx.Mxfp4(gu, t[m + "experts.gate_up_proj_scale_inv"]),
                                        kmx.Mxfp4(dn, t[m + "experts.down_proj_scale_inv"]), lim)
     else:
@@ -123,7 +123,7 @@ def hc_block(spec: Deepseek4Spec, t: Mapping[str, T], p: str, x: T, attend: Call
     return kmhc.mhc_expand(moe(b), x, fw.post, fw.comb)
 
 
-class Deepseek4Target:
+class Deepseek4Target(RowPasses):
     """The target engine: prefill / verify / commit / kv_rows as the other targets (module docstring for the
     state); passes are ``Qwen38Pass`` with taps [L+1, R, S, H] (the streams; taps[0] the S copies of the
     embedding) and ``final`` [R, H] = norm(hc_head(streams)), what the head reads. Every verify runs exactly
@@ -161,17 +161,6 @@ class Deepseek4Target:
     def reset(self) -> None:
         self.length = 0
         self._ran = None
-
-    def prefill(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        """Run the prompt from position 0 and commit it whole."""
-        self.reset()
-        out = self._run(ids, logits)
-        self.commit(len(ids))
-        return out
-
-    def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        """Run rows ids at positions length..length+R-1 (caches written, nothing committed)."""
-        return trim_rows(self._run(pad_rows(ids, self.rows), logits), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last pass (the caches are cut by position)."""

@@ -24,7 +24,7 @@ from ...ops.norm import rms_norm
 from ...ops.rope import partial_rope, rope_tables
 from ..ffn import route
 from ..qwen38.model import Qwen38Pass
-from ..rows import pad_rows, trim_rows
+from ..rows import RowPasses
 
 T = torch.Tensor
 AttendKV = Callable[[T, T, T, T | None], T]     # (q, k, v, sinks) -> [N, R, nh dv]
@@ -99,7 +99,7 @@ def forward_train(params: Mapping[str, T], spec: Mimo2Spec, ids: T) -> tuple[T, 
     return F.linear(rms_norm(h, params["model.norm.weight"], spec.layer.rms_eps), head), hidden
 
 
-class Mimo2Target:
+class Mimo2Target(RowPasses):
     """The target engine: prefill / verify / commit with Qwen3Target's API; passes are ``Qwen38Pass`` (``final``:
     the post-final-norm rows, what an MTP head reads). Every verify runs exactly ``rows`` rows when set (short
     passes padded at the end), so plain and drafted runs have equal shapes."""
@@ -139,15 +139,6 @@ class Mimo2Target:
     def reset(self) -> None:
         self.length = 0
         self._pending = False
-
-    def prefill(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        self.reset()
-        out = self._run(ids, logits)
-        self.commit(len(ids))
-        return out
-
-    def verify(self, ids: list[int], logits: bool = False) -> Qwen38Pass:
-        return trim_rows(self._run(pad_rows(ids, self.rows), logits), len(ids))
 
     def commit(self, kept: int) -> None:
         """Keep the first ``kept`` rows of the last pass (KV by position: nothing else to restore)."""

@@ -27,7 +27,7 @@ from ...ops.attention import attend
 from ...ops.mlp import swiglu
 from ...ops.norm import rms_norm
 from ...ops.rope import apply_rope, rope_tables
-from ..rows import pad_rows, trim_rows
+from ..rows import RowPasses
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -128,35 +128,6 @@ class Pass:
     argmax: list[int]
     taps: torch.Tensor
     logits: torch.Tensor | None = None
-
-
-class RowPasses:
-    """prefill / verify / commit / reset over ``self._run(ids, want_logits) -> Pass`` and ``self.length``: the pass
-    logic every qwen3-family target shares (one process, or rank 0 of a split one)."""
-
-    rows: int | None
-    length: int
-
-    def _run(self, ids: list[int], want_logits: bool) -> Pass:
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def prefill(self, ids: list[int], logits: bool = False) -> Pass:
-        """Run the prompt from position 0 and commit it whole."""
-        self.length = 0
-        out = self._run(ids, logits)
-        self.commit(len(ids))
-        return out
-
-    def verify(self, ids: list[int], logits: bool = False) -> Pass:
-        """Run rows ids at positions length..length+R-1 (KV written, nothing committed); padded to ``rows``."""
-        return trim_rows(self._run(pad_rows(ids, self.rows), logits), len(ids))
-
-    def commit(self, kept: int) -> None:
-        """Keep the first ``kept`` rows of the last verify; later KV slots are dead (masked by position)."""
-        self.length += kept
 
 
 @dataclass
@@ -349,6 +320,11 @@ class FastQwen3Target:
             self.forward(c.ids[j:j + 1], c.p0, None, self.logits_buf[:1], c.ids[j + 1:j + 2])
             c.p0.add_(1)
         c.ids[:1].copy_(c.ids[k:k + 1])
+
+    def replay_plain_step(self) -> None:
+        """One plain step's device work again (the staged width-1 pass; an attention-only commit has none): what the
+        bench times as the device share of an id."""
+        self.graphs.run(1)
 
     def decode_plain(self, first: int, n: int, k: int = 8) -> list[int]:
         """The next n greedy ids after ``first`` (the last pass's argmax), committed, K one-row steps a graph

@@ -291,6 +291,12 @@ class FastQwen38Target:
                 self._capture_commit(k)
         self._last = None
 
+    def replay_plain_step(self) -> None:
+        """One plain step's device work again: the staged width-1 verify and its commit of one row (captured by the
+        last ``verify`` / ``commit(1)``); the state it advances is the bench's to reset (``prefill``)."""
+        self.graphs.run(1)
+        self.commit_graphs.run(1)
+
     def decode_plain(self, first: int, n: int, k: int = 8) -> list[int]:
         """The next n greedy ids after ``first`` (the last pass's argmax), committed: the one-row verify + commit(1)
         n times, K of them a graph replay with the host reading ids once per K (``kernels.chain``; no replay runs

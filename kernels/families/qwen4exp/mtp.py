@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from bloomery_gates.spec import Qwen4ExpMTPSpec, Qwen4ExpSpec
 
 from ...drafts.chain_store import ChainStore
-from ...drafts.mtp import chain_mask
+from ...drafts.mtp import chained_attends
 from ...ops import gated_hc as hc
-from ...ops.attention import attend
 from ...ops.rope import rope_tables
 from ..ffn import ffn_for
 from ..qwen38.model import attention_mixer
@@ -138,18 +137,9 @@ def forward_train(mparams: Mapping[str, T], tspec: Qwen4ExpSpec, streams: T, ids
     cos, sin = cos[1:], sin[1:]
     e = F.embedding(ids[:, 1:], mparams["model.embed_tokens.weight"])
     x = streams[:, :-1]
-    keys: list[T] = []
-    vals: list[T] = []
     head = mparams["model.embed_tokens.weight" if tspec.tie_word_embeddings else "lm_head.weight"]
     out = []
-    for step in range(1, steps + 1):
-        allowed = chain_mask(r, step, ids.device)
-
-        def chained(q, k, v, allowed=allowed):
-            keys.append(k)
-            vals.append(v)
-            return attend(q, torch.cat(keys, 2), torch.cat(vals, 2), allowed)
-
+    for chained in chained_attends(r, steps, ids.device):
         y = mtp_block(mparams, tspec, mtp_in(mparams, e, x, s, eps), cos, sin, chained, train=True)
         out.append(F.linear(collapse(mparams, tspec, y), head))
         x = F.pad(y[:, :-1], (0, 0, 1, 0))              # step s+1 at q reads y of step s at q-1

@@ -132,7 +132,7 @@ def ffn_at(spec: Deepseek4Spec, w: Weights, m: str, routing: Routing, b: np.ndar
     """The MoE under prefix ``m`` on normed rows b [T, H] with its routing: clamped routed experts + the
     ungated clamped shared expert."""
     lim = spec.swiglu_limit
-    if spec.experts_mxfp4:
+    if m + "experts.gate_up_proj_scale_inv" in w:                  # MXFP4 under this prefix (as kernels/ decides)
         gu, dn = (rmx.Mxfp4(w[m + n].astype(np.uint8), w[m + n + "_scale_inv"].astype(np.uint8))
                   for n in ("experts.gate_up_proj", "experts.down_proj"))
         routed = rmx.routed_experts_mxfp4(b, routing, gu, dn, lim)
