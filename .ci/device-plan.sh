@@ -10,6 +10,11 @@ F=fixtures
 run() { local name=$1; shift
   timeout ${PLAN_TIMEOUT:-300} python3 -P -m bloomery_cli.cli plan "$@" --device cuda --dtype bf16 --gpu-mem 130G \
     --measure --record $R/plan-$name.json 2>&1 | tee -a $R/plan.log; echo "$name exit ${PIPESTATUS[0]}" | tee -a $R/plan.log; }
+if [ "${SET:-all}" = wave3 ]; then   # SET=wave3: the third wave's fixtures, each with its own MTP / NextN, at ctx 1000 and 300
+  for f in qwen4exp-tiny glm5next-tiny ds4-tiny; do for c in 1000 300; do
+    run $f-mtp-ctx$c $F/$f --draft $F/$f --ctx $c; done; done
+  grep -E "exit|rel err" $R/plan.log; exit 0
+fi
 if [ "${SET:-all}" = all ]; then   # SET=new: only the fixtures added after the first H200 plan record
 for d in qwen3-tiny-dflash-b8 qwen3-tiny-dflash2-b8 qwen3-tiny-dspark-b7 qwen3-tiny-eagle3; do
   run $d $F/qwen3-tiny --draft $F/$d --ctx 1000; done
