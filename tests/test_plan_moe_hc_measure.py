@@ -47,3 +47,20 @@ def test_plan_within_two_percent_of_the_measured_bytes(monkeypatch, tmp_path, fi
     monkeypatch.setattr(mod, "_model", lambda *a, **k: dataclasses.replace(real(*a, **k), **undo))
     planted = _rel_err(fixture, ctx, tmp_path / "p.json")
     assert abs(planted) > BOUND, f"{fixture} ctx {ctx}: {undo} planted, still {planted:+.4f}"
+
+
+@pytest.mark.parametrize("ctx", [1000, 300])
+def test_deepseek4_plan_counts_the_entry_slots_among_the_keys(monkeypatch, tmp_path, ctx):
+    """deepseek4 (issue 26): a pass's keys are the cache and its compressed entry slots, scored by sink attention.
+    Within the plan's own tolerance on the host (the H200 record: results/h200/plan/); the entry slots planted away
+    (``entry_rate`` 0, the generic score bytes) it was -27.6% at ctx 1000 on the host, -16% on the H200."""
+    from bloomery_cli.families.deepseek4 import plan as plan_ds4
+    from bloomery_cli.plan.measure import TOLERANCE
+
+    rel = _rel_err("ds4-tiny", ctx, tmp_path / "m.json")
+    assert abs(rel) <= TOLERANCE, f"ds4-tiny ctx {ctx}: plan off the measured bytes by {rel:+.4f}"
+    real = plan_ds4.deepseek4_target
+    monkeypatch.setattr(plan_ds4, "deepseek4_target",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), entry_rate=0, score_bytes=None))
+    planted = _rel_err("ds4-tiny", ctx, tmp_path / "p.json")
+    assert abs(planted) > TOLERANCE, f"ds4-tiny ctx {ctx}: entry slots planted away, still {planted:+.4f}"

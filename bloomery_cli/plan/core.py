@@ -174,11 +174,12 @@ def workspace(t: PlanModel, rows: int, ctx: int, e: int, end: int | None = None,
     indexer (``index_pool`` p) holds r (end + 1) mask bytes and 4 r (end // p) score bytes at attention; a
     ``prefill`` pass of a chunked recurrent form holds its chunk scratch (``prefill_scratch``) in its recurrent
     phase; ``masks_held``: the masks (2 r C bytes) and the indexer's selection are held through every phase, and
-    ``held_row_bytes`` per row in every phase."""
+    ``held_row_bytes`` per row in every phase; ``entry_rate`` m: the keys are C + C // m (the compressed entries)."""
     chunk, one, more, per_row = t.prefill_scratch
     scratch = (one if rows <= chunk else more) + per_row * -(-rows // chunk) * chunk if prefill and chunk else 0
     end = ctx if end is None else min(end, ctx)
     keys = end if t.keys_to_end else ctx
+    keys += keys // t.entry_rate if t.entry_rate else 0
     index = rows * (end + 1) + 4 * rows * (end // t.index_pool) if t.index_pool else 0
     layers = t.attention_layers + sum(r.layers for r in t.recurrent)
     taps = (layers + 1) * rows * t.residual_streams * t.hidden * e   # every layer's output rows (all HC streams)

@@ -91,6 +91,8 @@ class PlanModel:
     #                                            (each MoE layer's recorded Routing: ids, weights, choice)
     masks_held: bool = False                   # the pass's causal mask and its selected copy [r, C] bool, and the
     #                                            last indexer's selection, live through every phase (qwen4exp)
+    entry_rate: int = 0                        # compressed attention (deepseek4): a pass's keys are the cache [C] and
+    #                                            its entry slots [C / m] (m the smallest compress rate), masked
     index_pool: int = 0                        # a DSA / QSA indexer of pools of this many keys: a pass ending at key
     #                                            L holds its pool scores [r, L / p] f32 and token mask [r, L + 1] bool
 

@@ -30,6 +30,8 @@ from bloomery_cli.formats.config import Cfg
 from ...plan.types import AttnGroup, Experts, PlanModel, _embed_dtype
 
 FAMILY = "deepseek4"
+SCORE_BYTES = 12    # sink attention (kernels.ops.attention.sink_attention): the f32 scores, [scores ; sink] and its
+#                     softmax alive at once, as mimo2's
 PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "_scale_inv")
 F32_TOP = ("model.norm.weight", "model.hc_head.hc_fn", "model.hc_head.hc_base", "model.hc_head.hc_scale")
 
@@ -88,4 +90,6 @@ def deepseek4_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
                      embed_dtype=_embed_dtype(inv), rope_tables=0, f32_elems=w["f32"],
                      experts=Experts(moe.top_k, moe.expert_ff, fp4), notes=notes, residual_streams=f["hc"].count,
                      fixed_bytes=w["fixed"],
-                     position_elems=n_csa * (4 * a.head_dim + 4 * a.index_head_dim) + n_hca * 2 * a.head_dim)
+                     position_elems=n_csa * (4 * a.head_dim + 4 * a.index_head_dim) + n_hca * 2 * a.head_dim,
+                     score_bytes=SCORE_BYTES, entry_rate=min([a.csa_rate] * bool(n_csa) + [a.hca_rate] * bool(n_hca),
+                                                             default=0))
