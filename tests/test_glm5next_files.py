@@ -235,10 +235,10 @@ def test_plan_terms_against_a_hand_count(files):
         assert p["terms"]["draft_per_position"] == e * (KVL + H) + 8     # the NextN's latent and indexer inputs
 
 
-def test_plan_prints_the_family_and_the_draft_path_as_not_gated(files):
+def test_plan_prints_the_family_the_draft_path_and_the_engine_it_models(files):
     r = runner.invoke(app, ["plan", str(files["gguf"]), "--gpu-mem", "1G"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "(glm5next)" in r.output, r.output
-    assert "draft path: NextN layer in-file" in r.output and "not gated" in r.output, r.output
+    assert "draft path: NextN layer in-file" in r.output and "glm5next-mtp gate's engine" in r.output, r.output
 
 
 @pytest.mark.parametrize("fmt", ["hf", "gguf"])
