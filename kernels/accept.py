@@ -10,7 +10,8 @@ window i + 1 has been queued. A window of R rows (all [.] device tensors; nothin
             proposal[r] == argmax[r-1] in window rows), live = cnt < n (a window past the n-th id keeps nothing)
     commit  engine.commit_dev(kept, R): KV rows by position (nothing to do); a hybrid's recurrent state replayed
             over the first kept rows only and its conv tail gathered at rows kept..kept+K-2 (by index, on the device);
-            draft.accept_dev(p0, R) (its context of the window's rows; rows past kept lie beyond it)
+            draft.accept_dev(p0, R, kept) (a block draft's context of the window's rows, rows past kept beyond it;
+            a chained draft's real rows and its next proposals)
     out     out = [kept, a[0..R-1], d[0..R-2]]   (the host keeps a[:kept]: ``speculative.emitted_ids``)
     next    ids[0] <- a[kept-1] (``next_anchor``), p0 += kept, cnt += kept, w += 1
 
@@ -21,8 +22,9 @@ instead of running a window too many: the committed state after the loop is ``ge
 ``generate`` with a fixed width R and a draft proposing R-1 ids: the emitted ids, the windows (proposals, kept),
 the KV rows and the hybrid's state equal its bit for bit (tests/test_accept.py, CPU; on CUDA when present).
 
-Capture: a graph's warm-up runs execute the window (they advance p0, cnt, w and a hybrid's state), so the
-engine's ``chain.keep()`` tensors and the counters are saved before and put back after (``ChainBufs.capture``).
+Capture: a graph's warm-up runs execute the window (they advance p0, cnt, w, a hybrid's state and a chained draft's
+next proposals), so the engine's ``chain.keep()``, the draft's ``keep()`` and the counters are saved before and put
+back after (``ChainBufs.capture``).
 """
 
 from __future__ import annotations
@@ -64,11 +66,14 @@ class Accepts(Protocol):
 
 
 class DraftsDev(Protocol):
-    """A draft on the device (``kernels.accept_drafts``): graph-safe propose / accept, ``sync`` after the loop."""
+    """A draft on the device (``kernels.accept_drafts``): ``start`` after the prefill (host), graph-safe propose /
+    accept, ``sync`` after the loop, ``keep`` the tensors a window changes that a capture must put back."""
 
+    def start(self, taps: T, first: int) -> None: ...
     def propose_dev(self, p0: T, anchor: T, cnt: T, w: T, m: int) -> T: ...
-    def accept_dev(self, p0: T, r: int) -> None: ...
+    def accept_dev(self, p0: T, r: int, kept: T) -> None: ...
     def sync(self, length: int) -> None: ...
+    def keep(self) -> tuple[T, ...]: ...
 
 
 class WindowBufs(ChainBufs):
@@ -104,7 +109,7 @@ class DeviceAccept:
 
     def __init__(self, engine: Accepts, draft: DraftsDev, graphs: bool = True):
         self.engine, self.draft = engine, draft
-        self.bufs = WindowBufs(self._window, engine.device, graphs, engine.chain.keep)
+        self.bufs = WindowBufs(self._window, engine.device, graphs, lambda: (*engine.chain.keep(), *draft.keep()))
 
     def _window(self, r: int) -> None:
         c, e = self.bufs, self.engine
@@ -113,7 +118,7 @@ class DeviceAccept:
         a = e.rows_pass(c.ids[:r], c.p0)
         kept = kept_dev(c.ids[1:r], a) * (c.cnt < c.n).long()
         e.commit_dev(kept, r)
-        self.draft.accept_dev(c.p0, r)
+        self.draft.accept_dev(c.p0, r, kept)
         c.out[:1].copy_(kept)
         c.out[1:1 + r].copy_(a)
         c.out[1 + r:2 * r].copy_(c.ids[1:r])
@@ -121,6 +126,14 @@ class DeviceAccept:
         c.p0.add_(kept)
         c.cnt.add_(kept)
         c.w.add_(1)
+
+    def generate(self, prompt: list[int], n: int, r: int, mark=lambda: None) -> DeviceRun:
+        """``speculative.generate``'s loop on the device: prefill, the draft's start, ``mark()`` (a bench's clock),
+        then ``run``."""
+        first = self.engine.prefill(prompt)
+        self.draft.start(first.taps, first.argmax[-1])
+        mark()
+        return self.run(first.argmax[-1], n, r)
 
     def run(self, first: int, n: int, r: int) -> DeviceRun:
         """The next ids after ``first`` (the prefill's last argmax, at position ``engine.length``) until n ids (the

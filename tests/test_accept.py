@@ -14,7 +14,7 @@ from bloomery_cli.bench.shapes import SHAPES, random_pair
 from bloomery_cli.speculative import generate
 from bloomery_gates.kernels import accept as kaccept
 from bloomery_gates.kernels.accept import DeviceAccept
-from bloomery_gates.kernels.accept_drafts import DFlashDev, SyntheticDraft
+from bloomery_gates.kernels.accept_drafts import DFlashDev, MTPDev, SyntheticDraft
 from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft, Proposal
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
@@ -127,11 +127,38 @@ def test_device_accept_with_the_real_dflash_draft():
     hrun = generate(t, FastDFlashDraft(dspec, t, 200), _prompt(tspec), N, dspec.block_size)
     d = make()
     draft = DFlashDev(FastDFlashDraft(dspec, d, 200))
-    first = d.prefill(_prompt(tspec))
-    draft.prompt(first.taps)
-    drun = DeviceAccept(d, draft, graphs=False).run(first.argmax[-1], N, dspec.block_size)
+    drun = DeviceAccept(d, draft, graphs=False).generate(_prompt(tspec), N, dspec.block_size)
     assert mismatches(hrun, t, drun, d) == []
     assert draft.d.ctx_len == d.length
+
+
+def _mtp_wrong_row(self, p0, r, kept):                    # planted: the chain starts from row kept, not kept-1
+    return _REAL_MTP(self, p0, r, (kept + 1).clamp(max=r))
+
+
+_REAL_MTP = MTPDev.accept_dev
+
+
+@pytest.mark.parametrize("plant", [False, True])
+def test_device_accept_with_the_real_mtp_draft(plant, monkeypatch):
+    """qwen38 + FastMTPDraft (mtp_fast), its chained proposals made on the device after each window's accept:
+    generate's ids, KV rows and states; its windows too on this shape (the rows of a pass round alike here).
+    Planted: the chain starts from the wrong row: the windows differ."""
+    if plant:
+        monkeypatch.setattr(MTPDev, "accept_dev", _mtp_wrong_row)
+    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
+    from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
+
+    spec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], CPU, BF16)
+
+    def make():
+        return FastQwen38Target(spec, CPU, BF16, 200, max_width=8, impl="torch", attention="torch")
+    t = make()
+    hrun = generate(t, FastMTPDraft(mspec, t, 200, width=R - 1), _prompt(spec), N)
+    d = make()
+    drun = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)), graphs=False).generate(_prompt(spec), N, R)
+    assert mismatches(hrun, t, drun, d) == (["windows"] if plant else [])
+    assert drun.ids == hrun.ids and sum(k for _, k in drun.windows) / len(drun.windows) > 1
 
 
 def test_window_reads_nothing_back(setup):
