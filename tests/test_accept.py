@@ -158,7 +158,8 @@ def test_device_accept_with_the_real_mtp_draft(plant, monkeypatch):
     d = make()
     drun = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)), graphs=False).generate(_prompt(spec), N, R)
     assert mismatches(hrun, t, drun, d) == (["windows"] if plant else [])
-    assert drun.ids == hrun.ids and sum(k for _, k in drun.windows) / len(drun.windows) > 1
+    assert drun.ids == hrun.ids                                                    # lossless even when planted
+    assert plant or sum(k for _, k in drun.windows) / len(drun.windows) > 1
 
 
 def test_window_reads_nothing_back(setup):
