@@ -66,10 +66,12 @@ class Accepts(Protocol):
 
 
 class DraftsDev(Protocol):
-    """A draft on the device (``kernels.accept_drafts``): ``start`` after the prefill (host), graph-safe propose /
-    accept, ``sync`` after the loop, ``keep`` the tensors a window changes that a capture must put back."""
+    """A draft on the device (``kernels.accept_drafts``): ``start`` (its prompt) and ``prime`` (a chained draft's
+    first propose) on the host, graph-safe propose / accept, ``sync`` after the loop, ``keep`` the tensors a window
+    changes that a capture must put back."""
 
-    def start(self, taps: T, first: int) -> None: ...
+    def start(self, taps: T) -> None: ...
+    def prime(self, first: int) -> None: ...
     def propose_dev(self, p0: T, anchor: T, cnt: T, w: T, m: int) -> T: ...
     def accept_dev(self, p0: T, r: int, kept: T) -> None: ...
     def sync(self, length: int) -> None: ...
@@ -128,11 +130,12 @@ class DeviceAccept:
         c.w.add_(1)
 
     def generate(self, prompt: list[int], n: int, r: int, mark=lambda: None) -> DeviceRun:
-        """``speculative.generate``'s loop on the device: prefill, the draft's start, ``mark()`` (a bench's clock),
-        then ``run``."""
+        """``speculative.generate``'s loop on the device: prefill, the draft's prompt, ``mark()`` (a bench's clock:
+        ``bench.timed_generate`` starts there too), the draft's first propose, then ``run``."""
         first = self.engine.prefill(prompt)
-        self.draft.start(first.taps, first.argmax[-1])
+        self.draft.start(first.taps)
         mark()
+        self.draft.prime(first.argmax[-1])
         return self.run(first.argmax[-1], n, r)
 
     def run(self, first: int, n: int, r: int) -> DeviceRun:

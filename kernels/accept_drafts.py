@@ -43,9 +43,13 @@ class SyntheticDraft:
         self.table[:len(ref)].copy_(torch.tensor(ref, dtype=torch.long))
         self.right.copy_(torch.tensor(right, dtype=torch.bool))
 
-    def start(self, taps: T, first: int) -> None:
+    def start(self, taps: T) -> None:
         if self.inner is not None:
-            self.inner.start(taps, first)
+            self.inner.start(taps)
+
+    def prime(self, first: int) -> None:
+        if self.inner is not None:
+            self.inner.prime(first)
 
     def propose_dev(self, p0: T, anchor: T, cnt: T, w: T, m: int) -> T:
         if m > self.draws:
@@ -72,8 +76,11 @@ class DFlashDev:
     def __init__(self, draft):
         self.d = draft
 
-    def start(self, taps: T, first: int) -> None:
+    def start(self, taps: T) -> None:
         self.d.prompt(taps)
+
+    def prime(self, first: int) -> None:
+        pass
 
     def propose_dev(self, p0: T, anchor: T, cnt: T, w: T, m: int) -> T:
         self.d.inp.dev[:1].copy_(p0)
@@ -117,8 +124,10 @@ class MTPDev:
     def __init__(self, draft):
         self.d = draft
 
-    def start(self, taps: T, first: int) -> None:
+    def start(self, taps: T) -> None:
         self.d.prompt(taps)
+
+    def prime(self, first: int) -> None:
         self.d.propose(first)
 
     def propose_dev(self, p0: T, anchor: T, cnt: T, w: T, m: int) -> T:
