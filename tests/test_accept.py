@@ -13,6 +13,7 @@ from bloomery_cli.bench.common import ReplayDraft
 from bloomery_cli.bench.shapes import SHAPES, random_pair
 from bloomery_cli.speculative import generate
 from bloomery_gates.kernels import accept as kaccept
+from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.accept import DeviceAccept
 from bloomery_gates.kernels.accept_drafts import DFlashDev, MTPDev, SyntheticDraft
 from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft, Proposal
@@ -20,6 +21,9 @@ from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
 
 CPU = torch.device("cpu")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+triton_only = pytest.mark.skipif(not ktriton.available(DEVICE), reason="the Triton kernels need CUDA and triton "
+                                 "(or TRITON_INTERPRET=1)")
 BF16 = torch.bfloat16
 R, N = 4, 40
 
@@ -120,16 +124,37 @@ def test_device_accept_equals_generate_and_plain(setup, a):
     assert drun.ids == plain
 
 
-def test_device_accept_with_the_real_dflash_draft():
-    """qwen3 + FastDFlashDraft, its proposals made on the device: generate's windows and ids."""
-    make, tspec, dspec = _qwen3()
+def _dflash_case(dev=CPU, dtype=BF16, graphs=False):
+    make, tspec, dspec = _qwen3(dev, dtype)
     t = make()
     hrun = generate(t, FastDFlashDraft(dspec, t, 200), _prompt(tspec), N, dspec.block_size)
     d = make()
     draft = DFlashDev(FastDFlashDraft(dspec, d, 200))
-    drun = DeviceAccept(d, draft, graphs=False).generate(_prompt(tspec), N, dspec.block_size)
-    assert mismatches(hrun, t, drun, d) == []
+    drun = DeviceAccept(d, draft, graphs=graphs).generate(_prompt(tspec), N, dspec.block_size)
     assert draft.d.ctx_len == d.length
+    return hrun, t, drun, d
+
+
+def _mtp_case(dev=CPU, dtype=BF16, graphs=False):
+    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
+    from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
+
+    spec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], CPU, dtype)
+    impl = "torch" if dev.type == "cpu" else "auto"
+
+    def make():
+        return FastQwen38Target(spec, dev, dtype, 200, max_width=8, impl=impl, attention="torch")
+    t = make()
+    hrun = generate(t, FastMTPDraft(mspec, t, 200, width=R - 1, graphs=graphs), _prompt(spec), N)
+    d = make()
+    drun = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1, graphs=graphs)), graphs=graphs).generate(
+        _prompt(spec), N, R)
+    return hrun, t, drun, d
+
+
+def test_device_accept_with_the_real_dflash_draft():
+    """qwen3 + FastDFlashDraft, its proposals made on the device: generate's windows and ids."""
+    assert mismatches(*_dflash_case()) == []
 
 
 def _mtp_wrong_row(self, p0, r, kept):                    # planted: the chain starts from row kept, not kept-1
@@ -146,17 +171,7 @@ def test_device_accept_with_the_real_mtp_draft(plant, monkeypatch):
     Planted: the chain starts from the wrong row: the windows differ."""
     if plant:
         monkeypatch.setattr(MTPDev, "accept_dev", _mtp_wrong_row)
-    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
-    from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
-
-    spec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], CPU, BF16)
-
-    def make():
-        return FastQwen38Target(spec, CPU, BF16, 200, max_width=8, impl="torch", attention="torch")
-    t = make()
-    hrun = generate(t, FastMTPDraft(mspec, t, 200, width=R - 1), _prompt(spec), N)
-    d = make()
-    drun = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)), graphs=False).generate(_prompt(spec), N, R)
+    hrun, t, drun, d = _mtp_case()
     assert mismatches(hrun, t, drun, d) == (["windows"] if plant else [])
     assert drun.ids == hrun.ids                                                    # lossless even when planted
     assert plant or sum(k for _, k in drun.windows) / len(drun.windows) > 1
@@ -243,16 +258,29 @@ def _commit_every_kept(make, spec) -> list[str]:
         h.verify(rows)
         if kept:
             h.commit(kept)
-        d.rows_pass(torch.tensor(rows), torch.tensor([d.length]))
-        d.commit_dev(torch.tensor([kept]), R)
+        d.rows_pass(torch.tensor(rows, device=d.device), torch.tensor([d.length], device=d.device))
+        d.commit_dev(torch.tensor([kept], device=d.device), R)
         if not (torch.equal(h.state, d.state) and torch.equal(h.conv_tail, d.conv_tail)):
             bad.append(kept)
     return bad
 
 
-def test_commit_dev_restores_the_state_after_row_kept_minus_1():
-    make, spec, _ = _qwen38()
-    assert _commit_every_kept(make, spec) == []
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=triton_only)])
+def test_commit_dev_restores_the_state_after_row_kept_minus_1(impl):
+    """kept = 0..R: the masked replay (rows >= kept with g = b = 0) gives commit(kept)'s state bit for bit, on the
+    torch scan and on the Triton recurrence (CUDA, or its interpreter with TRITON_INTERPRET=1)."""
+    dev = torch.device(DEVICE if impl == "triton" else "cpu")
+    make, spec, _ = _qwen38(dev, torch.float32)
+    assert _commit_every_kept(lambda: _with_impl(make, impl), spec) == []
+
+
+def _with_impl(make, impl):
+    t = make()
+    if impl == "triton":
+        from bloomery_gates.kernels.triton import delta_impl
+
+        t.impl, t.recur = "triton", delta_impl("triton")
+    return t
 
 
 @pytest.mark.parametrize("plant", ["state", "tail"])
@@ -264,10 +292,16 @@ def test_fail_first_commit_dev_wrong_row(plant, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("name", list(ENGINES))
-def test_device_accept_graphs_on_cuda(name):
-    make, spec, _ = ENGINES[name](torch.device("cuda"), torch.float32)
-    ref = _reference(make, spec)
-    hrun, h = _host(make, spec, ref, 0.8)
-    drun, d = _device(make, spec, ref, 0.8, graphs=True)
-    assert mismatches(hrun, h, drun, d) == []
+@pytest.mark.parametrize("case", ["qwen3", "qwen38", "dflash", "mtp"])
+def test_device_accept_graphs_on_cuda(case):
+    """The same comparisons with the window captured as a CUDA graph (Triton ops where the engine picks them; the
+    hybrid's masked replay on the Triton recurrence): ids, windows, KV rows, states and the next pass, bit for bit."""
+    cuda = torch.device("cuda")
+    if case in ENGINES:
+        make, spec, _ = ENGINES[case](cuda, torch.float32)
+        ref = _reference(make, spec)
+        hrun, h = _host(make, spec, ref, 0.8)
+        drun, d = _device(make, spec, ref, 0.8, graphs=True)
+        assert mismatches(hrun, h, drun, d) == []
+    else:
+        assert mismatches(*(_dflash_case if case == "dflash" else _mtp_case)(cuda, torch.float32, True)) == []
