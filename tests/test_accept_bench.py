@@ -53,3 +53,17 @@ def test_cost_policy_skips_the_device_loop(tmp_path):
     res, rec = _bench(tmp_path, [*QWEN3, "--width", "cost"])
     assert res.exit_code == 0, res.output
     assert rec["device_accept"] == [] and "fixed width only" in rec["device_accept_skipped"]
+
+
+def test_measured_real_draft_on_the_device():
+    """The gate's checkpoints (qwen3-tiny fixtures): the real DFlash draft in the device loop, its windows the host
+    loop's (the same acceptance), its ids the plain run's; planted wrong ids fail the verdict."""
+    from bloomery_cli.bench.command import bench
+
+    rec = bench("qwen3-dflash", None, "cpu", "f32", n=32, hf_tokens=4, taus=(8.0,), emit=lambda line: None,
+                quiet=True)
+    dm, m = rec["device_measured"], rec["measured"]
+    assert dm["ids_identical"] and dm["accept_mean"] == m["accept_mean"] > 1 and dm["tok_s"] > 0
+    assert bench_accept.device_ok(rec)
+    rec["device_measured"]["ids_identical"] = False
+    assert not bench_accept.device_ok(rec)

@@ -44,6 +44,21 @@ def device_hooks(draft):
     raise ValueError(f"no device hooks for a {type(draft).__name__}")
 
 
+def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
+    """``loop.generate``, timed as ``bench.timed_generate`` times the host loop: from the end of the prefill and the
+    draft's prompt to the last id. -> (run, ids per second over the n-1 ids after the first)."""
+    dev = loop.engine.device
+    mark: dict[str, float] = {}
+
+    def start() -> None:
+        sync(dev)
+        mark["t0"] = time.perf_counter()
+
+    run = loop.generate(prompt, n, rows, start)
+    sync(dev)
+    return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
+
+
 class DeviceSweep:
     """One ``DeviceAccept`` over the bench's target and draft (its graphs captured once, on the first row)."""
 
@@ -55,15 +70,7 @@ class DeviceSweep:
         self.warm = False
 
     def timed(self, prompt: list[int], n: int):
-        mark: dict[str, float] = {}
-
-        def start() -> None:
-            sync(self.target.device)
-            mark["t0"] = time.perf_counter()
-
-        run = self.loop.generate(prompt, n, self.rows, start)
-        sync(self.target.device)
-        return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
+        return timed_device(self.loop, prompt, n, self.rows)
 
     def row(self, prompt: list[int], ref: list[int], n: int, a: float, seed: int, plain_tok_s: float,
             host: dict[str, Any], host_windows: list, bound: dict | None, log) -> dict[str, Any]:
@@ -89,6 +96,23 @@ class DeviceSweep:
             f"ratio_to_host={out['ratio_to_host']:.3f} frac_of_tau_x_plain={frac:.3f}{roof} "
             f"ids_identical={out['ids_identical']} windows_identical={out['windows_identical']}")
         return out
+
+
+def measured_row(target, draft, prompt: list[int], n: int, rows: int, plain_ids: list[int], plain_tok_s: float,
+                 host: dict[str, Any], log) -> dict[str, Any]:
+    """The real draft (its own proposals, on the device: ``device_hooks``) in the device loop at the fixed width,
+    beside the host loop's measured run: its tok/s, acceptance and ids against the plain run's."""
+    loop = DeviceAccept(target, device_hooks(draft), graphs=target.graphs.enabled)
+    loop.generate(prompt, n, rows)                      # captures the window graph (untimed)
+    run, tok_s = timed_device(loop, prompt, n, rows)
+    kept = [k for _, k in run.windows]
+    am = sum(kept) / len(kept) if kept else 0.0
+    out = {"accept_mean": am, "tok_s": tok_s, "host_tok_s": host["tok_s"], "ratio_to_host": tok_s / host["tok_s"],
+           "speedup": tok_s / plain_tok_s, "ids_identical": run.ids == plain_ids[:n]}
+    log(f"device_accept measured accept_mean={am:.3f} tok_s={tok_s:.1f} host_loop_tok_s={host['tok_s']:.1f} "
+        f"ratio_to_host={out['ratio_to_host']:.3f} speedup={out['speedup']:.2f} "
+        f"ids_identical_plain={out['ids_identical']}")
+    return out
 
 
 def start_device(rec: dict[str, Any], target, draft, rows: int, n: int, ref_len: int, width: str, log
@@ -122,7 +146,10 @@ def add_row(dev: DeviceSweep | None, rec: dict[str, Any], log, *args) -> None:
 
 def device_ok(rec: dict[str, Any]) -> bool:
     """Fails closed: True only when the device loop ran every row of a fixed-width sweep with the reference's ids
-    (or was skipped for the cost policy, said so)."""
+    (or was skipped for the cost policy, said so), and the measured real-draft run, where it ran, has the plain
+    run's ids."""
+    if "device_measured_error" in rec or not rec.get("device_measured", {"ids_identical": True})["ids_identical"]:
+        return False
     if "device_accept_skipped" in rec:
         return True
     rows = rec.get("device_accept") or []

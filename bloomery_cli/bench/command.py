@@ -35,7 +35,7 @@ from ..preflight import check_output_file
 from ..results.records import conditions, write_atomic
 from ..threads import Threads, apply_threads
 from ..width import CostWidth, width_policy
-from .accept import add_row, device_ok, start_device
+from .accept import add_row, device_ok, measured_row, start_device
 from .chain import host_share
 from .common import (
     CRITERION,
@@ -183,6 +183,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
             step("measured acceptance")
             guarded(rec, "measured", log,
                     lambda: _measured(target, draft, prompt, n, plain, ref, plain_tok_s, width, b, log))
+            if width == "fixed" and "measured" in rec:
+                guarded(rec, "device_measured", log, lambda: measured_row(target, draft, prompt, n, b, plain.ids,
+                                                                          plain_tok_s, rec["measured"], log))
     rec["complete"] = True
     save(rec)
     return rec
