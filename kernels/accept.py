@@ -9,7 +9,8 @@ window i + 1 has been queued. A window of R rows (all [.] device tensors; nothin
     accept  kept = (1 + sum_r prod_{j<=r} [d[j] == a[j]]) * live      (``kept_dev``: 1 + the longest prefix where
             proposal[r] == argmax[r-1] in window rows), live = cnt < n (a window past the n-th id keeps nothing)
     commit  engine.commit_dev(kept, R): KV rows by position (nothing to do); a hybrid's recurrent state replayed
-            over the first kept rows only and its conv tail gathered at rows kept..kept+K-2 (by index, on the device);
+            over the R rows with g = b = 0 on rows >= kept (an identity update: the state after row kept-1) and
+            its conv tail gathered at rows kept..kept+K-2 (by index, on the device);
             draft.accept_dev(p0, R, kept) (a block draft's context of the window's rows, rows past kept beyond it;
             a chained draft's real rows and its next proposals)
     out     out = [kept, a[0..R-1], d[0..R-2]]   (the host keeps a[:kept]: ``speculative.emitted_ids``)
