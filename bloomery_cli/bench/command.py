@@ -35,6 +35,7 @@ from ..preflight import check_output_file
 from ..results.records import conditions, write_atomic
 from ..threads import Threads, apply_threads
 from ..width import CostWidth, width_policy
+from .accept import add_row, device_ok, measured_row, start_device
 from .chain import host_share
 from .common import (
     CRITERION,
@@ -182,6 +183,9 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
             step("measured acceptance")
             guarded(rec, "measured", log,
                     lambda: _measured(target, draft, prompt, n, plain, ref, plain_tok_s, width, b, log))
+            if width == "fixed" and "measured" in rec:
+                guarded(rec, "device_measured", log, lambda: measured_row(target, draft, prompt, n, b, plain.ids,
+                                                                          plain_tok_s, rec["measured"], log))
     rec["complete"] = True
     save(rec)
     return rec
@@ -189,6 +193,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
 def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log, save) -> None:
     rows = rec["sweep"]
+    dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
     for tau in [t for t in taus if t <= b]:
         a = accept_for_tau(tau, b)
         rd = ReplayDraft(draft, ref.ids, a, target.spec.vocab_size, seed=int(tau * 100))
@@ -207,6 +212,7 @@ def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log,
                                 "draft_share": row["draft_share"], "accept_mean": row["accept_mean"]}
             log(f"criterion tau=6 drafted_tok_s={tok_s:.1f} needed_{CRITERION}x_accept_mean_x_plain={need:.1f} "
                 f"met={tok_s >= need} draft_share={row['draft_share']:.3f}")
+        add_row(dev, rec, log, prompt, ref.ids, n, a, int(tau * 100), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
 
 
@@ -364,6 +370,7 @@ def bench_command(
                 typer.echo("FAILED: the chained plain decode's ids differ from the plain run's (or it did not run)",
                            err=True)
                 raise typer.Exit(1)
+            _device_verdict(rec)
             return
         rec = bench(name, shape, device, dtype, prompt_len, n, width, quiet=json is not None, save=save,
                     profile=profile, llama_bench=peer)
@@ -371,6 +378,7 @@ def bench_command(
             typer.echo("FAILED: the chained plain decode's ids differ from the plain run's (or it did not run)",
                        err=True)
             raise typer.Exit(1)
+        _device_verdict(rec)
     except (ValueError, InputError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -380,6 +388,14 @@ def bench_command(
         typer.echo(f"error: --prompt-len {prompt_len} -n {n}: out of memory on {device} "
                    f"({' '.join(str(e).split())[:160]})", err=True)
         raise typer.Exit(2) from None
+
+
+def _device_verdict(rec: dict) -> None:
+    """Exit 1 unless the device-accept loop ran every drafted row with the reference's ids (``bench.accept``)."""
+    if not device_ok(rec):
+        typer.echo("FAILED: a device-accept drafted run's ids differ from the plain run's (or it did not run)",
+                   err=True)
+        raise typer.Exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

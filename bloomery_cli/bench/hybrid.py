@@ -32,6 +32,7 @@ import torch
 from ..gatekit import resolve_device
 from ..results.records import conditions
 from ..width import width_policy
+from .accept import add_row, start_device
 from .chain import host_share
 from .common import (
     CRITERION,
@@ -227,6 +228,7 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
 
 
 def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, rec, log, save) -> None:
+    dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
     for a in accepts:
         rd = ReplayDraft(draft, ref.ids, a, target.spec.vocab_size, seed=int(a * 1000))
         run, tok_s = timed_generate(target, rd, prompt, n, width_policy(width, b))
@@ -245,6 +247,7 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
                                 "met": tok_s >= need, "draft_share": row["draft_share"], "accept_mean": am}
             log(f"criterion {rec['criterion']['at']} drafted_tok_s={tok_s:.2f} needed_{CRITERION}x_accept_mean_x_plain="
                 f"{need:.2f} met={tok_s >= need} draft_share={row['draft_share']:.3f}")
+        add_row(dev, rec, log, prompt, ref.ids, n, a, int(a * 1000), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
 
 

@@ -321,6 +321,17 @@ class FastQwen3Target:
             c.p0.add_(1)
         c.ids[:1].copy_(c.ids[k:k + 1])
 
+    def rows_pass(self, ids: torch.Tensor, p0: torch.Tensor) -> torch.Tensor:
+        """The verify of rows ids [R] at p0.. (device tensors) into the static taps / logits / argmax buffers, as
+        ``verify``'s pass (``kernels.accept``'s window). Graph-safe. -> argmax [R] (a view of ``argmax_buf``)."""
+        r = ids.shape[0]
+        self.forward(ids, p0, self.taps_buf[:, :r], self.logits_buf[:r], self.argmax_buf[:r])
+        return self.argmax_buf[:r]
+
+    def commit_dev(self, kept: torch.Tensor, r: int) -> None:
+        """Commit the first ``kept`` [1] rows of the last ``rows_pass`` on the device: KV rows are kept by position
+        (the rows past kept are overwritten by the next pass before any row reads them), so nothing to do."""
+
     def replay_plain_step(self) -> None:
         """One plain step's device work again (the staged width-1 pass; an attention-only commit has none): what the
         bench times as the device share of an id."""

@@ -341,6 +341,30 @@ class FastQwen38Target:
             c.p0.add_(1)
         c.ids[:1].copy_(c.ids[k:k + 1])
 
+    def rows_pass(self, ids: T, p0: T) -> T:
+        """``verify``'s pass over rows ids [R] at p0.. (device tensors; ``kernels.accept``'s window): KV written, the
+        rows' delta-rule inputs kept, nothing committed. Graph-safe. -> argmax [R] (a view of ``argmax_buf``)."""
+        r, kk = ids.shape[0], self.hybrid.linear_conv_kernel_dim
+        self.forward(ids, p0, PassBufs(self.proj[:, :kk - 1 + r], tuple(x[:, :, :r] for x in self.rows_buf),
+                                       self.taps_buf[:, :r], self.final_buf[:r], self.logits_buf[:r],
+                                       self.argmax_buf[:r]))
+        return self.argmax_buf[:r]
+
+    def commit_dev(self, kept: T, r: int) -> None:
+        """``commit`` with kept [1] on the device (0..R; 0 keeps nothing), after a ``rows_pass`` of R rows. Graph-safe:
+
+            state     <- the recurrence over all R rows from ``state``, rows r >= kept with g = b = 0: their update
+                         S <- exp(0) S + k (0 (v - S^T k))^T is S itself (to the bit), so the state is the state
+                         after row kept-1, the same operations on the same operands as ``commit(kept)``'s replay
+            conv_tail <- proj[:, kept + j, :C], j < K-1 (gathered by index; kept = 0 gives the tail back)"""
+        q, k, v, g, b = (x[:, :, :r] for x in self.rows_buf)
+        live = (self.key_pos[:r] < kept)[None, None, :, None]                         # [1, 1, R, 1]
+        gm, bm = torch.where(live, g, 0.0), torch.where(live, b, 0.0)
+        for i in range(len(self.lin_layers)):
+            self.recur(q[i], k[i], v[i], gm[i], bm[i], self.state[i], self.state[i])
+        kk, c = self.hybrid.linear_conv_kernel_dim, self.hybrid.conv_dim
+        self.conv_tail.copy_(self.proj.index_select(1, kept + self.key_pos[:kk - 1])[:, :, :c])
+
     def _capture_commit(self, kept: int) -> None:
         saved = self.state.clone(), self.conv_tail.clone()
         self.commit_graphs.capture(kept)                     # its warm-up runs replay into the state...

@@ -1,0 +1,158 @@
+"""The drafted runs with device-side accept (``kernels.accept``) beside the host loop (issue 27).
+
+Each synthetic-acceptance row of a bench (``bench._sweep``, ``bench_hybrid._sweep``) is run twice at the same
+acceptance a and seed:
+
+    host loop    ``speculative.generate`` with ``ReplayDraft`` (the real draft runs for its cost, the window's
+                 argmax read back with ``.tolist()``, accept and commit decided on the host)
+    device loop  ``DeviceAccept`` with ``SyntheticDraft`` (ReplayDraft's proposals from a device table, the same
+                 draws), the same real draft run on the device for its cost (``DFlashDev``, ``DFlash2Dev``,
+                 ``MTPDev``), kept / emitted ids / anchor / commit on the device, the host reading a window's
+                 ids after the next one is queued
+
+and the ``device_accept`` line prints, beside the host loop's tok/s:
+
+    frac_of_bound  = (tok_s / (accept_mean x plain_tok_s)) / bound.frac_max     (issue 27's drafted criterion:
+                     >= 0.92 of the bound line the bench printed; ``host_frac_of_bound`` the host loop's)
+    ids_identical  the device loop's n ids == the padded plain reference's (the bench exits 1 otherwise)
+    windows_identical  its (proposals, kept) per window == the host loop's (the same draws; reported)
+
+Only the fixed width runs on the device (the cost policy decides per window on the host: not run, said so)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bloomery_gates.kernels.accept import DeviceAccept
+from bloomery_gates.kernels.accept_drafts import DFlash2Dev, DFlashDev, MTPDev, SyntheticDraft
+
+from .common import sync
+
+NEEDED = 0.92                   # issue 27: drafted >= 0.92 of the bound line
+
+
+def device_hooks(draft):
+    """The device hooks of a bench's real draft (its cost inside the device loop)."""
+    from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft
+    from bloomery_gates.kernels.drafts.dflash2_fast import FastDFlash2Draft
+    from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
+
+    for cls, hooks in ((FastDFlash2Draft, DFlash2Dev), (FastDFlashDraft, DFlashDev), (FastMTPDraft, MTPDev)):
+        if isinstance(draft, cls):
+            return hooks(draft)
+    raise ValueError(f"no device hooks for a {type(draft).__name__}")
+
+
+def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
+    """``loop.generate``, timed as ``bench.timed_generate`` times the host loop: from the end of the prefill and the
+    draft's prompt to the last id. -> (run, ids per second over the n-1 ids after the first)."""
+    dev = loop.engine.device
+    mark: dict[str, float] = {}
+
+    def start() -> None:
+        sync(dev)
+        mark["t0"] = time.perf_counter()
+
+    run = loop.generate(prompt, n, rows, start)
+    sync(dev)
+    return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
+
+
+class DeviceSweep:
+    """One ``DeviceAccept`` over the bench's target and draft (its graphs captured once, on the first row)."""
+
+    def __init__(self, target, draft, rows: int, n: int, ref_len: int):
+        self.target, self.rows = target, rows
+        self.synth = SyntheticDraft(target.device, target.spec.vocab_size, rows - 1, max(n, ref_len) + 2 * rows,
+                                    inner=device_hooks(draft))
+        self.loop = DeviceAccept(target, self.synth, graphs=target.graphs.enabled)
+        self.warm = False
+
+    def timed(self, prompt: list[int], n: int):
+        return timed_device(self.loop, prompt, n, self.rows)
+
+    def row(self, prompt: list[int], ref: list[int], n: int, a: float, seed: int, plain_tok_s: float,
+            host: dict[str, Any], host_windows: list, bound: dict | None, log) -> dict[str, Any]:
+        self.synth.load(ref, a, seed)
+        if not self.warm:                               # captures the window graph (untimed, as the host's is)
+            self.timed(prompt, n)
+            self.warm = True
+        run, tok_s = self.timed(prompt, n)
+        kept = [k for _, k in run.windows]
+        am = sum(kept) / len(kept) if kept else 0.0
+        frac = tok_s / (am * plain_tok_s) if am else 0.0
+        fmax = (bound or {}).get("frac_max")
+        out = {"a": a, "accept_mean": am, "tok_s": tok_s, "host_tok_s": host["tok_s"],
+               "ratio_to_host": tok_s / host["tok_s"], "tau_x_plain_frac": frac, "windows": len(kept),
+               "ids_identical": run.ids == ref[:n], "windows_identical": run.windows == host_windows}
+        roof = ""
+        if fmax:
+            out |= {"frac_of_bound": frac / fmax, "host_frac_of_bound": host["tau_x_plain_frac"] / fmax,
+                    "bound_frac_max": fmax, "met": frac / fmax >= NEEDED}
+            roof = (f" frac_of_bound={out['frac_of_bound']:.3f} host_frac_of_bound={out['host_frac_of_bound']:.3f} "
+                    f"bound_frac_max={fmax:.3f} needed={NEEDED} met={out['met']}")
+        log(f"device_accept a={a:.4f} accept_mean={am:.3f} tok_s={tok_s:.2f} host_loop_tok_s={host['tok_s']:.2f} "
+            f"ratio_to_host={out['ratio_to_host']:.3f} frac_of_tau_x_plain={frac:.3f}{roof} "
+            f"ids_identical={out['ids_identical']} windows_identical={out['windows_identical']}")
+        return out
+
+
+def measured_row(target, draft, prompt: list[int], n: int, rows: int, plain_ids: list[int], plain_tok_s: float,
+                 host: dict[str, Any], log) -> dict[str, Any]:
+    """The real draft (its own proposals, on the device: ``device_hooks``) in the device loop at the fixed width,
+    beside the host loop's measured run: its tok/s, acceptance and ids against the plain run's."""
+    loop = DeviceAccept(target, device_hooks(draft), graphs=target.graphs.enabled)
+    loop.generate(prompt, n, rows)                      # captures the window graph (untimed)
+    run, tok_s = timed_device(loop, prompt, n, rows)
+    kept = [k for _, k in run.windows]
+    am = sum(kept) / len(kept) if kept else 0.0
+    out = {"accept_mean": am, "tok_s": tok_s, "host_tok_s": host["tok_s"], "ratio_to_host": tok_s / host["tok_s"],
+           "speedup": tok_s / plain_tok_s, "ids_identical": run.ids == plain_ids[:n]}
+    log(f"device_accept measured accept_mean={am:.3f} tok_s={tok_s:.1f} host_loop_tok_s={host['tok_s']:.1f} "
+        f"ratio_to_host={out['ratio_to_host']:.3f} speedup={out['speedup']:.2f} "
+        f"ids_identical_plain={out['ids_identical']}")
+    return out
+
+
+def start_device(rec: dict[str, Any], target, draft, rows: int, n: int, ref_len: int, width: str, log
+                 ) -> DeviceSweep | None:
+    """``rec['device_accept']`` started; the sweep's ``DeviceSweep``, or None (a line and the record say why) for the
+    cost policy or when it cannot be built (then ``device_ok`` fails)."""
+    rec["device_accept"] = []
+    if width != "fixed":
+        rec["device_accept_skipped"] = f"width policy {width}: the device loop runs the fixed width only"
+        log(f"device_accept skipped: {rec['device_accept_skipped']}")
+        return None
+    try:
+        return DeviceSweep(target, draft, rows, n, ref_len)
+    except (ValueError, RuntimeError) as e:
+        rec["device_accept_error"] = f"{type(e).__name__}: {e}"
+        log(f"device_accept failed: {rec['device_accept_error'][:300]}")
+        return None
+
+
+def add_row(dev: DeviceSweep | None, rec: dict[str, Any], log, *args) -> None:
+    """The device loop's row beside the host row just run (``DeviceSweep.row``'s arguments); a failure is logged
+    and recorded (``device_ok`` then fails)."""
+    if dev is None:
+        return
+    try:
+        rec["device_accept"].append(dev.row(*args, log=log))
+    except Exception as e:  # noqa: BLE001  (recorded; the bench exits 1 through device_ok)
+        rec["device_accept_error"] = f"{type(e).__name__}: {e}"
+        log(f"device_accept failed: {rec['device_accept_error'][:300]}")
+
+
+def device_ok(rec: dict[str, Any]) -> bool:
+    """Fails closed: True only when the device loop ran every row of a fixed-width sweep with the reference's ids
+    (or was skipped for the cost policy, said so), and the measured real-draft run, where it ran, has the plain
+    run's ids."""
+    if "device_measured_error" in rec or not rec.get("device_measured", {"ids_identical": True})["ids_identical"]:
+        return False
+    if "device_accept_skipped" in rec:
+        return True
+    rows = rec.get("device_accept") or []
+    if "device_accept_error" in rec:
+        return False
+    return bool(rows) and len(rows) == len(rec.get("sweep") or []) and all(r["ids_identical"] for r in rows)

@@ -1,0 +1,69 @@
+"""``bloomery bench``'s device-accept rows (``bloomery_cli.bench.accept``): one beside every drafted host row, with
+the reference's ids; a planted defect in the device loop (kept off by one) makes the bench exit 1, as does a device
+loop that did not run; the cost policy skips it and says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from bloomery_cli.bench import accept as bench_accept
+from bloomery_cli.cli import app
+from bloomery_gates.kernels import accept as kaccept
+
+QWEN3 = ["qwen3-dflash", "--shape", "tiny", "--device", "cpu", "--dtype", "bf16", "--prompt-len", "16", "-n", "24"]
+MTP = ["qwen38-mtp", "--shape", "qwen38-tiny", "--device", "cpu", "--dtype", "bf16", "--prompt-len", "8", "-n", "16"]
+
+
+def _bench(tmp_path, args):
+    out = tmp_path / "rec.json"
+    res = CliRunner().invoke(app, ["bench", *args, "--json", str(out)])
+    return res, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.parametrize("args", [QWEN3, MTP], ids=["qwen3-dflash", "qwen38-mtp"])
+def test_device_rows_beside_the_host_rows(tmp_path, args):
+    res, rec = _bench(tmp_path, args)
+    assert res.exit_code == 0, res.output
+    dev, host = rec["device_accept"], rec["sweep"]
+    assert len(dev) == len(host) > 0 and all(d["ids_identical"] for d in dev)
+    assert all(d["windows_identical"] and d["accept_mean"] == h["accept_mean"] for d, h in zip(dev, host, strict=True))
+    assert all(d["tok_s"] > 0 and d["frac_of_bound"] > 0 for d in dev)
+    assert sum("device_accept a=" in line for line in rec["lines"]) == len(host)
+
+
+def test_fail_first_kept_off_by_one_exits_1(tmp_path, monkeypatch):
+    real = kaccept.kept_dev
+    monkeypatch.setattr(kaccept, "kept_dev", lambda p, a: (real(p, a) + 1).clamp(max=p.shape[0] + 1))
+    res, rec = _bench(tmp_path, MTP)
+    assert res.exit_code == 1, res.output
+    assert "device-accept" in res.output and rec["ids_identical_all"]          # the host loop is untouched
+
+
+def test_fail_first_device_loop_that_cannot_run_exits_1(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_accept, "device_hooks", lambda draft: (_ for _ in ()).throw(ValueError("no hooks")))
+    res, rec = _bench(tmp_path, QWEN3)
+    assert res.exit_code == 1, res.output
+    assert rec["device_accept"] == [] and "no hooks" in rec["device_accept_error"]
+
+
+def test_cost_policy_skips_the_device_loop(tmp_path):
+    res, rec = _bench(tmp_path, [*QWEN3, "--width", "cost"])
+    assert res.exit_code == 0, res.output
+    assert rec["device_accept"] == [] and "fixed width only" in rec["device_accept_skipped"]
+
+
+def test_measured_real_draft_on_the_device():
+    """The gate's checkpoints (qwen3-tiny fixtures): the real DFlash draft in the device loop, its windows the host
+    loop's (the same acceptance), its ids the plain run's; planted wrong ids fail the verdict."""
+    from bloomery_cli.bench.command import bench
+
+    rec = bench("qwen3-dflash", None, "cpu", "f32", n=32, hf_tokens=4, taus=(8.0,), emit=lambda line: None,
+                quiet=True)
+    dm, m = rec["device_measured"], rec["measured"]
+    assert dm["ids_identical"] and dm["accept_mean"] == m["accept_mean"] > 1 and dm["tok_s"] > 0
+    assert bench_accept.device_ok(rec)
+    rec["device_measured"]["ids_identical"] = False
+    assert not bench_accept.device_ok(rec)
