@@ -174,7 +174,9 @@ def test_device_accept_with_the_real_mtp_draft(plant, monkeypatch):
     hrun, t, drun, d = _mtp_case()
     assert mismatches(hrun, t, drun, d) == (["windows"] if plant else [])
     assert drun.ids == hrun.ids                                                    # lossless even when planted
-    assert plant or sum(k for _, k in drun.windows) / len(drun.windows) > 1
+    # No acceptance floor here: a random MTP head matches a random target by chance (about 1 / vocab a row), and
+    # on the H200 host (16 threads, other rounding) this case kept 1 in all 39 windows. Rollback past kept > 1 is
+    # held by the synthetic-draft cases above (1 < mean kept <= R), the real draft's windows by ``mismatches``.
 
 
 def test_window_reads_nothing_back(setup):
