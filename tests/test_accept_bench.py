@@ -67,3 +67,22 @@ def test_measured_real_draft_on_the_device():
     assert bench_accept.device_ok(rec)
     rec["device_measured"]["ids_identical"] = False
     assert not bench_accept.device_ok(rec)
+
+
+def test_the_criterion_is_judged_over_the_chained_plain_decode():
+    """With the chain's tok/s known, ``met`` is judged on frac_of_bound_chain (both sides without the host's round
+    trip); over the plain loop alone a row 5% past the chain-basis threshold's miss would read as met."""
+    sweep = bench_accept.DeviceSweep.__new__(bench_accept.DeviceSweep)
+    sweep.synth, sweep.warm, sweep.rows = type("S", (), {"load": lambda *a: None})(), True, 4
+
+    class Run:
+        ids, windows = [1, 2, 3, 4], [([2, 3, 4], 4)]
+    sweep.timed = lambda prompt, n: (Run(), 400.0)               # accept_mean 4, 400 tok/s
+    host = {"tok_s": 380.0, "tau_x_plain_frac": 0.9}
+    args = ([0], [1, 2, 3, 4], 4, 0.9, 0, 100.0, host, Run.windows, {"frac_max": 1.0})
+    sweep.chain_tok_s = None
+    plain = sweep.row(*args, log=lambda s: None)                 # 400 / (4 x 100) = 1.0 of the bound
+    sweep.chain_tok_s = 110.0
+    chained = sweep.row(*args, log=lambda s: None)               # 400 / (4 x 110) = 0.909 of the bound
+    assert plain["met"] and plain["frac_of_bound"] == 1.0
+    assert chained["frac_of_bound_chain"] == pytest.approx(400 / 440) and not chained["met"]
