@@ -6,12 +6,13 @@ over the hc-stream mean ENTERING target layers 2 and 4, V4's trained HC head as 
 (r) lines, beyond the target's: the chosen experts of every target layer over the prompt (``deepseek4_mtp.
 check_routing``), then on the first block after the first prompt the kernel against
 ``reference.families.deepseek4.dspark.forward`` on the engine's own taps, its Markov inputs teacher-forced with the
-kernel's chain: each stage's output streams, the logits (Markov term included), the draft ids, the chain rule
-prev_0 = anchor / prev_k+1 = argmax_k (host rule), the confidence logits (on the PRE-norm collapse) and the cut
-length, and the cut on every window at the probe thresholds (``dspark_cut``). State after the loop: the target's
-caches and every stage's context K = V, the next block's confidence logits (``state_decls_deepseek4``). No (o)
-line for the draft: transformers has no DSpark class, and llama.cpp's ``draft-dspark`` needs the target as a
-deepseek4 GGUF this repo does not write yet (``bloomery_cli.engines.llamacpp`` PAIRS).
+kernel's chain (row 0 the anchor): each stage's output streams, the logits (Markov term included), the draft
+ids, the chain rule prev_0 = anchor / prev_k+1 = argmax_k (host rule), the confidence logits (on the PRE-norm
+collapse) and the cut length, and the cut on every window at the probe thresholds (``dspark_cut``). State after
+the loop: the target's caches and every stage's context K = V, the next block's confidence logits
+(``state_decls_deepseek4``). No (o) line for the draft: transformers has no DSpark class, and llama.cpp's
+``draft-dspark`` needs the target as a deepseek4 GGUF this branch does not write (``bloomery_cli.engines.llamacpp``
+PAIRS); ``--oracle`` adds the target's transformers lines.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
-    prev = to_np(got.prev).astype(np.int64)
+    prev = np.concatenate([[anchor], to_np(got.prev).astype(np.int64)[1:]])   # row 0 reads the anchor, always
     ref, emu = exact_and_emulated(
         c.dtype, lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev))
     check_block(report, c, got, ref, emu, anchor)

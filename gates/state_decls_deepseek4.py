@@ -153,7 +153,7 @@ def _ds_conf_read(draft, run: StateRun) -> dict[str, np.ndarray]:
 
 
 def _ds_conf_reference(run: StateRun) -> dict[str, np.ndarray]:
-    prev = np64(run.proposal.prev).astype(np.int64)
+    prev = np.concatenate([[run.emitted[-1]], np64(run.proposal.prev).astype(np.int64)[1:]])   # row 0: the anchor
     z = ref_dspark.forward(run.draft_spec, run.target_spec, run.ref, run.emitted[-1], s=run.length,
                            prev=prev).conf_logits
     return {} if z is None else {DS_CONF: z}

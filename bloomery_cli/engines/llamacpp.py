@@ -67,6 +67,8 @@ PAIRS: dict[str, Pair] = {
                                  "reads no expert-group keys (the fixture routes in 2 groups)"),
     "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
                             "llama.cpp's deepseek4 MTP graph exists)"),
+    "ds4-dspark": Pair(why_not="the deepseek4 target GGUF writer is on branch gg, not merged here; the pair also "
+                               "needs the draft file as is (no converter step) and its tokenizer keys for dflash.cpp"),
 }
 
 

@@ -17,7 +17,8 @@ from .families.qwen35moe import Qwen35MoeSpec
 from .families.qwen38 import Qwen38Spec
 from .shapes import AttnShape, DSAShape, HCShape, HybridShape, KDAShape, MLAShape, MoEShape
 
-__all__ = ["AttnShape", "DFlash2Spec", "DFlashSpec", "DSAShape", "DSparkSpec", "Deepseek4DSparkSpec", "Deepseek4MTPSpec", "Deepseek4Spec",
-           "Eagle3Spec", "Glm5NextSpec", "HCShape", "HybridShape", "KDAShape", "LayerShape", "MLAShape", "MTPSpec",
-           "Mimo2MTPSpec", "Mimo2Spec", "MimoShape", "MoEShape", "ModelSpec", "PLEShape", "QSAShape", "Qwen35MoeSpec",
-           "Qwen38Spec", "Qwen4ExpMTPSpec", "Qwen4ExpSpec", "RopeScaling", "Tensors", "V4AttnShape"]
+__all__ = ["AttnShape", "DFlash2Spec", "DFlashSpec", "DSAShape", "DSparkSpec", "Deepseek4DSparkSpec",
+           "Deepseek4MTPSpec", "Deepseek4Spec", "Eagle3Spec", "Glm5NextSpec", "HCShape", "HybridShape", "KDAShape",
+           "LayerShape", "MLAShape", "MTPSpec", "Mimo2MTPSpec", "Mimo2Spec", "MimoShape", "MoEShape", "ModelSpec",
+           "PLEShape", "QSAShape", "Qwen35MoeSpec", "Qwen38Spec", "Qwen4ExpMTPSpec", "Qwen4ExpSpec", "RopeScaling",
+           "Tensors", "V4AttnShape"]

@@ -192,7 +192,8 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
         eng = Deepseek4Target(target, "cpu", torch.float32, cfg.seq + 8)
         corp = corpus_mod.load_corpus()
         train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
-        rows = torch.cat([greedy_rows(eng, train, cfg.pool, cfg.prefix, cfg.seq, torch.Generator().manual_seed(cfg.seed)),
+        pool = greedy_rows(eng, train, cfg.pool, cfg.prefix, cfg.seq, torch.Generator().manual_seed(cfg.seed))
+        rows = torch.cat([pool,
                           sample_windows(train, cfg.real, cfg.seq, torch.Generator().manual_seed(cfg.seed + 1))])
         data = rows_data(eng, rows)
         held_data = rows_data(eng, greedy_rows(eng, held, 4 if not quick else 1, cfg.prefix, cfg.seq,

@@ -155,8 +155,9 @@ def read_keys(k: Keys, target: Deepseek4Spec) -> dict[str, Any]:
     layers = k.ints(A + "target_layers")
     bad = [x for x in layers if not 1 <= x <= target.num_layers]
     if bad:
-        raise Mismatch(f"{k.f.path}: key {A}target_layers", f"{bad}: the target has layers 0..{target.num_layers - 1}"
-                                                             f"; a value L is the state entering L (1..{target.num_layers})")
+        raise Mismatch(f"{k.f.path}: key {A}target_layers",
+                       f"{bad}: the target has layers 0..{target.num_layers - 1}; a value L is the state entering L "
+                       f"(1..{target.num_layers})")
     block = k.int(A + "block_size", 1, required=False, default=DEFAULT_BLOCK)
     anchor = k.f.meta(A + "sample_from_anchor", True)
     if anchor not in (True, "true"):
