@@ -6,7 +6,8 @@ from the frozen ds4-tiny target, written as ``fixtures/ds4-tiny-dspark-b7.gguf``
 Draft: 2 DSV4 stages (window-only attention W 16, 4 mHC streams, 8 experts top-2 sqrt-softplus + the shared
 expert, the trunk's shapes), B 7 (anchor-first: 7 drafts), features the hc-stream mean ENTERING target layers 2
 and 4 (``dflash.target_layers`` [2, 4]: the DSpark ids [1, 3]), Markov rank 16, a confidence head; no token_embd /
-output (the target's are borrowed). Warm start: stage attention / mHC from the target's layer 0 (sliding), the MoE
+output (the target's are borrowed); the target's tokenizer keys and ``dflash.context_length``, as llama.cpp's
+converter writes them, so llama.cpp's dflash loader takes the file as is. Warm start: stage attention / mHC from the target's layer 0 (sliding), the MoE
 from its layer 1 (non-hash), the HC head and the final norm from the target's, fc = [I/2 | I/2] (the mean of the
 two features), markov_w1 N(0, 0.02), markov_w2 and the confidence head zeros.
 
@@ -41,6 +42,7 @@ TARGET, B, RANK, STAGES = "ds4-tiny", 7, 16, 2
 NAME = f"ds4-tiny-dspark-b{B}"
 GGUF = NAME + ".gguf"
 TARGET_IDS = (1, 3)                    # DSpark config ids; the file's dflash.target_layers = ids + 1
+CONTEXT = 1024                         # dflash.context_length (llama.cpp's loader requires it): the target's
 
 
 @dataclass
@@ -127,16 +129,19 @@ def block_loss(params: dict, spec, eng, data: list, pick: list[int], anchors: in
     return loss / len(pick), hits / n
 
 
-def write_gguf(path: Path, spec, w: dict[str, torch.Tensor]) -> None:
-    """The llama.cpp converter's DSV4 DSpark layout (keys and names as ``reader_dspark`` reads them), F32 tensors."""
+def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
+    """The llama.cpp converter's DSV4 DSpark layout (keys and names as ``reader_dspark`` reads them), F32 tensors;
+    with ``tok`` the target's tokenizer keys (the converter's ``set_vocab`` from ``--target-model-dir``: llama.cpp
+    loads a vocabulary for every model, the draft included)."""
     import gguf
 
+    from ...fixturegen.export_gguf import write_tokenizer
     from .reader_dspark import BLOCK, ROOT
 
     a, m, n = spec.attn, spec.moe, spec.num_layers
     wr = gguf.GGUFWriter(str(path), "dflash")
     A = "dflash."
-    for k, v in (("block_count", n), ("embedding_length", spec.hidden_size), ("attention.head_count", a.num_heads),
+    for k, v in (("block_count", n), ("context_length", CONTEXT), ("embedding_length", spec.hidden_size), ("attention.head_count", a.num_heads),
                  ("attention.head_count_kv", 1), ("attention.key_length", a.head_dim),
                  ("attention.value_length", a.head_dim), ("rope.dimension_count", a.rope_dim),
                  ("attention.q_lora_rank", a.q_lora_rank), ("attention.sliding_window", a.window),
@@ -154,6 +159,8 @@ def write_gguf(path: Path, spec, w: dict[str, torch.Tensor]) -> None:
     wr.add_array(A + "swiglu_clamp_exp", [float(spec.swiglu_limit)] * n)
     wr.add_array(A + "swiglu_clamp_shexp", [float(spec.swiglu_limit)] * n)
     wr.add_array(A + "target_layers", [x + 1 for x in spec.target_layer_ids])
+    if tok is not None:
+        write_tokenizer(wr, tok, pad=False)
     wr.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
     back = {v: k for k, v in ROOT.items()}
     blk = {v: k for k, v in BLOCK.items()}
@@ -186,6 +193,9 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
     t0, out_dir = time.perf_counter(), Path(out_dir)
     cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
     tok, _, _ = load_tokenizer(out_dir)
+    from tokenizers import Tokenizer
+
+    ttok = Tokenizer.from_file(str(out_dir / TARGET / "tokenizer.json"))
     rep = Reporter(progress, every=cfg.train.log_every)
     target = deepseek4_from_hf(out_dir / TARGET)
     with _determinism(cfg.seed):
@@ -216,7 +226,7 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
                               list(range(len(held_data))), cfg.anchors, torch.Generator().manual_seed(7))[1]
     dst = out_dir / GGUF
     tmp = dst.with_name(dst.name + ".tmp")
-    write_gguf(tmp, draft_spec(target, stored), stored)
+    write_gguf(tmp, draft_spec(target, stored), stored, ttok)
     os.chmod(tmp, 0o644)
     got = deepseek4_dspark_from_gguf(tmp, target)
     for k, v in stored.items():
