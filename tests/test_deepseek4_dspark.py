@@ -167,3 +167,17 @@ def test_fail_first_gate_exits_1_in_bf16(tmp_path, monkeypatch, plant):
     code, lines = gate_lines(tmp_path)
     assert code == 1, "\n".join(lines)
     assert any(x.endswith("FAIL") for x in dspark_lines(lines)), "\n".join(lines)
+
+
+def test_collapse_variants_are_named_alike_and_the_replay_is_the_family_one():
+    """The HC collapse is a named variant (V4's "hc_head"; V4.1's "last_mix" joins all three tables), and the engine
+    judge replays a deepseek4 DSpark draft with this family's reference, not the dense DSpark's."""
+    from bloomery_cli.engines.replay import PROPOSE, lookup
+    from bloomery_gates.kernels.families.deepseek4 import dspark as kd
+    from bloomery_gates.reference.drafts import dspark as dense
+    from bloomery_gates.reference.families.deepseek4 import dspark as rd
+    from bloomery_gates.spec.families.deepseek4 import COLLAPSES
+
+    assert set(kd.COLLAPSE) == set(rd.COLLAPSE) == set(COLLAPSES) == {"hc_head"}
+    assert lookup(PROPOSE, "deepseek4", "dspark") is PROPOSE["deepseek4/dspark"] is not PROPOSE["dspark"]
+    assert PROPOSE["deepseek4/dspark"].__closure__[0].cell_contents is rd and rd is not dense

@@ -7,9 +7,9 @@ Draft: 2 DSV4 stages (window-only attention W 16, 4 mHC streams, 8 experts top-2
 expert, the trunk's shapes), B 7 (anchor-first: 7 drafts), features the hc-stream mean ENTERING target layers 2
 and 4 (``dflash.target_layers`` [2, 4]: the DSpark ids [1, 3]), Markov rank 16, a confidence head; no token_embd /
 output (the target's are borrowed); the target's tokenizer keys and ``dflash.context_length``, as llama.cpp's
-converter writes them, so llama.cpp's dflash loader takes the file as is. Warm start: stage attention / mHC from the target's layer 0 (sliding), the MoE
-from its layer 1 (non-hash), the HC head and the final norm from the target's, fc = [I/2 | I/2] (the mean of the
-two features), markov_w1 N(0, 0.02), markov_w2 and the confidence head zeros.
+converter writes them, so llama.cpp's dflash loader takes the file as is. Warm start: stage attention / mHC from the
+target's layer 0 (sliding), the MoE from its layer 1 (non-hash), the HC head and the final norm from the target's,
+fc = [I/2 | I/2] (the mean of the two features), markov_w1 N(0, 0.02), markov_w2 and the confidence head zeros.
 
 Data: the target's greedy continuations (``fixture.greedy_rows``: a real 32-token prefix, greedy to 112 tokens)
 and real corpus windows, the frozen f32 engine's taps. Loss per block (the dense DSpark fixture's,
@@ -141,7 +141,8 @@ def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
     a, m, n = spec.attn, spec.moe, spec.num_layers
     wr = gguf.GGUFWriter(str(path), "dflash")
     A = "dflash."
-    for k, v in (("block_count", n), ("context_length", CONTEXT), ("embedding_length", spec.hidden_size), ("attention.head_count", a.num_heads),
+    for k, v in (("block_count", n), ("context_length", CONTEXT), ("embedding_length", spec.hidden_size),
+                 ("attention.head_count", a.num_heads),
                  ("attention.head_count_kv", 1), ("attention.key_length", a.head_dim),
                  ("attention.value_length", a.head_dim), ("rope.dimension_count", a.rope_dim),
                  ("attention.q_lora_rank", a.q_lora_rank), ("attention.sliding_window", a.window),
