@@ -181,3 +181,16 @@ def test_collapse_variants_are_named_alike_and_the_replay_is_the_family_one():
     assert set(kd.COLLAPSE) == set(rd.COLLAPSE) == set(COLLAPSES) == {"hc_head"}
     assert lookup(PROPOSE, "deepseek4", "dspark") is PROPOSE["deepseek4/dspark"] is not PROPOSE["dspark"]
     assert PROPOSE["deepseek4/dspark"].__closure__[0].cell_contents is rd and rd is not dense
+
+
+def test_engine_llamacpp_names_why_it_cannot_run_here_exit_2():
+    """No deepseek4 target GGUF on this branch: `--engine llama.cpp` refuses by name before any work (the pair itself
+    ran on branch gg's target GGUF: results/cpu/ds4-dspark-llamacpp-experiment.log)."""
+    from typer.testing import CliRunner
+
+    from bloomery_cli.cli import app
+    from bloomery_cli.engines.llamacpp import PAIRS
+
+    assert PAIRS["ds4-dspark"].spec_type == "draft-dspark" and PAIRS["ds4-dspark"].draft == "file"
+    r = CliRunner().invoke(app, ["gate", "run", "ds4-dspark", "--engine", "llama.cpp", "-n", "4"])
+    assert r.exit_code == 2 and "deepseek4 target GGUF" in r.output and "Traceback" not in r.output, r.output
