@@ -194,3 +194,29 @@ def test_engine_llamacpp_names_why_it_cannot_run_here_exit_2():
     assert PAIRS["ds4-dspark"].spec_type == "draft-dspark" and PAIRS["ds4-dspark"].draft == "file"
     r = CliRunner().invoke(app, ["gate", "run", "ds4-dspark", "--engine", "llama.cpp", "-n", "4"])
     assert r.exit_code == 2 and "deepseek4 target GGUF" in r.output and "Traceback" not in r.output, r.output
+
+
+@needs_fixture
+def test_the_reference_runs_on_a_strict_device_bit_for_bit():
+    """reference/families/deepseek4/dspark.py on the fake CuPy device (tests/fake_xp.py: no host array mixed in a
+    device op) equals the host run exactly, in f64 and under bf16 storage rounding."""
+    from fake_xp import fake_device
+    from ref_workload import flat
+
+    from bloomery_gates.reference import xp as rxp
+    from bloomery_gates.reference.families.deepseek4 import dspark as ref
+    from bloomery_gates.reference.families.deepseek4 import model as trunk
+    from bloomery_gates.reference.rounding import emulate
+
+    target, d = specs()
+    ids = list(range(300, 324))
+    taps = trunk.forward(target, ids)
+    for dtype in (None, "bf16"):
+        def call():
+            out = ref.forward(d, target, taps, ids[-1], s=len(ids) - 1)
+            return {"logits": out.logits, "layer_out": out.layer_out, "conf": out.conf_logits, "ids": out.ids}
+        host = flat(call() if dtype is None else emulate(dtype, call))
+        sel = rxp.Selection(fake_device())
+        with rxp.select(sel):
+            dev = flat(rxp.run(call if dtype is None else lambda: emulate(dtype, call)))
+        assert sel.seconds > 0 and set(dev) == set(host) and all(np.array_equal(dev[k], host[k]) for k in host)
