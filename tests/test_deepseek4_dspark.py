@@ -218,5 +218,5 @@ def test_the_reference_runs_on_a_strict_device_bit_for_bit():
         host = flat(call() if dtype is None else emulate(dtype, call))
         sel = rxp.Selection(fake_device())
         with rxp.select(sel):
-            dev = flat(rxp.run(call if dtype is None else lambda: emulate(dtype, call)))
+            dev = flat(rxp.run(call if dtype is None else lambda dtype=dtype, call=call: emulate(dtype, call)))
         assert sel.seconds > 0 and set(dev) == set(host) and all(np.array_equal(dev[k], host[k]) for k in host)
