@@ -118,7 +118,7 @@ DEEPSEEK4_MTP_STATE = (StateDecl(_m_read, _m_reference, _m_ops),)
 # up to the deepest feature, fc + enc_norm, kv proj + kv_norm + rope; the block adds the stages and the HC head.
 
 def _ds_names(spec) -> list[str]:
-    return [f"dspark context stage {i} k = v (window)" for i in range(spec.num_layers)]
+    return [f"dspark context layer {i} k = v (window, stage {i})" for i in range(spec.num_layers)]
 
 
 def _ds_read(draft, run: StateRun) -> dict[str, np.ndarray]:
