@@ -58,6 +58,9 @@ gate-glm5next-mtp *ARGS:
 gate-ds4-mtp *ARGS:
     bloomery gate run ds4-mtp {{ARGS}}
 
+gate-ds4-dspark *ARGS:
+    bloomery gate run ds4-dspark {{ARGS}}
+
 gate-qwen4exp-mtp *ARGS:
     bloomery gate run qwen4exp-mtp {{ARGS}}
 

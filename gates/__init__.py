@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+               deepseek4_dspark,
                deepseek4_mtp,
                glm5next_mtp,
                mimo2_mtp,
@@ -29,4 +30,5 @@ GATES = {g.name: g for g in (qwen3_dflash.GATE, qwen3_dspark.GATE, qwen3_dflash2
 GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE
 GATES[glm5next_mtp.GATE.name] = glm5next_mtp.GATE
 GATES[deepseek4_mtp.GATE.name] = deepseek4_mtp.GATE
+GATES[deepseek4_dspark.GATE.name] = deepseek4_dspark.GATE
 GATES[qwen4exp_mtp.GATE.name] = qwen4exp_mtp.GATE

@@ -65,15 +65,16 @@ def judge(seen: list, t: float) -> tuple[int, int, int, int, str]:
     return len(seen), cut, differ, excused, where
 
 
-def check_cut_windows(report: Report, c: DraftCheck) -> None:
-    """One (r) cut line per threshold over every window of prompt 0's drafted run (no confidence head: none)."""
+def check_cut_windows(report: Report, c: DraftCheck, make=None) -> None:
+    """One (r) cut line per threshold over every window of prompt 0's drafted run (no confidence head: none).
+    ``make(t)``: a fresh draft of the gate's kind at threshold t (default: the dense ``DSparkDraft``)."""
     if not c.draft_spec.confidence:
         return
     own = c.draft.confidence_cut
     n = min(IDS, c.draft.max_len - len(c.prompt) - c.draft_spec.block_size - 2)
     runs = [(own, False, c.draft)] if own > 0 else []
-    runs += [(t, True, DSparkDraft(c.draft_spec, c.engine, c.draft.max_len, confidence_cut=t))
-             for t in PROBES if t != own]
+    make = make or (lambda t: DSparkDraft(c.draft_spec, c.engine, c.draft.max_len, confidence_cut=t))
+    runs += [(t, True, make(t)) for t in PROBES if t != own]
     for t, probe, draft in runs:
         tape = CutTape(draft)
         generate(c.engine, tape, c.prompt, n)

@@ -19,6 +19,7 @@ import numpy as np
 
 from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.state_check import StateDecl, StateRun, np64
+from bloomery_gates.reference.families.deepseek4 import dspark as ref_dspark
 from bloomery_gates.reference.families.deepseek4 import model as ref_ds4
 from bloomery_gates.reference.families.deepseek4 import mtp as ref_mtp
 
@@ -109,3 +110,62 @@ def _m_ops(run: StateRun) -> dict[str, list[Op]]:
 
 
 DEEPSEEK4_MTP_STATE = (StateDecl(_m_read, _m_reference, _m_ops),)
+
+
+# The DSV4 DSpark draft (``kernels.families.deepseek4.dspark``): each stage's context K = V [length, d] of the kept
+# rows (``reference.families.deepseek4.dspark.context_rows`` over the fresh run's target taps), and the next block's
+# confidence logits (the reference teacher-forced with the kernel's Markov chain). Band depths: the target's layers
+# up to the deepest feature, fc + enc_norm, kv proj + kv_norm + rope; the block adds the stages and the HC head.
+
+def _ds_names(spec) -> list[str]:
+    return [f"dspark context layer {i} k = v (window, stage {i})" for i in range(spec.num_layers)]
+
+
+def _ds_read(draft, run: StateRun) -> dict[str, np.ndarray]:
+    return {n: np64(draft.context_kv(i)) for i, n in enumerate(_ds_names(run.draft_spec))}
+
+
+def _ds_reference(run: StateRun) -> dict[str, np.ndarray]:
+    rows = ref_dspark.context_rows(run.draft_spec, run.ref.hidden, run.length)
+    return dict(zip(_ds_names(run.draft_spec), rows, strict=True))
+
+
+def _ds_feature_ops(run: StateRun, rows: int) -> list[Op]:
+    t, d = run.target_spec, run.draft_spec
+    h = t.hidden_size
+    return layer_ops(t.layer, rows) * (max(d.target_layer_ids) + 1) + [
+        Op("hc mean", t.hc.count), Op("fc", len(d.target_layer_ids) * h), Op("enc_norm", h)]
+
+
+def _ds_ops(run: StateRun) -> dict[str, list[Op]]:
+    d = run.draft_spec
+    ops = _ds_feature_ops(run, run.length) + [Op("kv proj", d.hidden_size), Op("kv_norm", d.attn.head_dim),
+                                              Op("rope", 2)]
+    return {n: ops for n in _ds_names(d)}
+
+
+DS_CONF = "dspark next block confidence logits"
+
+
+def _ds_conf_read(draft, run: StateRun) -> dict[str, np.ndarray]:
+    z = run.proposal.conf_logits
+    return {} if z is None else {DS_CONF: np64(z)}
+
+
+def _ds_conf_reference(run: StateRun) -> dict[str, np.ndarray]:
+    prev = np.concatenate([[run.emitted[-1]], np64(run.proposal.prev).astype(np.int64)[1:]])   # row 0: the anchor
+    z = ref_dspark.forward(run.draft_spec, run.target_spec, run.ref, run.emitted[-1], s=run.length,
+                           prev=prev).conf_logits
+    return {} if z is None else {DS_CONF: z}
+
+
+def _ds_conf_ops(run: StateRun) -> dict[str, list[Op]]:
+    d = run.draft_spec
+    h = d.hidden_size
+    return {DS_CONF: _ds_feature_ops(run, run.length + d.block_size)
+            + layer_ops(d.layer, run.length + d.block_size) * d.num_layers
+            + [Op("hc_head", d.hc.count * h), Op("confidence proj", h + d.markov_rank)]}
+
+
+DEEPSEEK4_DSPARK_STATE = (StateDecl(_ds_read, _ds_reference, _ds_ops),
+                          StateDecl(_ds_conf_read, _ds_conf_reference, _ds_conf_ops))

@@ -82,8 +82,9 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     width = gate.block(draft_spec) - 1
     report = Report(gate.name, emit=emit or stdout_emit)
     report.header(str(gguf), str(gate.draft), opts.device, opts.dtype, n, len(prompts))
-    report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width,
-                draft_gguf="in-file" if p.draft == "target" else "llama.cpp-converter", driver=str(drv))
+    source = {"target": "in-file", "file": "as given"}.get(p.draft, "llama.cpp-converter")
+    report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width, draft_gguf=source,
+                driver=str(drv))
     t0 = time.perf_counter()
     try:
         record = llamacpp.run(gate, gate.target, gguf, gate.draft, [list(x) for x in prompts], n, opts.dtype,

@@ -43,7 +43,8 @@ class Pair:
     """How llama.cpp runs a gate's pair: its spec type, the draft's GGUF source, or why it cannot."""
 
     spec_type: str = ""
-    draft: str = "convert"          # convert (llama.cpp's converter) | target (an in-file MTP head)
+    draft: str = "convert"          # convert (llama.cpp's converter) | target (an in-file MTP head) | file (the gate's
+    #                                 draft is already a GGUF in the converter's layout: passed as is)
     why_not: str = ""
 
 
@@ -67,6 +68,9 @@ PAIRS: dict[str, Pair] = {
                                  "reads no expert-group keys (the fixture routes in 2 groups)"),
     "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
                             "llama.cpp's deepseek4 MTP graph exists)"),
+    "ds4-dspark": Pair("draft-dspark", "file",
+                       why_not="no deepseek4 target GGUF here (its writer, ds4-tiny-lc.gguf, is on branch gg): "
+                               "results/cpu/ds4-dspark-llamacpp-experiment.log ran the pair on it"),
 }
 
 
@@ -155,6 +159,8 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
         plain = run_driver(drv, [*base, "--bl-plain"], prompts, n, work, "plain", threads)
         if p.draft == "target":
             dft = tgt
+        elif p.draft == "file":
+            dft = draft_hf
         else:
             if not (llama / "convert_hf_to_gguf.py").is_file():
                 raise InputError(llama, "no convert_hf_to_gguf.py: the driver's folder is not a `bloomery engine "

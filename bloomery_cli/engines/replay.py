@@ -24,6 +24,7 @@ from bloomery_gates.reference.drafts import dflash as ref_dflash
 from bloomery_gates.reference.drafts import dflash2 as ref_dflash2
 from bloomery_gates.reference.drafts import dspark as ref_dspark
 from bloomery_gates.reference.drafts import mtp as ref_mtp
+from bloomery_gates.reference.families.deepseek4 import dspark as ref_ds4_dspark
 from bloomery_gates.reference.families.mimo2 import mtp as ref_mimo2_mtp
 from bloomery_gates.reference.xp import run
 
@@ -91,7 +92,7 @@ CONVENTIONS: dict[str, tuple[str, Propose]] = {
     "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre"))}
 
 PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark), "dflash2": _dflash2,
-                               "mtp": _mtp, "mimo2/mtp": _mimo2("post")}
+                               "mtp": _mtp, "mimo2/mtp": _mimo2("post"), "deepseek4/dspark": _block(ref_ds4_dspark)}
 
 
 def lookup(table: dict, family: str, kind: str):

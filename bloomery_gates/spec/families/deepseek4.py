@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import ModelSpec, RopeScaling, Tensors
+from ..core import LayerShape, ModelSpec, RopeScaling, Tensors
 from ..shapes import HCShape, MoEShape
 
 
@@ -69,3 +69,44 @@ class Deepseek4MTPSpec:
     num_layers: int                # 1 (the block is chained: its output streams are the next draft's hidden)
     vocab_size: int
     tensors: Tensors = field(repr=False)
+
+
+COLLAPSES = ("hc_head",)          # the HC collapse variants a DSV4 DSpark draft may name (V4.1 adds "last_mix")
+
+
+@dataclass(frozen=True)
+class Deepseek4DSparkSpec:
+    """llama.cpp's DSV4 DSpark block draft (GGUF ``general.architecture`` "dflash" with
+    ``dflash.hyper_connection.count`` > 0; docs/FAMILIES_MOE.md 5.1), read by
+    ``bloomery_cli.families.deepseek4.reader_dspark``. ``num_layers`` full DSV4 stages (window-only attention of
+    ``attn``, mHC ``hc``, sqrt-softplus MoE ``moe`` + one shared expert, SwiGLU clamp ``swiglu_limit``) behind
+    ``fc`` [H, n H] over the hc-stream MEAN of the target's state entering layer l + 1 for l in
+    ``target_layer_ids`` (the GGUF's ``dflash.target_layers`` minus one: the DSpark config's ids, the same
+    convention as ``DSparkSpec``); block [anchor, mask x (B-1)], anchor-first (B drafts); the collapse ``collapse``
+    (one of ``COLLAPSES``: "hc_head" = V4's trained ``hc_head.*``); Markov head of rank ``markov_rank`` and the
+    optional confidence head. ``tensors`` under the HF-side names of ``kernels.families.deepseek4.dspark``
+    (``layers.{i}.*`` as the trunk's layers; ``fc.weight``, ``enc_norm.weight``, ``norm.weight``,
+    ``hc_head.*``, ``markov_head.*``, ``confidence_head.*``; ``embed_tokens.weight`` / ``lm_head.weight`` when the
+    file carries its own, else the target's are used)."""
+
+    kind: str                      # "deepseek4-dspark"
+    source: Path
+    source_format: str             # "gguf"
+    num_layers: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    markov_rank: int
+    confidence: bool
+    collapse: str
+    vocab_size: int
+    layer: LayerShape
+    attn: V4AttnShape
+    moe: MoEShape
+    hc: HCShape
+    swiglu_limit: float
+    tensors: Tensors = field(repr=False)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer.hidden_size

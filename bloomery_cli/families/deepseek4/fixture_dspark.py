@@ -1,0 +1,262 @@
+"""The ds4-dspark fixture: a DSV4 DSpark draft (llama.cpp's GGUF arch "dflash", docs/FAMILIES_MOE.md 5.1) distilled
+from the frozen ds4-tiny target, written as ``fixtures/ds4-tiny-dspark-b7.gguf``.
+
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture_dspark --out fixtures      # a few minutes
+
+Draft: 2 DSV4 stages (window-only attention W 16, 4 mHC streams, 8 experts top-2 sqrt-softplus + the shared
+expert, the trunk's shapes), B 7 (anchor-first: 7 drafts), features the hc-stream mean ENTERING target layers 2
+and 4 (``dflash.target_layers`` [2, 4]: the DSpark ids [1, 3]), Markov rank 16, a confidence head; no token_embd /
+output (the target's are borrowed); the target's tokenizer keys and ``dflash.context_length``, as llama.cpp's
+converter writes them, so llama.cpp's dflash loader takes the file as is. Warm start: stage attention / mHC from the
+target's layer 0 (sliding), the MoE from its layer 1 (non-hash), the HC head and the final norm from the target's,
+fc = [I/2 | I/2] (the mean of the two features), markov_w1 N(0, 0.02), markov_w2 and the confidence head zeros.
+
+Data: the target's greedy continuations (``fixture.greedy_rows``: a real 32-token prefix, greedy to 112 tokens)
+and real corpus windows, the frozen f32 engine's taps. Loss per block (the dense DSpark fixture's,
+``fixturegen.train_dspark``): row k labelled with the target's argmax at s+k, weights exp(-k / gamma)
+normalised, Markov inputs teacher-forced (prev_0 = x_s, prev_k = label_{k-1}), + 0.5 BCE of the confidence against
+[argmax == label]. Stored bf16 values as F32 tensors (read back exactly); norms, mixes, sinks stay float32-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...fixturegen import corpus as corpus_mod
+from ...fixturegen.build import _determinism, _versions
+from ...fixturegen.family_kit import fit, fixture_main, load_tokenizer, token_stream
+from ...fixturegen.install import MAX_FIXTURE_BYTES
+from ...fixturegen.manifest import Manifest, verified
+from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
+from .fixture import greedy_rows
+
+TARGET, B, RANK, STAGES = "ds4-tiny", 7, 16, 2
+NAME = f"ds4-tiny-dspark-b{B}"
+GGUF = NAME + ".gguf"
+TARGET_IDS = (1, 3)                    # DSpark config ids; the file's dflash.target_layers = ids + 1
+CONTEXT = 1024                         # dflash.context_length (llama.cpp's loader requires it): the target's
+
+
+@dataclass
+class DSparkFixtureConfig:
+    seed: int = 4321
+    pool: int = 32
+    real: int = 32
+    prefix: int = 32
+    seq: int = 112
+    anchors: int = 8
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=500, batch=4, seq=112, lr=3e-3,
+                                                                    warmup=40, log_every=50))
+
+    @classmethod
+    def quick(cls) -> DSparkFixtureConfig:
+        return cls(pool=2, real=2, seq=40, anchors=2, train=TrainConfig(steps=3, batch=2, seq=40, warmup=1,
+                                                                        log_every=1))
+
+
+def draft_spec(target, tensors: dict):
+    """The draft's spec (the same numbers the GGUF states) over ``tensors``."""
+    from bloomery_gates.spec import Deepseek4DSparkSpec, V4AttnShape
+
+    a = target.attn
+    attn = V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
+                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
+    mask = target.vocab_size - 1
+    return Deepseek4DSparkSpec(kind="deepseek4-dspark", source=Path(GGUF), source_format="gguf", num_layers=STAGES,
+                               block_size=B, target_layer_ids=TARGET_IDS, mask_token_id=mask, markov_rank=RANK,
+                               confidence=True, collapse="hc_head", vocab_size=target.vocab_size, layer=target.layer,
+                               attn=attn, moe=target.moe, hc=target.hc, swiglu_limit=target.swiglu_limit,
+                               tensors=tensors)
+
+
+def init_params(target, seed: int) -> dict[str, torch.Tensor]:
+    t, h, out = target.tensors, target.hidden_size, {}
+    for i in range(STAGES):
+        for pre, keep in (("model.layers.0.", ("self_attn.", "attn_hc.", "ffn_hc.", "input_layernorm",
+                                               "post_attention_layernorm")), ("model.layers.1.", ("mlp.",))):
+            out |= {f"layers.{i}." + n[len(pre):]: v.float().clone() for n, v in t.items()
+                    if n.startswith(pre) and n[len(pre):].startswith(keep) and ".compressor." not in n}
+    out |= {"hc_head." + k: t["model.hc_head." + k].float().clone() for k in ("hc_fn", "hc_base", "hc_scale")}
+    out["norm.weight"] = t["model.norm.weight"].float().clone()
+    out["enc_norm.weight"] = torch.ones(h)
+    out["fc.weight"] = torch.cat([torch.eye(h), torch.eye(h)], 1) / 2
+    g = torch.Generator().manual_seed(seed)
+    out["markov_head.markov_w1.weight"] = 0.02 * torch.randn(target.vocab_size, RANK, generator=g)
+    out["markov_head.markov_w2.weight"] = torch.zeros(target.vocab_size, RANK)
+    out["confidence_head.proj.weight"] = torch.zeros(1, h + RANK)
+    out["confidence_head.proj.bias"] = torch.zeros(1)
+    return out
+
+
+@torch.no_grad()
+def rows_data(eng, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per row: (ids [T], features [T, n H], the target's argmax [T]) from the engine's f32 taps."""
+    from bloomery_gates.kernels.families.deepseek4.dspark import features
+
+    out = []
+    for r in rows:
+        p = eng.prefill(r.tolist())
+        out.append((r, features(p.taps.float(), TARGET_IDS), torch.tensor(p.argmax)))
+    return out
+
+
+def block_loss(params: dict, spec, eng, data: list, pick: list[int], anchors: int, gen) -> tuple[torch.Tensor, float]:
+    from bloomery_gates.kernels.families.deepseek4.dspark import forward_train
+
+    gamma = (B + 1) / 2
+    wk = torch.exp(-torch.arange(B) / gamma)
+    wk = wk / wk.sum()
+    loss, hits, n = 0.0, 0, 0
+    for j in pick:
+        ids, feats, lab = data[j]
+        s = torch.randint(1, ids.shape[0] - B, (anchors,), generator=gen)
+        labels = lab[s[:, None] + torch.arange(B)]                                          # [A, B]
+        prev = torch.cat([ids[s][:, None], labels[:, :-1]], 1)
+        logits, z = forward_train(params, spec, eng.embed.float(), eng.head.float(), feats, ids, s, prev)
+        ce = (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+              .view(anchors, B) * wk).sum(-1).mean()
+        hit = (logits.argmax(-1) == labels).float()
+        loss = loss + ce + 0.5 * F.binary_cross_entropy_with_logits(z, hit)
+        hits, n = hits + int(hit.sum()), n + hit.numel()
+    return loss / len(pick), hits / n
+
+
+def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
+    """The llama.cpp converter's DSV4 DSpark layout (keys and names as ``reader_dspark`` reads them), F32 tensors;
+    with ``tok`` the target's tokenizer keys (the converter's ``set_vocab`` from ``--target-model-dir``: llama.cpp
+    loads a vocabulary for every model, the draft included)."""
+    import gguf
+
+    from ...fixturegen.export_gguf import write_tokenizer
+    from .reader_dspark import BLOCK, ROOT
+
+    a, m, n = spec.attn, spec.moe, spec.num_layers
+    wr = gguf.GGUFWriter(str(path), "dflash")
+    A = "dflash."
+    for k, v in (("block_count", n), ("context_length", CONTEXT), ("embedding_length", spec.hidden_size),
+                 ("attention.head_count", a.num_heads),
+                 ("attention.head_count_kv", 1), ("attention.key_length", a.head_dim),
+                 ("attention.value_length", a.head_dim), ("rope.dimension_count", a.rope_dim),
+                 ("attention.q_lora_rank", a.q_lora_rank), ("attention.sliding_window", a.window),
+                 ("attention.output_group_count", a.o_groups), ("attention.output_lora_rank", a.o_lora_rank),
+                 ("expert_count", m.num_experts), ("expert_used_count", m.top_k),
+                 ("expert_feed_forward_length", m.expert_ff), ("expert_shared_count", 1), ("expert_gating_func", 4),
+                 ("hyper_connection.count", spec.hc.count),
+                 ("hyper_connection.sinkhorn_iterations", spec.hc.sinkhorn_iters), ("block_size", spec.block_size)):
+        wr.add_uint32(A + k, v)
+    for k, v in (("rope.freq_base", a.rope_theta), ("attention.layer_norm_rms_epsilon", spec.layer.rms_eps),
+                 ("expert_weights_scale", m.routed_scale), ("hyper_connection.epsilon", spec.hc.eps)):
+        wr.add_float32(A + k, v)
+    wr.add_bool(A + "expert_weights_norm", True)
+    wr.add_array(A + "attention.compress_ratios", [0] * n)
+    wr.add_array(A + "swiglu_clamp_exp", [float(spec.swiglu_limit)] * n)
+    wr.add_array(A + "swiglu_clamp_shexp", [float(spec.swiglu_limit)] * n)
+    wr.add_array(A + "target_layers", [x + 1 for x in spec.target_layer_ids])
+    if tok is not None:
+        write_tokenizer(wr, tok, pad=False)
+    wr.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
+    back = {v: k for k, v in ROOT.items()}
+    blk = {v: k for k, v in BLOCK.items()}
+    for name, x in w.items():
+        x = x.float().numpy()
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            if rest == "mlp.experts.gate_up_proj":
+                ff = x.shape[1] // 2
+                wr.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(x[:, :ff]))
+                wr.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(x[:, ff:]))
+                continue
+            if rest == "self_attn.o_a_proj.weight":
+                x = x.reshape(a.o_groups, a.o_lora_rank, -1)
+            wr.add_tensor(f"blk.{i}.{blk[rest]}", np.ascontiguousarray(x))
+        else:
+            wr.add_tensor(back[name], np.ascontiguousarray(x))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
+def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtureConfig | None = None) -> Path:
+    from bloomery_gates.kernels.families.deepseek4.model import Deepseek4Target
+
+    from .reader import deepseek4_from_hf
+    from .reader_dspark import deepseek4_dspark_from_gguf
+
+    t0, out_dir = time.perf_counter(), Path(out_dir)
+    cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
+    tok, _, _ = load_tokenizer(out_dir)
+    from tokenizers import Tokenizer
+
+    ttok = Tokenizer.from_file(str(out_dir / TARGET / "tokenizer.json"))
+    rep = Reporter(progress, every=cfg.train.log_every)
+    target = deepseek4_from_hf(out_dir / TARGET)
+    with _determinism(cfg.seed):
+        eng = Deepseek4Target(target, "cpu", torch.float32, cfg.seq + 8)
+        corp = corpus_mod.load_corpus()
+        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
+        pool = greedy_rows(eng, train, cfg.pool, cfg.prefix, cfg.seq, torch.Generator().manual_seed(cfg.seed))
+        rows = torch.cat([pool,
+                          sample_windows(train, cfg.real, cfg.seq, torch.Generator().manual_seed(cfg.seed + 1))])
+        data = rows_data(eng, rows)
+        held_data = rows_data(eng, greedy_rows(eng, held, 4 if not quick else 1, cfg.prefix, cfg.seq,
+                                               torch.Generator().manual_seed(cfg.seed + 2)))
+        params = init_params(target, cfg.seed + 3)
+        for p in params.values():
+            p.requires_grad_(True)
+        spec = draft_spec(target, {})
+        tc = replace(cfg.train, seed=cfg.seed + 4)
+        g_anchor = torch.Generator().manual_seed(cfg.seed + 5)
+
+        def loss_of(gen: torch.Generator) -> torch.Tensor:
+            pick = torch.randint(0, len(data), (tc.batch,), generator=gen).tolist()
+            return block_loss(params, spec, eng, data, pick, cfg.anchors, g_anchor)[0]
+
+        seconds, last = fit(params, tc, "ds4 dspark", rep, loss_of)
+        stored = round_bf16(params)
+        with torch.no_grad():
+            top1 = block_loss({k: v.float() for k, v in stored.items()}, spec, eng, held_data,
+                              list(range(len(held_data))), cfg.anchors, torch.Generator().manual_seed(7))[1]
+    dst = out_dir / GGUF
+    tmp = dst.with_name(dst.name + ".tmp")
+    write_gguf(tmp, draft_spec(target, stored), stored, ttok)
+    os.chmod(tmp, 0o644)
+    got = deepseek4_dspark_from_gguf(tmp, target)
+    for k, v in stored.items():
+        if not torch.equal(got.tensors[k], v.float()):
+            raise RuntimeError(f"{tmp}: {k} does not read back equal to the trained weights")
+    man = Manifest.read(out_dir)
+    man.files.pop(GGUF, None)
+    os.replace(tmp, dst)
+    man.add_files(out_dir, [dst])
+    if man.stored_bytes > MAX_FIXTURE_BYTES:
+        raise RuntimeError(f"fixtures would store {man.stored_bytes} bytes, over {MAX_FIXTURE_BYTES}")
+    stats = {**asdict(tc), "seconds": seconds, "train_loss_last50": last, "held_out_row_top1": round(top1, 4)}
+    man.models[NAME] = {
+        "files": [GGUF], "architecture": "GGUF dflash (llama.cpp's DSV4 DSpark, hyper_connection.count 4)",
+        "target": TARGET, "shape": {"stages": STAGES, "block_size": B, "target_layers": [x + 1 for x in TARGET_IDS],
+                                    "markov_rank": RANK, "confidence_head": True, "window": target.attn.window},
+        "parameters": sum(v.numel() for v in stored.values()), "training": stats,
+        "made_by": {"command": "OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture_dspark "
+                               + " ".join(sys.argv[1:]), "quick": quick, "seed": cfg.seed, "versions": _versions(),
+                    "seconds": round(time.perf_counter() - t0, 1)}}
+    man.write(out_dir)
+    verified(out_dir, "ds4 dspark fixture")
+    rep.log(f"{GGUF}: {stats}")
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    return fixture_main("bloomery_cli.families.deepseek4.fixture_dspark", __doc__, build, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""llama.cpp's DSV4 DSpark block draft (GGUF arch "dflash", docs/FAMILIES_MOE.md 5.1; ``src/models/dflash.cpp``
+``graph_dsv4`` and ``build_dspark_markov_head``), float64 host reference. No cache: one call = one block.
+
+Context (the "embedding batch"), positions p = 0..s-1, taps[l] the target's S streams entering layer l:
+
+    feat_p = concat_l mean_s taps[l + 1][p, s]     l in target_layer_ids (GGUF dflash.target_layers = l + 1)  [n H]
+    u_p    = rms(feat_p fc^T, enc_norm)                                                                      [H]
+    ctx_i[p] = rope(rms(u_p Wkv_i^T, kv_norm_i), p)      stage i's K = V (no input norm: llama.cpp's inject)  [d]
+
+Block (the "token batch") y = [x_s, m x (B-1)] at positions s..s+B-1 (m = tokenizer.ggml.mask_token_id):
+
+    x = E(y) repeated into S streams                                                                   [B, S, H]
+    stage i (the trunk's mHC block, ``model.hc_block``, prefix layers.{i}.):
+        attention (``window_attention``): V4's shared-KV MQA of the normed rows a (``reference.ops.v4_attention``:
+            q_heads, the interleaved tail rope, sinks, the conjugate rope on the output, the grouped output) over
+            keys [ctx_i[j] for j < s ; the block rows' own K = V], a key at p_k seen by the query at p_q iff
+            p_q - p_k < W (llama.cpp's non-causal SWA: block keys ahead of the query are seen)
+        MoE: sqrt-softplus + bias top-k (never hashed), renormalised x routed_scale, + the ungated shared expert
+    g      = COLLAPSE[collapse](x)      "hc_head": hyper_head(x; hc_head) (V4's trained head, output_hc_*)  [B, H]
+    base   = rms(g, norm) head^T        head: the file's ``output`` if any, else the target's               [B, V]
+    logits_k = st(base_k + st(W2 W1[prev_k])), prev_0 = x_s, prev_k = argmax logits_{k-1} (greedy chain)  [B, V]
+    z_k    = proj . [g_k ; W1[prev_k]] + b,  c_k = sigmoid(z_k)        the PRE-norm collapse g (t_embd)
+
+Row k predicts the token at s+k+1 (anchor-first: B drafts). The Markov / cut helpers are the dense DSpark's
+(``reference.drafts.dspark``): ``markov_rows``, ``markov_term``, ``markov_logits``, ``cut_length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from bloomery_gates.spec import Deepseek4DSparkSpec, Deepseek4Spec
+
+from ...drafts.dspark import DSparkRefOut, markov_logits, markov_rows, markov_term
+from ...ops import mhc as rmhc
+from ...ops import v4_attention as rv4
+from ...ops.attention import sink_attention
+from ...ops.norm import rms_norm
+from ...rounding import linear, st
+from ...weights import as_f64
+from ...xp import here, ns, to_host
+from . import model as trunk
+
+Weights = trunk.Weights
+
+
+def hc_head_collapse(spec: Deepseek4DSparkSpec, w: Weights, x: np.ndarray) -> np.ndarray:
+    """V4's trained HC head: x [N, S, H] -> [N, H]."""
+    return rmhc.hyper_head(x, w["hc_head.hc_fn"], w["hc_head.hc_base"], w["hc_head.hc_scale"], spec.hc.eps,
+                           spec.layer.rms_eps)
+
+
+COLLAPSE: dict[str, Callable[[Deepseek4DSparkSpec, Weights, np.ndarray], np.ndarray]] = {"hc_head": hc_head_collapse}
+
+
+def features(hidden: np.ndarray, layer_ids: Sequence[int]) -> np.ndarray:
+    """hidden [L+1, T, S, H] -> [T, n H]: the stream means entering layer l + 1 for l in layer_ids."""
+    xp = ns(hidden)
+    return xp.concatenate([rmhc.mhc_head(hidden[l + 1]) for l in layer_ids], axis=-1)
+
+
+def encode(w: Weights, feats: np.ndarray, eps: float) -> np.ndarray:
+    return rms_norm(linear(feats, w["fc.weight"]), w["enc_norm.weight"], eps)
+
+
+def rope_of(spec: Deepseek4DSparkSpec) -> rv4.Rope:
+    return rv4.Rope(spec.attn.rope_theta, spec.attn.rope_dim)
+
+
+def context_kv(spec: Deepseek4DSparkSpec, w: Weights, i: int, u: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    aw = trunk.attn_weights_at(w, f"layers.{i}.self_attn.", "sliding")
+    return rv4.tail_rope(rv4.kv_rows(u, aw, spec.layer.rms_eps), pos, rope_of(spec))
+
+
+def window_allowed(pos_q: np.ndarray, pos_k: np.ndarray, key_ok: np.ndarray, window: int) -> np.ndarray:
+    return key_ok & ((pos_q[:, None] - pos_k[None, :]) < window)
+
+
+def window_attention(spec: Deepseek4DSparkSpec, w: Weights, i: int, a: np.ndarray, pos: np.ndarray,
+                     ctx: np.ndarray, ctx_pos: np.ndarray, ctx_ok: np.ndarray, blk_ok: np.ndarray) -> np.ndarray:
+    """Stage i's attention of rows a [R, H] at pos [R] over [ctx [C, d] ; their own K = V] -> [R, H]."""
+    s, eps, rope = spec.attn, spec.layer.rms_eps, rope_of(spec)
+    xp = ns(a)
+    aw = trunk.attn_weights_at(w, f"layers.{i}.self_attn.", "sliding")
+    _, q = rv4.q_heads(a, aw, s.num_heads, eps)
+    q = rv4.tail_rope(q, pos, rope)
+    own = rv4.tail_rope(rv4.kv_rows(a, aw, eps), pos, rope)
+    keys = xp.concatenate([ctx, own])[:, None, :]
+    allowed = window_allowed(pos, xp.concatenate([ctx_pos, pos]), xp.concatenate([ctx_ok, blk_ok], axis=1),
+                             s.window)
+    o = rv4.tail_rope(sink_attention(q, keys, keys, allowed, aw.sinks), pos, rope, conjugate=True)
+    return rv4.grouped_output(o.reshape(a.shape[0], -1), aw.o_a, aw.o_b, s.o_groups)
+
+
+def stage(spec: Deepseek4DSparkSpec, w: Weights, i: int, x: np.ndarray,
+          attend: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    m = f"layers.{i}.mlp."
+    none = ns(x).zeros(len(x), dtype=np.int64)
+    return trunk.hc_block(spec, w, f"layers.{i}.", x, attend,
+                          lambda b: trunk.ffn_at(spec, w, m, trunk.route_at(spec, w, m, "moe", b, none), b))
+
+
+def draft_embed(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, ids: Sequence[int]) -> np.ndarray:
+    idx = np.asarray(list(ids), dtype=np.int64)
+    if "embed_tokens.weight" in draft.tensors:
+        return as_f64(draft).rows("embed_tokens.weight", idx)
+    return as_f64(target).rows(trunk.P + "embed_tokens.weight", idx)
+
+
+def draft_head(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, x: np.ndarray) -> np.ndarray:
+    if "lm_head.weight" in draft.tensors:
+        return as_f64(draft).project("lm_head.weight", x)
+    return as_f64(target).project(trunk.head_name(target), x)
+
+
+def context_rows(draft: Deepseek4DSparkSpec, hidden: np.ndarray, s: int) -> list[np.ndarray]:
+    """Each stage's context K = V [s, d] of the target's taps hidden [L+1, >= s, S, H] (positions 0..s-1)."""
+    w = as_f64(draft)
+    h = here(hidden)[:, :s]
+    u = encode(w, features(h, draft.target_layer_ids), draft.layer.rms_eps)
+    pos = ns(u).arange(s)
+    return [context_kv(draft, w, i, u, pos) for i in range(draft.num_layers)]
+
+
+def backbone(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, ctx: list[np.ndarray], anchor_id: int
+             ) -> np.ndarray:
+    """The B block rows through every stage after a context of s = len(ctx[0]) positions -> [n_layers, B, S, H]."""
+    w, b, s = as_f64(draft), draft.block_size, len(ctx[0])
+    h = draft_embed(draft, target, [anchor_id] + [draft.mask_token_id] * (b - 1))
+    xp = ns(h)
+    x = xp.repeat(h[:, None, :], draft.hc.count, axis=1)
+    pos, ctx_pos = xp.arange(s, s + b), xp.arange(s)
+    ctx_ok, blk_ok = xp.ones((b, s), dtype=bool), xp.ones((b, b), dtype=bool)
+    out = []
+    for i in range(draft.num_layers):
+        x = stage(draft, w, i, x, lambda a, i=i: window_attention(draft, w, i, a, pos, ctx[i], ctx_pos, ctx_ok,
+                                                                  blk_ok))
+        out.append(x)
+    return xp.stack(out)
+
+
+def forward(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, taps, anchor_id: int, s: int | None = None,
+            prev: Sequence[int] | None = None) -> DSparkRefOut:
+    """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``, the target's RefOut
+    with hidden [L+1, T, S, H]); ``prev`` None runs the greedy chain, a list of B ids (the anchor first)
+    teacher-forces the Markov inputs. ``final`` is the pre-norm collapse g, ``layer_out`` [n_layers, B, S, H]."""
+    t = taps.hidden.shape[1]
+    s = t if s is None else s
+    if not 1 <= s <= t:
+        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    b, w = draft.block_size, as_f64(draft)
+    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
+        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
+    ctx = context_rows(draft, taps.hidden, s)
+    layer_out = backbone(draft, target, ctx, anchor_id)
+    xp = ns(layer_out)
+    g = COLLAPSE[draft.collapse](draft, w, layer_out[-1])
+    base = draft_head(draft, target, rms_norm(g, w["norm.weight"], draft.layer.rms_eps))
+    if prev is None:
+        chain = [anchor_id]
+        for k in range(b - 1):
+            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
+            chain.append(int(xp.argmax(row)))
+        prev = chain
+    prev = np.asarray(to_host(prev), dtype=np.int64)
+    e = markov_rows(draft, prev)
+    logits = markov_logits(base, markov_term(draft, e))
+    conf_logits, confidence = None, xp.ones(b)
+    if draft.confidence:
+        z = xp.concatenate([g, e], axis=-1) @ w["confidence_head.proj.weight"][0]
+        conf_logits = st(z + w["confidence_head.proj.bias"][0])
+        confidence = 1.0 / (1.0 + xp.exp(-conf_logits))
+    return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=xp.argmax(logits, axis=-1), prev=prev,
+                        confidence=confidence, conf_logits=conf_logits, u=ctx[0], final=g)
