@@ -22,20 +22,29 @@ output_norm, attn_norm or post_attention_norm may appear (qwen4exp has no block 
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
 from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.rope_sections import sections_problem
 from bloomery_gates.errors import BadConfig, BadTensor
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, PLEShape, QSAShape, Qwen4ExpSpec
+
+from ..qwen35moe.reader import FusedGateUp
+from ..qwen38.reader import MappedTensors
+from .gguf_names import JoinedRows, hf_table
 
 FAMILY = "qwen4exp"
 ARCH = "qwen4exp"
 A = ARCH + "."
 FORBIDDEN = ("attn_norm.weight", "post_attention_norm.weight")
+OUTPUT_GATE = "sigmoid"     # llama.cpp's qwen4exp graph gates the GDN output norm with sigmoid (qwen4exp.cpp
+                            # build_norm_gated); the format has no key for it, so a GGUF means that gate
 
 
 def gguf_cfg(g: GGUFFile) -> Cfg:
@@ -108,9 +117,21 @@ def _ple(c: Cfg, hy: HybridShape) -> PLEShape | None:
     if len(sizes) != (n - 1) * heads or any(s < 1 for s in sizes):
         raise c.bad(A + "ple.head_vocab_sizes", f"{len(sizes)} entries; expected {(n - 1) * heads} positive sizes")
     dim = c.int(A + "embedding_length_per_layer_input")
-    if dim % len(sizes):
-        raise c.bad(A + "embedding_length_per_layer_input", f"{dim} is not a multiple of the {len(sizes)} heads")
-    return PLEShape(tuple(layers), dim, c.int(A + "ple.conv_kernel"), n, heads, head_vocab_sizes=tuple(sizes))
+    hashing = {"multipliers": tuple(_u64s(c, "ple.layer_multipliers", n)),
+               "head_offsets": tuple(_u64s(c, "ple.head_offsets", len(sizes)))}
+    return PLEShape(tuple(layers), dim * len(sizes), c.int(A + "ple.conv_kernel"), n, heads,
+                    head_vocab_sizes=tuple(sizes), eos_token_id=c.int(A + "ple.eos_token_id", -1, minimum=0),
+                    **hashing)
+
+
+def _u64s(c: Cfg, key: str, n: int) -> list[int]:
+    """An optional array of exactly ``n`` non-negative integers (llama.cpp's PLE hashing tables), [] when absent."""
+    if c.get(A + key, None) is None:
+        return []
+    v = c.int_list(A + key, f"a list of {n} non-negative integers")
+    if len(v) != n or any(x < 0 for x in v):
+        raise c.bad(A + key, f"{len(v)} entries; expected {n} non-negative integers")
+    return v
 
 
 def trunk_tensor_shapes(layer: LayerShape, hy: HybridShape, moe: MoEShape, hc: HCShape, blocks: range) -> dict:
@@ -160,7 +181,8 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     trunk = blocks - nextn
     layer, hy, moe, hc = trunk_shapes(c, trunk)
     H = layer.hidden_size
-    c.int(A + "embedding_length_out", minimum=hc.count * H, maximum=hc.count * H, what=f"count * H = {hc.count * H}")
+    if c.get(A + "embedding_length_out", None) is not None:     # optional: the converter does not write it
+        c.int(A + "embedding_length_out", minimum=hc.count * H, maximum=hc.count * H, what=f"count*H = {hc.count * H}")
     ratios = compress_ratios(c, blocks, trunk)
     for i in range(trunk):
         if (ratios[i] > 0) == hy.is_linear(i):
@@ -178,7 +200,7 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     V = vocab_t.shape_of("token_embd.weight")[0]
     tied = "output.weight" not in vocab_t
     table: dict[str, Any] = {"token_embd.weight": ((V, H), "[vocab, H]"),
-                             "output_hc_norm.weight": ((hc.count, H), "[hyper_connection.count, H]"),
+                             "output_hc_norm.weight": None,
                              "output_hc_down.weight": ((hc.low_rank, hc.count * H), "[low_rank, count*H]"),
                              "output_hc_up.weight": None}
     if not tied:
@@ -188,8 +210,19 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     table.update(trunk_tensor_shapes(layer, hy, moe, hc, range(trunk)))
     forbid = ["output_norm.weight"] + [f"blk.{i}.{n}" for i in range(blocks) for n in FORBIDDEN]
     tensors = check_tensors(g, table, forbid)
+    norms = ["output_hc_norm.weight"] + [f"blk.{i}.hc_{p}_norm.weight" for i in range(trunk) for p in ("attn", "ffn")]
+    for name in norms:
+        if name in tensors and math.prod(tensors.shape_of(name)) != hc.count * H:
+            raise BadTensor(f"{path}: tensor {name}", f"shape {list(tensors.shape_of(name))}; expected [count*H] "
+                                                      f"or [count, H] ({hc.count * H} gains)")
     if c.get(A + "context_length", None) is None:
         raise BadConfig(f"{path}: key {A}context_length", "missing; expected an integer")
-    return Qwen4ExpSpec(family=FAMILY, source=Path(path), source_format="gguf", layer=layer, num_layers=trunk,
+    sections = c.get(A + "rope.dimension_sections", None)
+    problem = sections_problem(sections, hy.rotary_dim, layer.head_dim) if sections is not None else None
+    if problem:
+        raise c.bad(A + "rope.dimension_sections", problem)
+    spec = Qwen4ExpSpec(family=FAMILY, source=Path(path), source_format="gguf", layer=layer, num_layers=trunk,
                         vocab_size=V, tie_word_embeddings=tied, max_position=c.int(A + "context_length"),
-                        tensors=tensors, hybrid=hy, moe=moe, hc=hc, qsa=qsa, ple=ple)
+                        tensors=tensors, hybrid=hy, moe=moe, hc=hc, qsa=qsa, ple=ple, output_gate=OUTPUT_GATE)
+    raw = JoinedRows(FusedGateUp(tensors))
+    return replace(spec, tensors=MappedTensors(raw, hf_table(list(raw), trunk, spec)))
