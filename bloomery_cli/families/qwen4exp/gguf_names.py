@@ -34,7 +34,7 @@ from bloomery_gates.errors import BadTensor
 from bloomery_gates.spec import Qwen4ExpSpec
 
 from ...formats.lazy import LazyTensors
-from ..qwen38.reader import _chain, _gguf_table, gguf_name
+from ..qwen38.reader import _chain, _gguf_table
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 MIX = {"hc_norm.weight": "norm", "input_mix_weight_down.weight": "down", "input_mix_weight_up.weight": "up",
@@ -158,12 +158,3 @@ def hf_table(names: list[str], spec_trunk: int, spec: Qwen4ExpSpec) -> dict[str,
             shape = (spec.hc.count * spec.hidden_size, 1, spec.ple.conv_kernel)
         table[hf] = (g, _chain(fns), shape)
     return table
-
-
-def check_names(spec: Qwen4ExpSpec) -> None:
-    """Every HF trunk tensor of ``spec`` has a GGUF name (a KeyError names the first that has none)."""
-    for hf in spec.tensors:
-        if hf.startswith("mtp."):
-            continue
-        if own_name(hf) is None and not hf.endswith(QK):
-            gguf_name(hf, spec.num_layers)
