@@ -82,7 +82,7 @@ class Family:
 
 
 ROLES = ("read_hf", "read_gguf", "engine", "fast_engine", "reference", "reference_layer", "final_norm", "oracle",
-         "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
+         "oracle_llamacpp", "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
 
 
 def resolve(ref: str) -> Any:
@@ -148,6 +148,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "engine": K + "qwen4exp.model:Qwen4ExpTarget", "reference": R + "qwen4exp.model:forward",
                  "reference_layer": R + "qwen4exp.model:reference_layer",
                  "final_norm": R + "qwen4exp.model:final_norm", "oracle": QX + "oracle:hf_qwen4exp_logits",
+                 "oracle_llamacpp": QX + "oracle_llamacpp:check_target_qwen4exp",
                  "state": G + "state_decls_qwen4exp:QWEN4EXP_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
