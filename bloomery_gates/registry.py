@@ -139,7 +139,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
     # qwen4exp: the gate qwen4exp-mtp (the HF mtp.* head); draft_path for inventory (the GGUF sidecar is read only)
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
-           runs=True, mtp="sidecar", draft_device=True, hybrid=True, gguf_runs=False,
+           runs=True, mtp="sidecar", draft_device=True, hybrid=True,
            draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
                       "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",

@@ -117,11 +117,26 @@ def _ple(c: Cfg, hy: HybridShape) -> PLEShape | None:
     if len(sizes) != (n - 1) * heads or any(s < 1 for s in sizes):
         raise c.bad(A + "ple.head_vocab_sizes", f"{len(sizes)} entries; expected {(n - 1) * heads} positive sizes")
     dim = c.int(A + "embedding_length_per_layer_input")
+    eos = c.int(A + "ple.eos_token_id", minimum=0) if c.get(A + "ple.eos_token_id", None) is not None else -1
     hashing = {"multipliers": tuple(_u64s(c, "ple.layer_multipliers", n)),
                "head_offsets": tuple(_u64s(c, "ple.head_offsets", len(sizes)))}
     return PLEShape(tuple(layers), dim * len(sizes), c.int(A + "ple.conv_kernel"), n, heads,
-                    head_vocab_sizes=tuple(sizes), eos_token_id=c.int(A + "ple.eos_token_id", -1, minimum=0),
+                    head_vocab_sizes=tuple(sizes), eos_token_id=eos,
                     **hashing)
+
+
+def _check_ple_table(c: Cfg, t: Any, ple: PLEShape) -> None:
+    """per_layer_token_embd [rows, w]: w = embedding_length_per_layer_input (llama.cpp's per-head row width, the
+    converter writes the table's last dim) and rows covering every head's range (llama.cpp's loader)."""
+    name = "per_layer_token_embd.weight"
+    if name not in t:
+        raise BadTensor(f"{c.path}: tensor {name}", "missing; the file has ple.layers")
+    rows, width = (tuple(t.shape_of(name)) + (0, 0))[:2]
+    w = ple.embed_dim // len(ple.head_vocab_sizes)
+    if width != w:
+        raise c.bad(A + "embedding_length_per_layer_input", f"{w}; expected {name}'s row width {width}")
+    if ple.head_offsets and rows < max(o + s for o, s in zip(ple.head_offsets, ple.head_vocab_sizes, strict=True)):
+        raise BadTensor(f"{c.path}: tensor {name}", f"{rows} rows; too few for the ple.head_offsets + sizes ranges")
 
 
 def _u64s(c: Cfg, key: str, n: int) -> list[int]:
@@ -207,6 +222,7 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
         table["output.weight"] = ((V, H), "[vocab, H]")
     if ple is not None:
         table["per_layer_token_embd.weight"] = None
+        _check_ple_table(c, vocab_t, ple)
     table.update(trunk_tensor_shapes(layer, hy, moe, hc, range(trunk)))
     forbid = ["output_norm.weight"] + [f"blk.{i}.{n}" for i in range(blocks) for n in FORBIDDEN]
     tensors = check_tensors(g, table, forbid)
