@@ -130,13 +130,13 @@ def _check_ple_table(c: Cfg, t: Any, ple: PLEShape) -> None:
     converter writes the table's last dim) and rows covering every head's range (llama.cpp's loader)."""
     name = "per_layer_token_embd.weight"
     if name not in t:
-        raise BadTensor(f"{c.path}: tensor {name}", "missing; the file has ple.layers")
+        raise BadTensor(f"{c.where}: tensor {name}", "missing; the file has ple.layers")
     rows, width = (tuple(t.shape_of(name)) + (0, 0))[:2]
     w = ple.embed_dim // len(ple.head_vocab_sizes)
     if width != w:
         raise c.bad(A + "embedding_length_per_layer_input", f"{w}; expected {name}'s row width {width}")
     if ple.head_offsets and rows < max(o + s for o, s in zip(ple.head_offsets, ple.head_vocab_sizes, strict=True)):
-        raise BadTensor(f"{c.path}: tensor {name}", f"{rows} rows; too few for the ple.head_offsets + sizes ranges")
+        raise BadTensor(f"{c.where}: tensor {name}", f"{rows} rows; too few for the ple.head_offsets + sizes ranges")
 
 
 def _u64s(c: Cfg, key: str, n: int) -> list[int]:
