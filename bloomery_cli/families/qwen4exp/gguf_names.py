@@ -26,13 +26,12 @@ differs from the HF bf16 value by at most the float32 rounding of 1 + w (2^-24).
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from bloomery_gates.errors import BadTensor
 from bloomery_gates.spec import Qwen4ExpSpec
 
+from ...formats.joined import Joined
 from ...formats.lazy import LazyTensors
 from ..qwen38.reader import _chain, _gguf_table
 
@@ -74,60 +73,18 @@ def own_name(hf: str) -> str | None:
     return None
 
 
-class JoinedRows(LazyTensors):
-    """GGUF tensors with each ``blk.i.indexer.q_proj`` / ``k_proj`` pair presented as ``blk.i.indexer.qk_proj``
-    (rows [q | k], HF's ``index_qk_proj``), on first access; every other tensor passes through."""
-
-    def __init__(self, inner: LazyTensors):
-        super().__init__()
-        self.inner = inner
-        self.pairs = {n.replace("q_proj", "qk_proj"): (n, n.replace("q_proj", "k_proj"))
-                      for n in inner if n.endswith("indexer.q_proj.weight")}
-        used = {x for pair in self.pairs.values() for x in pair}
-        self.names = [n for n in inner if n not in used] + list(self.pairs)
-
-    def _names(self) -> list[str]:
-        return self.names
-
-    def _src(self, name: str) -> str:
-        return self.pairs[name][0] if name in self.pairs else name
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        if name not in self.pairs:
-            return self.inner.shape_of(name)
-        q, k = self.pairs[name]
-        if k not in self.inner:
-            raise BadTensor(f"{self.inner.file_of(q)}: tensor {k}", f"missing; expected beside {q}")
-        sq, sk = self.inner.shape_of(q), self.inner.shape_of(k)
-        if sq[1:] != sk[1:]:
-            raise BadTensor(f"{self.inner.file_of(q)}: tensor {k}", f"shape {list(sk)}; expected [*, {sq[1]}]")
-        return (sq[0] + sk[0], *sq[1:])
-
-    def dtype_of(self, name: str) -> str:
-        return self.inner.dtype_of(self._src(name))
-
-    def file_of(self, name: str) -> Path:
-        return self.inner.file_of(self._src(name))
-
-    def label(self, name: str) -> str:
-        return self.inner.label(self._src(name)) + (" (+ indexer.k_proj)" if name in self.pairs else "")
-
-    def check_dtype(self, name: str) -> None:
-        for x in self.pairs.get(name, (name,)):
-            self.inner.check_dtype(x)
-
-    def _load(self, name: str) -> torch.Tensor:
-        if name not in self.pairs:
-            return self.inner[name]
-        self.shape_of(name)
-        q, k = self.pairs[name]
-        return torch.cat([self.inner[q], self.inner[k]], dim=0)
+def join_qk(inner: LazyTensors) -> Joined:
+    """Each ``blk.i.indexer.q_proj`` / ``k_proj`` pair presented as ``blk.i.indexer.qk_proj`` (rows [q | k], HF's
+    ``index_qk_proj``)."""
+    return Joined(inner, {n.replace("q_proj", "qk_proj"): ((n, n.replace("q_proj", "k_proj")),
+                                                             lambda xs: torch.cat(xs, dim=0))
+                          for n in inner if n.endswith("indexer.q_proj.weight")})
 
 
 def hf_table(names: list[str], spec_trunk: int, spec: Qwen4ExpSpec) -> dict[str, tuple[str, Fn | None, tuple | None]]:
     """HF name -> (GGUF name, inverse transform or None, shape or None) for every tensor of a qwen4exp GGUF whose
     tensors were ``FusedGateUp``-wrapped (the experts' gate/up halves presented as one ``ffn_gate_up_exps``); the
-    indexer's q / k halves are joined by ``JoinedQK``."""
+    indexer's q / k halves are joined by ``join_qk``."""
     table = _gguf_table(names, spec_trunk, spec.hybrid, spec.hidden_size)
     ple_layer = spec.ple.layers[0] if spec.ple is not None else None
     inverse = {}

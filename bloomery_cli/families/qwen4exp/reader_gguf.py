@@ -37,7 +37,7 @@ from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, PLES
 
 from ..qwen35moe.reader import FusedGateUp
 from ..qwen38.reader import MappedTensors
-from .gguf_names import JoinedRows, hf_table
+from .gguf_names import hf_table, join_qk
 
 FAMILY = "qwen4exp"
 ARCH = "qwen4exp"
@@ -240,5 +240,5 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     spec = Qwen4ExpSpec(family=FAMILY, source=Path(path), source_format="gguf", layer=layer, num_layers=trunk,
                         vocab_size=V, tie_word_embeddings=tied, max_position=c.int(A + "context_length"),
                         tensors=tensors, hybrid=hy, moe=moe, hc=hc, qsa=qsa, ple=ple, output_gate=OUTPUT_GATE)
-    raw = JoinedRows(FusedGateUp(tensors))
+    raw = join_qk(FusedGateUp(tensors))
     return replace(spec, tensors=MappedTensors(raw, hf_table(list(raw), trunk, spec)))
