@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bloomery_cli import llamacpp_run
+from bloomery_cli.bands import logits_band
 from bloomery_cli.contract import Report
 from bloomery_cli.families.qwen4exp import fixture_gguf
 from bloomery_cli.families.qwen4exp import oracle_llamacpp as oracle
@@ -129,3 +130,41 @@ def test_skip_reason_without_llama_cpp_python(monkeypatch):
     oracle.check_target_qwen4exp(report, spec, [1, 2, 3], np.zeros((3, spec.vocab_size)), 2, [4], gguf=Path("x"))
     assert len(lines) == 1 and lines[0].startswith("(o) llama.cpp: skipped, llama_cpp") and report.failed == 0
     assert "PASS" not in lines[0]
+
+
+@needs_llama
+def test_qsa_width_diagnosis_reproduces_llama_cpp(monkeypatch):
+    """Evidence for the named defect: our reference with llama.cpp's selection (HF's blocks and tail plus r - 1 - m
+    cells of the next-best block; each subset tried, ggml's top-k breaks ties inside a block arbitrarily) matches
+    llama.cpp on every affected row, which HF's selection does not."""
+    import itertools
+
+    from bloomery_gates.reference.families.qwen4exp import model as ref_model
+    from bloomery_gates.reference.ops import qsa as rqsa
+
+    spec, (seq, _) = load_target(GGUF), _seq()
+    got = llamacpp_run.run(GGUF, seq).logits.astype(np.float64)
+    q, bad = spec.qsa, oracle.qsa_width_rows(spec, len(seq))
+    r, blocks, pick = q.compress_ratio, q.budget // q.compress_ratio, {"k": 0}
+
+    def llama_selection(spec_, w, layer, b, positions):
+        pre = f"model.layers.{layer}.self_attn.indexer."
+        sel = rqsa.qsa_select(b, b, positions, rqsa.QsaWeights(w[pre + "index_qk_proj.weight"],
+                              w[pre + "q_layernorm.weight"], w[pre + "k_layernorm.weight"]), q.num_heads, r,
+                              q.budget, spec_.layer.rms_eps, spec_.hybrid.rotary_dim, spec_.layer.rope_theta)
+        mask = np.array(sel.mask, copy=True)
+        for t in bad:
+            nxt = int(np.argsort(-np.asarray(sel.scores[t]), kind="stable")[blocks])
+            subsets = list(itertools.combinations(range(nxt * r, nxt * r + r), r - 1 - (t + 1) % r))
+            mask[t, list(subsets[min(pick["k"], len(subsets) - 1)])] = True
+        return mask
+
+    hf_way = ref_model.forward(spec, seq).logits
+    monkeypatch.setattr(ref_model, "qsa_mask", llama_selection)
+    best = np.full(len(bad), np.inf)
+    for pick["k"] in range(6):                                     # at most C(4, 2) = 6 subsets
+        ref = ref_model.forward(spec, seq).logits
+        best = np.minimum(best, [np.abs(ref[t] - got[t]).max() / np.abs(ref[t]).max() for t in bad])
+    hf_rel = max(np.abs(hf_way[t] - got[t]).max() / np.abs(hf_way[t]).max() for t in bad)
+    band = logits_band("f32", spec.layer, spec.num_layers, len(seq)).value      # the (o) lines' band
+    assert len(bad) == 10 and best.max() <= band < hf_rel, (best, hf_rel, band)
