@@ -1,15 +1,17 @@
 """glm5next targets from a llama.cpp GGUF (arch ``glm5-next``; docs/FAMILIES_MOE.md 4.3): ``Glm5NextSpec`` whose
-tensors keep their GGUF names (no engine reads them yet). Keys under ``glm5-next.``, each read and range-checked or
-refused by name (exit 2):
+tensors are renamed to the HF checkpoint's names (``gguf_names``; the KDA convolutions' thirds, MLA's k_b / v_b and
+the experts' gate / up halves joined back), so the engine, the reference, transformers and the NextN draft run it.
+Keys under ``glm5-next.``, each read and range-checked or refused by name (exit 2):
 
     block_count = trunk + nextn_predict_layers; embedding_length H; context_length; feed_forward_length (dense)
     attention.{head_count, head_count_kv (per block: 0 KDA, 1 MLA; the NextN blocks MLA), layer_norm_rms_epsilon,
         key_length_mla, value_length_mla, q_lora_rank, kv_lora_rank, key_length = value_length = kv_lora_rank}
     ssm.conv_kernel, kda.head_dim, kda.gate_lower_bound (< 0)           (KDA heads = attention.head_count)
     expert_{count, used_count, feed_forward_length, shared_count, weights_scale, weights_norm,
-        gating_func (2, sigmoid; default 2)}, leading_dense_block_count
+        gating_func (2, sigmoid; default 2), group_count, group_used_count (optional: llama.cpp's loader reads
+        them for every arch and build_moe_ffn keeps the best groups; docs/ORACLES.md)}, leading_dense_block_count
     attention.indexer.{head_count, key_length, top_k, kpool (> 1, divides top_k), kpool_select_tail, types
-        (per block "full" / "shared"; the first indexed block full)}
+        (per block "full" / "shared", or the converter's booleans, true = full; the first indexed block full)}
     hyper_connection.{count = 4 (llama.cpp asserts it), sinkhorn_iterations, epsilon}; swiglu_clamp_exp (per block)
 
 Tensors (numpy order): token_embd [V, H], output [V, H] (or tied), output_norm [H]; per trunk block

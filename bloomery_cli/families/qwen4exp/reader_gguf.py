@@ -1,23 +1,29 @@
 """qwen4exp targets from a llama.cpp GGUF (arch ``qwen4exp``; docs/FAMILIES_MOE.md 4.5): ``Qwen4ExpSpec`` whose
-tensors keep their GGUF names (no engine reads them yet). Every key below is read under ``qwen4exp.`` and
-range-checked, or refused by name (exit 2):
+tensors are renamed to the HF checkpoint's names, the converter's transforms undone (``gguf_names``), so the engine,
+the reference and transformers run it. The GDN output gate is sigmoid (``OUTPUT_GATE``: llama.cpp's graph; the
+format has no key for it). Every key below is read under ``qwen4exp.`` and range-checked, or refused by name
+(exit 2):
 
     block_count = trunk + nextn_predict_layers; embedding_length H; context_length
     attention.{head_count, head_count_kv, key_length, value_length (= key_length), layer_norm_rms_epsilon}
-    rope.{freq_base, dimension_count (even, <= key_length)}; full_attention_interval
+    rope.{freq_base, dimension_count (even, <= key_length), dimension_sections (when present: plain partial rope
+        under llama.cpp's interleaved sections, ``formats.rope_sections``)}; full_attention_interval
     ssm.{conv_kernel, state_size, group_count, time_step_rank, inner_size}      (GDN: nv = time_step_rank heads)
     expert_{count, used_count <= count, feed_forward_length, shared_feed_forward_length}
-    hyper_connection.{count > 1, low_rank}; embedding_length_out = count * H
+    hyper_connection.{count > 1, low_rank}; embedding_length_out = count * H when present (the converter omits it)
     attention.indexer.{head_count, key_length, top_k}; attention.compress_ratios (block_count or trunk entries:
         > 0 on the indexed layers, 0 on the GDN ones; top_k a multiple of the ratio)
     ple.{layers (exactly 1, a GDN layer, 0-based), ngram_size 2..8, heads_per_ngram (total <= 64), conv_kernel,
-        head_vocab_sizes ((ngram_size - 1) * heads_per_ngram entries)}; embedding_length_per_layer_input
+        head_vocab_sizes ((ngram_size - 1) * heads_per_ngram entries), eos_token_id, layer_multipliers
+        (ngram_size), head_offsets (as head_vocab_sizes): the hashing's tables, ``PLEShape``'s}
+    embedding_length_per_layer_input = per_layer_token_embd's row width (its rows cover every head's range)
 
 Tensors (shapes in numpy order, the reverse of ggml's ne): token_embd [V, H], output [V, H] or absent (tied),
-output_hc_norm [count, H], output_hc_{down [r, count H], up}; per trunk block hc_{attn,ffn}_{norm, down [r, count H],
-up, inject}, ffn_gate_inp [E, H], ffn_{gate,up}_exps [E, ff, H], ffn_down_exps [E, H, ff]; indexed blocks attn_{q, k,
-v, output}, indexer.{q_proj, k_proj}; GDN blocks ssm_a [nv], ssm_conv1d; per_layer_token_embd when PLE is on. No
-output_norm, attn_norm or post_attention_norm may appear (qwen4exp has no block norms).
+output_hc_norm [count*H] or [count, H] (hc_*_norm alike), output_hc_{down [r, count H], up}; per trunk block
+hc_{attn,ffn}_{norm, down [r, count H], up, inject}, ffn_gate_inp [E, H], ffn_{gate,up}_exps [E, ff, H],
+ffn_down_exps [E, H, ff]; indexed blocks attn_{q, k, v, output}, indexer.{q_proj, k_proj}; GDN blocks ssm_a [nv],
+ssm_conv1d; per_layer_token_embd when PLE is on. No output_norm, attn_norm or post_attention_norm may appear
+(qwen4exp has no block norms).
 """
 
 from __future__ import annotations
