@@ -125,3 +125,12 @@ def test_skip_reason_without_llama_cpp_python(monkeypatch):
     checks = [line for line in lines if line.endswith(("PASS", "FAIL"))]
     assert any(line.startswith("(o) llama.cpp: skipped, llama_cpp") for line in lines) and not checks, lines
     assert report.failed == 0
+
+
+def test_bad_group_keys_are_a_named_error(tmp_path):
+    from bloomery_gates.errors import InputError
+
+    hf = load_target(HF)
+    path = _write(tmp_path, "g3.gguf", spec=replace(hf, moe=replace(hf.moe, n_group=3, topk_group=1)))
+    with pytest.raises(InputError, match="expert_group_used_count.*3 groups of 8 experts"):
+        load_target(path)
