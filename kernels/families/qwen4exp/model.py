@@ -72,8 +72,12 @@ class Qwen4ExpTarget(Qwen38Target):
         self.z_buf = torch.zeros(self.cap, sh, device=self.device, dtype=dtype)
         if spec.ple is not None:
             p = spec.ple
-            self.tables = tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
-                                for v in ple_hash.spec_tables(p, spec.vocab_size))
+            if p.multipliers:                   # a GGUF stores the tables (ple.*); HF's are derived from base, seed
+                self.tables = tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
+                                    for v in ple_hash.spec_tables(p, spec.vocab_size))
+            else:
+                self.tables = kple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0,
+                                                p.seed, self.device)
 
     def _fused_ops(self) -> tuple:
         """The GDN output gate is the checkpoint's (silu: the fused kernels where they run; sigmoid: torch)."""

@@ -97,7 +97,10 @@ def residual(w: Weights, prefix: str, x: np.ndarray, streams: int, eps: float, i
 def hashed_ids(spec: Qwen4ExpSpec, ids: np.ndarray) -> np.ndarray:
     """The PLE layer's hashed n-gram ids [T, (N-1) hpn] for ids [T] at the start of a sequence (exact integers)."""
     p = spec.ple
-    tables = rple.NgramTables(*(np.array(v, dtype=np.int64) for v in ple_hash.spec_tables(p, spec.vocab_size)))
+    if p.multipliers:                           # a GGUF stores the tables (ple.*); HF's are derived from base, seed
+        tables = rple.NgramTables(*(np.array(v, dtype=np.int64) for v in ple_hash.spec_tables(p, spec.vocab_size)))
+    else:
+        tables = rple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0, p.seed)
     context = np.full(p.ngram_size - 1, p.eos_token_id, dtype=np.int64)
     return rple.ngram_ids(ids, context, tables, p.eos_token_id, p.heads_per_ngram)
 
