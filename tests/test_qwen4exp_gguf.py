@@ -10,6 +10,7 @@ zero-centred norm without its +1, ssm_a stored as A_log) makes the llama.cpp che
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,9 @@ def test_qsa_width_rows_are_the_rows_past_the_budget_without_a_full_tail():
     assert oracle.qsa_width_rows(spec, 48) == [35, 36, 37, 39, 40, 41, 43, 44, 45, 47]
     assert oracle.qsa_width_rows(spec, 35) == []
     assert oracle.clean_rows(spec, 48) == [i for i in range(48) if i not in oracle.qsa_width_rows(spec, 48)]
+    early = replace(spec, hybrid=replace(spec.hybrid, layer_types=("linear_attention", "full_attention",
+                                                                    "linear_attention", "full_attention")))
+    assert oracle.clean_rows(early, 48) == list(range(35))     # a mixing layer after the QSA one: the prefix only
 
 
 def _check(spec, path: Path, seq: list[int], p: int) -> tuple[int, list[str]]:
