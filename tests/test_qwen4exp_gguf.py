@@ -172,3 +172,13 @@ def test_qsa_width_diagnosis_reproduces_llama_cpp(monkeypatch):
     hf_rel = max(np.abs(hf_way[t] - got[t]).max() / np.abs(hf_way[t]).max() for t in bad)
     band = logits_band("f32", spec.layer, spec.num_layers, len(seq)).value      # the (o) lines' band
     assert len(bad) == 10 and best.max() <= band < hf_rel, (best, hf_rel, band)
+
+
+def test_writer_refuses_what_the_format_cannot_say(tmp_path):
+    from bloomery_gates.errors import Refused
+
+    hf = load_target(HF)
+    for bad, why in ((replace(hf, output_gate="silu"), "output gate 'silu'"),
+                     (replace(hf, moe=replace(hf.moe, norm_topk=False)), "norm_topk_prob false")):
+        with pytest.raises(Refused, match=why):
+            fixture_gguf.refuse_inexpressible(bad)

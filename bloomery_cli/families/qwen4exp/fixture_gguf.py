@@ -45,6 +45,7 @@ import torch
 from tokenizers import Tokenizer
 
 from bloomery_gates import ple_hash
+from bloomery_gates.errors import Refused
 from bloomery_gates.spec import HybridShape, Qwen4ExpSpec
 
 from ...fixturegen.export_gguf import write_tokenizer
@@ -156,12 +157,24 @@ def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, dtype: str) -> None:
         w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
 
 
+def refuse_inexpressible(spec: Qwen4ExpSpec) -> None:
+    """A spec the format cannot carry is refused by name, never written as a different model: llama.cpp's qwen4exp
+    graph gates the GDN output norm with sigmoid (``build_norm_gated``) and renormalises the top-k (``build_moe_ffn``
+    with norm true); no key says otherwise."""
+    if spec.output_gate != "sigmoid":
+        raise Refused(spec.source, f"GDN output gate {spec.output_gate!r}: a qwen4exp GGUF has no key for it and "
+                                   "llama.cpp gates with sigmoid (qwen4exp.cpp build_norm_gated)")
+    if not spec.moe.norm_topk:
+        raise Refused(spec.source, "norm_topk_prob false: llama.cpp's qwen4exp graph always renormalises the top-k")
+
+
 def write_qwen4exp_gguf(path: Path, spec: Qwen4ExpSpec, tok: Tokenizer, name: str = TARGET, dtype: str = "bf16",
                         edit: Mapping[str, Edit] | None = None) -> Path:
     """``spec`` (an HF-layout qwen4exp target) as llama.cpp's converter writes its trunk. ``edit``: GGUF tensor name
     -> a function applied to that tensor before it is written (tests plant a wrong tensor with it)."""
     if dtype not in ("bf16", "f32"):
         raise ValueError(f"dtype {dtype!r}: expected 'bf16' or 'f32'")
+    refuse_inexpressible(spec)
     w = gguf.GGUFWriter(str(path), ARCH)
     _keys(w, spec, name, dtype)
     write_tokenizer(w, tok, pad=False)
