@@ -133,3 +133,13 @@ oracle-llamacpp-mimo2:
     set -euo pipefail
     bloomery gate run mimo2-mtp --target fixtures/mimo2-tiny.gguf --draft fixtures/mimo2-tiny.gguf --oracle \
         --json results/cpu/mimo2-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/mimo2-mtp-gguf-oracle-cpu-f32.log
+
+# tier 3 on the qwen4exp and glm5next GGUF trunks (bundled: fixtures/{qwen4exp,glm5next}-tiny.gguf, rewritten from the
+# HF fixtures by `python -m bloomery_cli.families.<family>.fixture_gguf --out fixtures`); docs/ORACLES.md
+oracle-llamacpp-moe-hc:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bloomery gate run qwen4exp-mtp --target fixtures/qwen4exp-tiny.gguf --oracle \
+        --json results/cpu/qwen4exp-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen4exp-mtp-gguf-oracle-cpu-f32.log
+    bloomery gate run glm5next-mtp --target fixtures/glm5next-tiny.gguf --draft fixtures/glm5next-tiny.gguf --oracle \
+        --json results/cpu/glm5next-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/glm5next-mtp-gguf-oracle-cpu-f32.log

@@ -420,4 +420,4 @@ def check_oracle(report: Report, family, spec, prompt: list[int], plain_ids: lis
     report.integer_match("plain run greedy ids", m, len(bad), excused, tag="(o)", ref="transformers f64")
     from .oracle.llamacpp import check_target, is_gguf_target
     if is_gguf_target(spec):            # llama.cpp on the same GGUF, beside transformers (a note if not importable)
-        check_target(report, spec, seq, ref.logits, p, plain_ids[:m])
+        (family.oracle_llamacpp or check_target)(report, spec, seq, ref.logits, p, plain_ids[:m])

@@ -118,6 +118,9 @@ def mtp_blocker(path: Path) -> str | None:
         return None
     blocks = int(r.fields[f"{arch}.block_count"].contents())
     names = {t.name for t in r.tensors}
+    if arch == "glm5-next":
+        return ("llama.cpp has no glm5-next NextN graph (glm5-next.cpp build_arch_graph throws \"GLM5-Next NextN "
+                "graph not implemented yet\" for an MTP context)")
     if arch in ("qwen35", "qwen35moe") and nextn != 1:
         return f"{arch} with nextn_predict_layers {nextn}: its graph_mtp asserts a single MTP block"
     if arch == "mimo2":

@@ -40,3 +40,11 @@ def ngram_tables(vocab: int, ngram: int, heads_per_ngram: int, base: int, layer_
             primes.append(p)
     sizes = primes[layer_index * heads:]
     return mult, sizes, [sum(sizes[:j]) for j in range(len(sizes))]
+
+
+def spec_tables(ple, vocab: int) -> tuple[list[int], list[int], list[int]]:
+    """(multipliers, sizes, offsets) of a ``spec.PLEShape``'s (single) PLE layer: the GGUF's stored ``ple.*`` arrays
+    when the spec carries them, else HF's derivation above from the config's base and seed (PLE index 0)."""
+    if ple.multipliers:
+        return list(ple.multipliers), list(ple.head_vocab_sizes), list(ple.head_offsets)
+    return ngram_tables(vocab, ple.ngram_size, ple.heads_per_ngram, ple.vocab_base, 0, ple.seed)

@@ -82,7 +82,7 @@ class Family:
 
 
 ROLES = ("read_hf", "read_gguf", "engine", "fast_engine", "reference", "reference_layer", "final_norm", "oracle",
-         "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
+         "oracle_llamacpp", "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
 
 
 def resolve(ref: str) -> Any:
@@ -139,7 +139,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
     # recognised by inventory (and plan, for nemotron) only: no reader, engine or reference yet
     # qwen4exp: the gate qwen4exp-mtp (the HF mtp.* head); draft_path for inventory (the GGUF sidecar is read only)
     Family("qwen4exp", "Qwen3.8-Flash-Next (docs/FAMILIES_MOE.md 4.5)", ("qwen4_exp",), ("qwen4exp",),
-           runs=True, mtp="sidecar", draft_device=True, hybrid=True, gguf_runs=False,
+           runs=True, mtp="sidecar", draft_device=True, hybrid=True,
            draft_path="MTP head fed the 4 raw HC streams (GGUF: the separate shared MTP GGUF, one nextn block; "
                       "HF: the mtp.* layer in the file)",
            code={"read_hf": QX + "reader:qwen4exp_from_hf", "read_gguf": QX + "reader_gguf:qwen4exp_from_gguf",
@@ -148,16 +148,18 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "engine": K + "qwen4exp.model:Qwen4ExpTarget", "reference": R + "qwen4exp.model:forward",
                  "reference_layer": R + "qwen4exp.model:reference_layer",
                  "final_norm": R + "qwen4exp.model:final_norm", "oracle": QX + "oracle:hf_qwen4exp_logits",
+                 "oracle_llamacpp": QX + "oracle_llamacpp:check_target_qwen4exp",
                  "state": G + "state_decls_qwen4exp:QWEN4EXP_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("glm5next", "GLM-5.3 (docs/FAMILIES_MOE.md 4.3)", ("glm5_next",), ("glm5-next",), ("glm5next",),
-           runs=True, mtp="in-file", draft_device=True, hybrid=True, gguf_runs=False,
+           runs=True, mtp="in-file", draft_device=True, hybrid=True,
            draft_path="NextN layer in-file (a plain-residual MLA + DSA + MoE block fed norm(mean of the streams))",
            code={"read_hf": GN + "reader:glm5next_from_hf", "read_gguf": GN + "reader_gguf:glm5next_from_gguf",
                  "plan_hf": GN + "plan:glm5next_target", "plan_gguf": GN + "plan:glm5next_gguf_target",
                  "plan_draft": GN + "plan:glm5next_draft", "engine": K + "glm5next.model:Glm5NextTarget",
                  "reference": R + "glm5next.model:forward", "reference_layer": R + "glm5next.model:reference_layer",
                  "final_norm": R + "glm5next.model:final_norm", "oracle": GN + "oracle:hf_glm5next_logits",
+                 "oracle_llamacpp": GN + "oracle_llamacpp:check_target_glm5next",
                  "state": G + "state_decls_glm5next:GLM5NEXT_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), ("deepseek4",),

@@ -215,7 +215,7 @@ def test_inventory_names_the_nextn_gate(files):
     for fmt in ("hf", "gguf"):
         m = inventory([files[fmt]]).models[0]
         why = "; ".join(m.why)
-        want = "drafter here: gate glm5next-mtp" if fmt == "hf" else "HF layout only: gate glm5next-mtp"
+        want = "drafter here: gate glm5next-mtp"          # HF and GGUF alike: the gate runs both layouts
         assert m.verdict == MTP_IN_FILE and want in why, (fmt, why)
     r = runner.invoke(app, ["inventory", str(files["gguf"])], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "glm5next-mtp" in r.output and "PASS" not in r.output, r.output

@@ -106,7 +106,7 @@ def write_gguf(path: Path, edit: dict[str, Any] | None = None, extra: tuple[str,
                             "attention.indexer.key_length": 16, "attention.indexer.top_k": 4,
                             "attention.compress_ratios": [0, 0, 0, 2], "ple.layers": [0], "ple.ngram_size": 3,
                             "ple.heads_per_ngram": 2, "ple.conv_kernel": 4, "ple.head_vocab_sizes": [1024] * 4,
-                            "embedding_length_per_layer_input": 32}
+                            "embedding_length_per_layer_input": 8}     # the table's row width (converter)
     good.update(edit or {})
     w = GGUFWriter(str(path), "qwen4exp")
     keys_common(w, L, good)
@@ -293,7 +293,8 @@ def test_inventory_names_the_sidecar_and_the_family_gate(files):
         m = inventory([files[key]]).models[0]
         why = "; ".join(m.why)
         assert m.verdict == MTP_SIDECAR, (key, why)
-        assert "sidecar" in why and "HF layout only: gate qwen4exp-mtp" in why, why     # GGUF: read, not run
+        assert "sidecar" in why and "drafter here: gate qwen4exp-mtp runs family qwen4exp's GGUF trunk" in why \
+            and "MTP GGUF (sidecar) is read for inventory and plan, not run" in why, why   # the trunk runs
     r = runner.invoke(app, ["inventory", str(files["gguf"])], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "qwen4exp-mtp" in r.output and "PASS" not in r.output, r.output
 

@@ -63,9 +63,10 @@ PAIRS: dict[str, Pair] = {
     "qwen3-dflash-swa": Pair(why_not="llama.cpp's DFlash graph has no sliding-window draft layers"),
     "qwen3-dflash-swa-spec": Pair(why_not="llama.cpp's DFlash graph has no sliding-window draft layers"),
     "qwen4exp-mtp": Pair(why_not="llama.cpp has no MTP graph for qwen4exp (no nextn tensor in its QWEN4EXP list; "
-                                 "its converter drops mtp.*), and no qwen4exp GGUF is bundled"),
-    "glm5next-mtp": Pair(why_not="llama.cpp's glm5-next NextN graph throws \"not implemented yet\", and its graph "
-                                 "reads no expert-group keys (the fixture routes in 2 groups)"),
+                                 "its converter drops mtp.*); its trunk runs fixtures/qwen4exp-tiny.gguf, checked "
+                                 "by --oracle (docs/ORACLES.md: its QSA width defect)"),
+    "glm5next-mtp": Pair(why_not="llama.cpp's glm5-next NextN graph throws \"not implemented yet\"; its trunk runs "
+                                 "fixtures/glm5next-tiny.gguf (expert groups included), checked by --oracle"),
     "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
                             "llama.cpp's deepseek4 MTP graph exists)"),
     "ds4-dspark": Pair("draft-dspark", "file",

@@ -112,6 +112,9 @@ def _drafter_line(m: ModelInventory, kinds: frozenset[str] | set[str], what: str
         if m.fmt == "gguf" and entry is not None and not entry.gguf_runs:
             return (f"drafter here for the HF layout only: gate {', '.join(hits)}; family {fam}'s GGUF layout is "
                     "read for inventory and plan, not run by the gates")
+        if m.fmt == "gguf" and entry is not None and entry.mtp == "sidecar":
+            return (f"drafter here: gate {', '.join(hits)} runs family {fam}'s GGUF trunk with the HF checkpoint's "
+                    "mtp.* head; the separate MTP GGUF (sidecar) is read for inventory and plan, not run")
         return f"drafter here: gate {', '.join(hits)}"
     entry = _registered(m)
     if entry is not None and entry.draft_path:     # the registry names the path; no gate runs it

@@ -73,26 +73,38 @@ def mtp_run(report: Report, target: Any, mtp: Any, seq: Sequence[int], gguf: Pat
 
 
 def check_target(report: Report, spec: Any, seq: Sequence[int], ref_logits: np.ndarray, prompt_len: int,
-                 plain_ids: Sequence[int], gguf: Path | None = None) -> None:
+                 plain_ids: Sequence[int], gguf: Path | None = None, rows: Sequence[int] | None = None,
+                 ref: str = REF) -> np.ndarray | None:
     """(o) lines for a GGUF target: logits of every row of seq, the prompt rows' greedy ids, the plain run's ids
-    teacher-forced. ``gguf`` is the file llama.cpp runs (default: the spec's own source; tests plant defects)."""
+    teacher-forced. ``gguf`` is the file llama.cpp runs (default: the spec's own source; tests plant defects).
+    ``rows``: only these rows of seq are checked (a family's known llama.cpp defect leaves the others out, and says
+    so on its own line); ``ref`` names the comparison. Returns llama.cpp's logits [T, V] (None: not run)."""
     out = _llama(report, Path(gguf or spec.source), seq)
     if out is None:
-        return
+        return None
     t, v = ref_logits.shape
+    keep = sorted(set(range(t) if rows is None else rows))
     report.note(f"(o) llama.cpp: {out.version} on {out.weights} of {Path(spec.source).name}, CPU, F32 KV cache, "
                 f"flash attention off, logits of all {t} rows (prompt {prompt_len} + {t - prompt_len} plain ids)")
     band = logits_band("f32", spec.layer, spec.num_layers, t)
     got = out.logits.astype(np.float64)
-    report.reference(f"host f64 logits [{t}x{v}]", got.size, worst_rel(ref_logits, got), band.value, tag="(o)",
-                     ref=REF)
-    differ, excused = _flips(got[:prompt_len], ref_logits[:prompt_len], band)
-    report.integer_match("prompt greedy ids", prompt_len, differ, excused, tag="(o)", ref=REF)
+    if not keep:                    # fails closed: nothing left to compare is no pass
+        report.check(f"(o) host f64 logits vs {ref}: 0 of {t} rows left to check", False)
+        return got
+    part = "" if len(keep) == t else f" (rows {len(keep)} of {t})"
+    report.reference(f"host f64 logits [{len(keep)}x{v}]{part}", len(keep) * v,
+                     worst_rel(ref_logits[keep], got[keep]), band.value, tag="(o)", ref=ref)
+    pr = [r for r in keep if r < prompt_len]
+    if pr:
+        differ, excused = _flips(got[pr], ref_logits[pr], band)
+        report.integer_match("prompt greedy ids", len(pr), differ, excused, tag="(o)", ref=ref)
     m = t - prompt_len
-    rows = [prompt_len - 1 + j for j in range(m)]
-    bad = [j for j, r in enumerate(rows) if int(got[r].argmax()) != int(plain_ids[j])]
-    excused = sum(flip_excused(ref_logits[rows[j]], band) for j in bad)
-    report.integer_match("plain run greedy ids", m, len(bad), excused, tag="(o)", ref=REF)
+    plain = [(j, prompt_len - 1 + j) for j in range(m) if prompt_len - 1 + j in keep]
+    bad = [(j, r) for j, r in plain if int(got[r].argmax()) != int(plain_ids[j])]
+    excused = sum(flip_excused(ref_logits[r], band) for _, r in bad)
+    if plain:
+        report.integer_match("plain run greedy ids", len(plain), len(bad), excused, tag="(o)", ref=ref)
+    return got
 
 
 def mtp_band(spec: Any, seq_len: int) -> Band:

@@ -51,8 +51,8 @@ def hf_config(spec: Glm5NextSpec) -> Any:
 def build_hf_glm5next(spec: Glm5NextSpec, lift: bool = True) -> torch.nn.Module:
     """A float64 ``Glm5NextTextModel`` carrying the trunk, loaded strictly (every module tensor present, nothing
     unexpected); the spec's tensors under ``model.`` / ``model.language_model.`` renamed to the text model's."""
-    if spec.family != "glm5next" or spec.source_format != "hf":
-        raise InputError(spec.source, "the HF glm5next oracle covers glm5next HF checkpoints only")
+    if spec.family != "glm5next":               # HF checkpoints, and GGUFs (their reader renames to HF's names)
+        raise InputError(spec.source, "the HF glm5next oracle covers glm5next checkpoints only")
     pre = "model.language_model." if "model.language_model.embed_tokens.weight" in spec.tensors else "model."
     trunk = tuple(f"layers.{i}." for i in range(spec.num_layers))
     state = {}

@@ -1,15 +1,17 @@
 """glm5next targets from a llama.cpp GGUF (arch ``glm5-next``; docs/FAMILIES_MOE.md 4.3): ``Glm5NextSpec`` whose
-tensors keep their GGUF names (no engine reads them yet). Keys under ``glm5-next.``, each read and range-checked or
-refused by name (exit 2):
+tensors are renamed to the HF checkpoint's names (``gguf_names``; the KDA convolutions' thirds, MLA's k_b / v_b and
+the experts' gate / up halves joined back), so the engine, the reference, transformers and the NextN draft run it.
+Keys under ``glm5-next.``, each read and range-checked or refused by name (exit 2):
 
     block_count = trunk + nextn_predict_layers; embedding_length H; context_length; feed_forward_length (dense)
     attention.{head_count, head_count_kv (per block: 0 KDA, 1 MLA; the NextN blocks MLA), layer_norm_rms_epsilon,
         key_length_mla, value_length_mla, q_lora_rank, kv_lora_rank, key_length = value_length = kv_lora_rank}
     ssm.conv_kernel, kda.head_dim, kda.gate_lower_bound (< 0)           (KDA heads = attention.head_count)
     expert_{count, used_count, feed_forward_length, shared_count, weights_scale, weights_norm,
-        gating_func (2, sigmoid; default 2)}, leading_dense_block_count
+        gating_func (2, sigmoid; default 2), group_count, group_used_count (optional: llama.cpp's loader reads
+        them for every arch and build_moe_ffn keeps the best groups; docs/ORACLES.md)}, leading_dense_block_count
     attention.indexer.{head_count, key_length, top_k, kpool (> 1, divides top_k), kpool_select_tail, types
-        (per block "full" / "shared"; the first indexed block full)}
+        (per block "full" / "shared", or the converter's booleans, true = full; the first indexed block full)}
     hyper_connection.{count = 4 (llama.cpp asserts it), sinkhorn_iterations, epsilon}; swiglu_clamp_exp (per block)
 
 Tensors (numpy order): token_embd [V, H], output [V, H] (or tied), output_norm [H]; per trunk block
@@ -25,13 +27,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
-from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.joined import Joined
+from bloomery_cli.formats.lazy import LazyTensors, check_shapes
 from bloomery_gates.errors import BadTensor
 from bloomery_gates.registry import family
 from bloomery_gates.spec import DSAShape, Glm5NextSpec, HCShape, KDAShape, LayerShape, MLAShape, MoEShape
 
+from ..qwen35moe.reader import FusedGateUp
+from ..qwen38.reader import MappedTensors
+from .gguf_names import hf_table
 from .reader import dsa_types
 
 FAMILY = "glm5next"
@@ -65,12 +73,19 @@ def read_keys(c: Cfg) -> dict[str, Any]:
         raise c.bad(A + "expert_used_count", f"{k} is more than expert_count {e}; expected <= {e}")
     c.int(A + "expert_gating_func", 2, minimum=2, maximum=2, what="2 (sigmoid)")
     ff, shared = c.int(A + "expert_feed_forward_length"), c.int(A + "expert_shared_count", 1, minimum=0)
-    moe = MoEShape(e, k, ff, ff * shared or None, False, "sigmoid", 1, 1, c.bool(A + "expert_weights_norm", True),
-                   c.float(A + "expert_weights_scale"))
+    groups = c.int(A + "expert_group_count", 0, minimum=0) or 1          # llama.cpp's loader reads both keys for
+    used = c.int(A + "expert_group_used_count", 0, minimum=0) or 1        # every arch; build_moe_ffn applies them
+    if groups > 1 and (e % groups or not 0 < used < groups or used * (e // groups) < k):
+        raise c.bad(A + "expert_group_used_count", f"{used} of {groups} groups of {e} experts; expected a divisor "
+                    f"of expert_count, 0 < used < groups, and room for expert_used_count {k}")
+    moe = MoEShape(e, k, ff, ff * shared or None, False, "sigmoid", groups, used if groups > 1 else 1,
+                   c.bool(A + "expert_weights_norm", True), c.float(A + "expert_weights_scale"))
     topk, kpool = c.int(A + "attention.indexer.top_k"), c.int(A + "attention.indexer.kpool", minimum=2)
     if topk % kpool:
         raise c.bad(A + "attention.indexer.top_k", f"{topk} is not a multiple of attention.indexer.kpool {kpool}")
     raw = c.get(A + "attention.indexer.types", what=f"{blocks} entries, full or shared")
+    if isinstance(raw, list) and raw and all(isinstance(x, bool) for x in raw):     # the converter: true = full
+        raw = ["full" if x else "shared" for x in raw]
     dsa = DSAShape(c.int(A + "attention.indexer.head_count"), c.int(A + "attention.indexer.key_length"), topk, kpool,
                    c.bool(A + "attention.indexer.kpool_select_tail", True),
                    dsa_types(c, "attention.indexer.types", raw[:n] if isinstance(raw, list) else raw, types))
@@ -145,5 +160,26 @@ def glm5next_from_gguf(path: Path) -> Glm5NextSpec:
         if want is None and name not in tensors:
             raise BadTensor(f"{path}: tensor {name}", "missing")
     check_shapes(tensors, {k: v for k, v in table.items() if v is not None}, path)
+    joined = joins(FusedGateUp(tensors))
     return Glm5NextSpec(family=FAMILY, source=Path(path), source_format="gguf", vocab_size=V, tie_word_embeddings=tied,
-                        max_position=c.int(A + "context_length"), tensors=tensors, **f)
+                        max_position=c.int(A + "context_length"),
+                        tensors=MappedTensors(joined, hf_table(list(joined))), **f)
+
+
+def joins(inner: LazyTensors) -> Joined:
+    """The GGUF's split tensors joined back into HF's: ssm_conv1d_{q,k,v} -> ssm_conv1d_qkv [3d, 1, K];
+    attn_k_b [h, kv_lora, nope] + attn_v_b [h, v, kv_lora] -> attn_kv_b [h (nope + v), kv_lora]."""
+    def conv(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([x.reshape(-1, 1, x.shape[-1]) for x in xs], 0)
+
+    def kv_b(xs: list[torch.Tensor]) -> torch.Tensor:
+        k, v = xs
+        return torch.cat([k.transpose(1, 2), v], 1).reshape(-1, k.shape[1])
+
+    j: dict = {}
+    for n in inner:
+        if n.endswith("ssm_conv1d_q.weight"):
+            j[n.replace("_q.", "_qkv.")] = ((n, n.replace("_q.", "_k."), n.replace("_q.", "_v.")), conv)
+        elif n.endswith("attn_k_b.weight"):
+            j[n.replace("attn_k_b", "attn_kv_b")] = ((n, n.replace("attn_k_b", "attn_v_b")), kv_b)
+    return Joined(inner, j)

@@ -73,9 +73,9 @@ def glm5next_nextn_from_file(path: Path, target: Any) -> Glm5NextSpec:
     if not isinstance(target, Glm5NextSpec):
         raise Mismatch(path, f"the glm5next NextN draft needs a glm5next target, got {type(target).__name__}")
     spec = target if Path(path).resolve() == Path(target.source).resolve() else load_target(path)
-    if not isinstance(spec, Glm5NextSpec) or spec.source_format != "hf":
-        raise Refused(path, "the glm5next NextN draft is read from a glm5next HF checkpoint (a GGUF's nextn block "
-                            "is not read yet)")
+    if not isinstance(spec, Glm5NextSpec):
+        raise Refused(path, "the glm5next NextN draft is read from a glm5next checkpoint (HF, or a GGUF whose "
+                            "blk.{n}.nextn block the reader renames to HF's names)")
     if spec.nextn_layers < 1:
         raise Mismatch(path, "num_nextn_predict_layers is 0: this checkpoint ships no NextN layer")
     if (spec.hidden_size, spec.vocab_size, spec.num_layers) != (target.hidden_size, target.vocab_size,

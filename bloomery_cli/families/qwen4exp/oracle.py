@@ -9,7 +9,10 @@ about 1e-7 relative from a true float64 forward (2.2 measured 1.2e-8 on logits o
 
 The PLE hashing tables (``ple_embedding.{layer_multipliers, ngram_heads_vocab_sizes, ngram_heads_offsets}``) are
 HF's own, computed by its constructor from the config: they are integer buffers, never taken from the file (a float64
-round trip would corrupt multipliers near 2^62), so the hashing is checked independently of ours.
+round trip would corrupt multipliers near 2^62), so the hashing is checked independently of ours. A GGUF spec
+stores the tables, not HF's inputs (base, seed): HF's module is sized from the file's table (base = the first head
+size, the padding divisor = the table's rows) and its three buffers are set to the file's ``ple.*`` integers, so HF's
+own hashing code runs on the file's tables.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from bloomery_gates.spec import Qwen4ExpSpec
 from ...oracle.hf import Float32AsFloat64, HFOut, _transformers, build_hf_model, hybrid_config_keys
 
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+TABLE = "ple.ple_embedding.ngram_embedding.weight"
 
 
 def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
@@ -34,9 +38,12 @@ def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
     moe, hc, q, p = spec.moe, spec.hc, spec.qsa, spec.ple
     ple: dict = {"ple_layer_ids": []}
     if p is not None:
+        base, div = p.vocab_base, p.divisible_by
+        if p.multipliers:              # a GGUF: sized from the file's table; its hashing buffers set after the build
+            base, div = p.head_vocab_sizes[0], spec.tensors.shape_of(f"model.layers.{p.layers[0]}.{TABLE}")[0]
         ple = {"ple_layer_ids": [i + 1 for i in p.layers], "ple_embed_dim": p.embed_dim,
                "ple_conv_kernel_size": p.conv_kernel, "ngram_size": p.ngram_size, "heads_per_ngram": p.heads_per_ngram,
-               "ngram_vocab_size_base": p.vocab_base, "make_ngram_vocab_size_divisible_by": p.divisible_by,
+               "ngram_vocab_size_base": base, "make_ngram_vocab_size_divisible_by": div,
                "seed": p.seed, "split_ngram_parts": 1, "eos_token_id": p.eos_token_id}
     config = tf.Qwen4ExpTextConfig(
         **hybrid_config_keys(spec), num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
@@ -54,8 +61,14 @@ def qwen4exp_hf_config(spec: Qwen4ExpSpec) -> Any:
 def build_hf_qwen4exp(spec: Qwen4ExpSpec, promote_f32: bool = True) -> torch.nn.Module:
     """A float64 ``Qwen4ExpForCausalLM`` carrying the spec's trunk weights strictly (``mtp.*`` left out, as HF's
     loader; the PLE hashing buffers HF's own)."""
-    return build_hf_model(spec, "Qwen4ExpForCausalLM", qwen4exp_hf_config(spec), "qwen4exp", promote_f32=promote_f32,
-                          computed=HASH_BUFFERS)
+    model = build_hf_model(spec, "Qwen4ExpForCausalLM", qwen4exp_hf_config(spec), "qwen4exp",
+                           promote_f32=promote_f32, computed=HASH_BUFFERS)
+    p = spec.ple
+    if p is not None and p.multipliers:
+        emb = model.model.layers[p.layers[0]].ple.ple_embedding
+        for buf, values in zip(HASH_BUFFERS, (p.multipliers, p.head_vocab_sizes, p.head_offsets), strict=True):
+            getattr(emb, buf).copy_(torch.tensor(values, dtype=torch.long))
+    return model
 
 
 def hf_qwen4exp(spec: Qwen4ExpSpec, ids: Sequence[int], promote_f32: bool = True) -> HFOut:

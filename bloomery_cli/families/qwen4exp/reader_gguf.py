@@ -1,41 +1,56 @@
 """qwen4exp targets from a llama.cpp GGUF (arch ``qwen4exp``; docs/FAMILIES_MOE.md 4.5): ``Qwen4ExpSpec`` whose
-tensors keep their GGUF names (no engine reads them yet). Every key below is read under ``qwen4exp.`` and
-range-checked, or refused by name (exit 2):
+tensors are renamed to the HF checkpoint's names, the converter's transforms undone (``gguf_names``), so the engine,
+the reference and transformers run it. The GDN output gate is sigmoid (``OUTPUT_GATE``: llama.cpp's graph; the
+format has no key for it). Every key below is read under ``qwen4exp.`` and range-checked, or refused by name
+(exit 2):
 
     block_count = trunk + nextn_predict_layers; embedding_length H; context_length
     attention.{head_count, head_count_kv, key_length, value_length (= key_length), layer_norm_rms_epsilon}
-    rope.{freq_base, dimension_count (even, <= key_length)}; full_attention_interval
+    rope.{freq_base, dimension_count (even, <= key_length), dimension_sections (when present: plain partial rope
+        under llama.cpp's interleaved sections, ``formats.rope_sections``)}; full_attention_interval
     ssm.{conv_kernel, state_size, group_count, time_step_rank, inner_size}      (GDN: nv = time_step_rank heads)
     expert_{count, used_count <= count, feed_forward_length, shared_feed_forward_length}
-    hyper_connection.{count > 1, low_rank}; embedding_length_out = count * H
+    hyper_connection.{count > 1, low_rank}; embedding_length_out = count * H when present (the converter omits it)
     attention.indexer.{head_count, key_length, top_k}; attention.compress_ratios (block_count or trunk entries:
         > 0 on the indexed layers, 0 on the GDN ones; top_k a multiple of the ratio)
     ple.{layers (exactly 1, a GDN layer, 0-based), ngram_size 2..8, heads_per_ngram (total <= 64), conv_kernel,
-        head_vocab_sizes ((ngram_size - 1) * heads_per_ngram entries)}; embedding_length_per_layer_input
+        head_vocab_sizes ((ngram_size - 1) * heads_per_ngram entries), eos_token_id, layer_multipliers
+        (ngram_size), head_offsets (as head_vocab_sizes): the hashing's tables, ``PLEShape``'s}
+    embedding_length_per_layer_input = per_layer_token_embd's row width (its rows cover every head's range)
 
 Tensors (shapes in numpy order, the reverse of ggml's ne): token_embd [V, H], output [V, H] or absent (tied),
-output_hc_norm [count, H], output_hc_{down [r, count H], up}; per trunk block hc_{attn,ffn}_{norm, down [r, count H],
-up, inject}, ffn_gate_inp [E, H], ffn_{gate,up}_exps [E, ff, H], ffn_down_exps [E, H, ff]; indexed blocks attn_{q, k,
-v, output}, indexer.{q_proj, k_proj}; GDN blocks ssm_a [nv], ssm_conv1d; per_layer_token_embd when PLE is on. No
-output_norm, attn_norm or post_attention_norm may appear (qwen4exp has no block norms).
+output_hc_norm [count*H] or [count, H] (hc_*_norm alike), output_hc_{down [r, count H], up}; per trunk block
+hc_{attn,ffn}_{norm, down [r, count H], up, inject}, ffn_gate_inp [E, H], ffn_{gate,up}_exps [E, ff, H],
+ffn_down_exps [E, H, ff]; indexed blocks attn_{q, k, v, output}, indexer.{q_proj, k_proj}; GDN blocks ssm_a [nv],
+ssm_conv1d; per_layer_token_embd when PLE is on. No output_norm, attn_norm or post_attention_norm may appear
+(qwen4exp has no block norms).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
 from bloomery_cli.formats.gguf_file import GGUFFile
 from bloomery_cli.formats.lazy import check_shapes
+from bloomery_cli.formats.rope_sections import sections_problem
 from bloomery_gates.errors import BadConfig, BadTensor
 from bloomery_gates.registry import family
 from bloomery_gates.spec import HCShape, HybridShape, LayerShape, MoEShape, PLEShape, QSAShape, Qwen4ExpSpec
+
+from ..qwen35moe.reader import FusedGateUp
+from ..qwen38.reader import MappedTensors
+from .gguf_names import hf_table, join_qk
 
 FAMILY = "qwen4exp"
 ARCH = "qwen4exp"
 A = ARCH + "."
 FORBIDDEN = ("attn_norm.weight", "post_attention_norm.weight")
+OUTPUT_GATE = "sigmoid"     # llama.cpp's qwen4exp graph gates the GDN output norm with sigmoid (qwen4exp.cpp
+                            # build_norm_gated); the format has no key for it, so a GGUF means that gate
 
 
 def gguf_cfg(g: GGUFFile) -> Cfg:
@@ -108,9 +123,36 @@ def _ple(c: Cfg, hy: HybridShape) -> PLEShape | None:
     if len(sizes) != (n - 1) * heads or any(s < 1 for s in sizes):
         raise c.bad(A + "ple.head_vocab_sizes", f"{len(sizes)} entries; expected {(n - 1) * heads} positive sizes")
     dim = c.int(A + "embedding_length_per_layer_input")
-    if dim % len(sizes):
-        raise c.bad(A + "embedding_length_per_layer_input", f"{dim} is not a multiple of the {len(sizes)} heads")
-    return PLEShape(tuple(layers), dim, c.int(A + "ple.conv_kernel"), n, heads, head_vocab_sizes=tuple(sizes))
+    eos = c.int(A + "ple.eos_token_id", minimum=0) if c.get(A + "ple.eos_token_id", None) is not None else -1
+    hashing = {"multipliers": tuple(_u64s(c, "ple.layer_multipliers", n)),
+               "head_offsets": tuple(_u64s(c, "ple.head_offsets", len(sizes)))}
+    return PLEShape(tuple(layers), dim * len(sizes), c.int(A + "ple.conv_kernel"), n, heads,
+                    head_vocab_sizes=tuple(sizes), eos_token_id=eos,
+                    **hashing)
+
+
+def _check_ple_table(c: Cfg, t: Any, ple: PLEShape) -> None:
+    """per_layer_token_embd [rows, w]: w = embedding_length_per_layer_input (llama.cpp's per-head row width, the
+    converter writes the table's last dim) and rows covering every head's range (llama.cpp's loader)."""
+    name = "per_layer_token_embd.weight"
+    if name not in t:
+        raise BadTensor(f"{c.where}: tensor {name}", "missing; the file has ple.layers")
+    rows, width = (tuple(t.shape_of(name)) + (0, 0))[:2]
+    w = ple.embed_dim // len(ple.head_vocab_sizes)
+    if width != w:
+        raise c.bad(A + "embedding_length_per_layer_input", f"{w}; expected {name}'s row width {width}")
+    if ple.head_offsets and rows < max(o + s for o, s in zip(ple.head_offsets, ple.head_vocab_sizes, strict=True)):
+        raise BadTensor(f"{c.where}: tensor {name}", f"{rows} rows; too few for the ple.head_offsets + sizes ranges")
+
+
+def _u64s(c: Cfg, key: str, n: int) -> list[int]:
+    """An optional array of exactly ``n`` non-negative integers (llama.cpp's PLE hashing tables), [] when absent."""
+    if c.get(A + key, None) is None:
+        return []
+    v = c.int_list(A + key, f"a list of {n} non-negative integers")
+    if len(v) != n or any(x < 0 for x in v):
+        raise c.bad(A + key, f"{len(v)} entries; expected {n} non-negative integers")
+    return v
 
 
 def trunk_tensor_shapes(layer: LayerShape, hy: HybridShape, moe: MoEShape, hc: HCShape, blocks: range) -> dict:
@@ -160,7 +202,8 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     trunk = blocks - nextn
     layer, hy, moe, hc = trunk_shapes(c, trunk)
     H = layer.hidden_size
-    c.int(A + "embedding_length_out", minimum=hc.count * H, maximum=hc.count * H, what=f"count * H = {hc.count * H}")
+    if c.get(A + "embedding_length_out", None) is not None:     # optional: the converter does not write it
+        c.int(A + "embedding_length_out", minimum=hc.count * H, maximum=hc.count * H, what=f"count*H = {hc.count * H}")
     ratios = compress_ratios(c, blocks, trunk)
     for i in range(trunk):
         if (ratios[i] > 0) == hy.is_linear(i):
@@ -178,18 +221,30 @@ def qwen4exp_from_gguf(path: Path) -> Qwen4ExpSpec:
     V = vocab_t.shape_of("token_embd.weight")[0]
     tied = "output.weight" not in vocab_t
     table: dict[str, Any] = {"token_embd.weight": ((V, H), "[vocab, H]"),
-                             "output_hc_norm.weight": ((hc.count, H), "[hyper_connection.count, H]"),
+                             "output_hc_norm.weight": None,
                              "output_hc_down.weight": ((hc.low_rank, hc.count * H), "[low_rank, count*H]"),
                              "output_hc_up.weight": None}
     if not tied:
         table["output.weight"] = ((V, H), "[vocab, H]")
     if ple is not None:
         table["per_layer_token_embd.weight"] = None
+        _check_ple_table(c, vocab_t, ple)
     table.update(trunk_tensor_shapes(layer, hy, moe, hc, range(trunk)))
     forbid = ["output_norm.weight"] + [f"blk.{i}.{n}" for i in range(blocks) for n in FORBIDDEN]
     tensors = check_tensors(g, table, forbid)
+    norms = ["output_hc_norm.weight"] + [f"blk.{i}.hc_{p}_norm.weight" for i in range(trunk) for p in ("attn", "ffn")]
+    for name in norms:
+        if name in tensors and math.prod(tensors.shape_of(name)) != hc.count * H:
+            raise BadTensor(f"{path}: tensor {name}", f"shape {list(tensors.shape_of(name))}; expected [count*H] "
+                                                      f"or [count, H] ({hc.count * H} gains)")
     if c.get(A + "context_length", None) is None:
         raise BadConfig(f"{path}: key {A}context_length", "missing; expected an integer")
-    return Qwen4ExpSpec(family=FAMILY, source=Path(path), source_format="gguf", layer=layer, num_layers=trunk,
+    sections = c.get(A + "rope.dimension_sections", None)
+    problem = sections_problem(sections, hy.rotary_dim, layer.head_dim) if sections is not None else None
+    if problem:
+        raise c.bad(A + "rope.dimension_sections", problem)
+    spec = Qwen4ExpSpec(family=FAMILY, source=Path(path), source_format="gguf", layer=layer, num_layers=trunk,
                         vocab_size=V, tie_word_embeddings=tied, max_position=c.int(A + "context_length"),
-                        tensors=tensors, hybrid=hy, moe=moe, hc=hc, qsa=qsa, ple=ple)
+                        tensors=tensors, hybrid=hy, moe=moe, hc=hc, qsa=qsa, ple=ple, output_gate=OUTPUT_GATE)
+    raw = join_qk(FusedGateUp(tensors))
+    return replace(spec, tensors=MappedTensors(raw, hf_table(list(raw), trunk, spec)))

@@ -14,8 +14,9 @@ class PLEShape:
     """qwen4exp's hashed n-gram embeddings (PLE) on ``layers`` (0-based, linear layers only): for n in 2..ngram_size
     ``heads_per_ngram`` hashed heads, each a table of ``embed_dim / heads`` columns, a dilated depthwise conv of
     ``conv_kernel`` taps and a per-stream sigmoid gate. HF gives the hashing's inputs (``vocab_base``,
-    ``divisible_by``, ``seed``, ``split_parts``); a GGUF gives its outputs (``head_vocab_sizes``); the other side's
-    fields are 0 / ()."""
+    ``divisible_by``, ``seed``, ``split_parts``); a GGUF gives its outputs (``multipliers`` [ngram_size],
+    ``head_vocab_sizes`` and ``head_offsets`` [(ngram_size - 1) heads_per_ngram], llama.cpp's ``ple.*`` keys); the
+    other side's fields are 0 / ()."""
 
     layers: tuple[int, ...]
     embed_dim: int
@@ -28,6 +29,14 @@ class PLEShape:
     split_parts: int = 0
     head_vocab_sizes: tuple[int, ...] = ()
     eos_token_id: int = -1         # the id that ends an n-gram segment and fills a sequence's start (-1: unknown)
+    multipliers: tuple[int, ...] = ()
+    head_offsets: tuple[int, ...] = ()
+
+    @property
+    def hashing_known(self) -> bool:
+        """Whether the hashing tables follow: stored (a GGUF) or derivable (HF's base), and the eos id known."""
+        return self.eos_token_id >= 0 and (self.vocab_base > 0 or bool(self.multipliers and self.head_vocab_sizes
+                                                                         and self.head_offsets))
 
 
 @dataclass(frozen=True)

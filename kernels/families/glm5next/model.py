@@ -44,9 +44,11 @@ F32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "_hc.base
 
 def text_prefix(spec: Glm5NextSpec) -> str:
     """``model.language_model.`` (the conditional-generation wrapper) or ``model.``."""
-    if spec.source_format != "hf":
-        raise ValueError("kernels.families.glm5next reads HF tensor names; this spec keeps GGUF names")
-    return "model.language_model." if "model.language_model.embed_tokens.weight" in spec.tensors else "model."
+    for p in ("model.language_model.", "model."):         # a GGUF spec's reader renames to HF's "model."
+        if p + "embed_tokens.weight" in spec.tensors:
+            return p
+    raise ValueError("kernels.families.glm5next reads HF tensor names; this spec has no "
+                     "model[.language_model].embed_tokens")
 
 
 def kda_weights(t: Mapping[str, T], a: str) -> kkda.KdaWeights:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bloomery_gates import ple_hash
 from bloomery_gates.spec import Qwen4ExpSpec
 
 from ...ops import gated_hc as hc
@@ -60,8 +61,9 @@ class Qwen4ExpTarget(Qwen38Target):
             raise ValueError(f"qwen4exp engine: GDN output gate {spec.output_gate!r} unknown (expected one of "
                              f"{sorted(ACTS)})")
         ple = spec.ple
-        if ple is not None and (len(ple.layers) != 1 or ple.vocab_base <= 0 or ple.eos_token_id < 0):
-            raise ValueError("qwen4exp engine: PLE needs one layer and HF's hashing inputs (base, seed, eos)")
+        if ple is not None and (len(ple.layers) != 1 or not ple.hashing_known):
+            raise ValueError("qwen4exp engine: PLE needs one layer, its hashing tables (HF's base and seed, or the "
+                             "GGUF's ple.* arrays) and eos_token_id")
         super().__init__(spec, device, dtype, max_len, rows, impl)
         s = spec.layer
         self.b_cache = torch.zeros(len(self.attn_layers), self.cap, s.hidden_size, device=self.device, dtype=dtype)
@@ -70,8 +72,12 @@ class Qwen4ExpTarget(Qwen38Target):
         self.z_buf = torch.zeros(self.cap, sh, device=self.device, dtype=dtype)
         if spec.ple is not None:
             p = spec.ple
-            self.tables = kple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0, p.seed,
-                                            self.device)
+            if p.multipliers:                   # a GGUF stores the tables (ple.*); HF's are derived from base, seed
+                self.tables = tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
+                                    for v in ple_hash.spec_tables(p, spec.vocab_size))
+            else:
+                self.tables = kple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0,
+                                                p.seed, self.device)
 
     def _fused_ops(self) -> tuple:
         """The GDN output gate is the checkpoint's (silu: the fused kernels where they run; sigmoid: torch)."""

@@ -52,9 +52,11 @@ Weights = Mapping[str, np.ndarray]
 
 def prefix(spec: Glm5NextSpec) -> str:
     """Where the text model's tensors live: ``model.language_model.`` (the wrapper) or ``model.``."""
-    if spec.source_format != "hf":
-        raise ValueError("reference.families.glm5next reads HF tensor names; this spec keeps GGUF names")
-    return "model.language_model." if "model.language_model.embed_tokens.weight" in spec.tensors else "model."
+    for p in ("model.language_model.", "model."):         # a GGUF spec's reader renames to HF's "model."
+        if p + "embed_tokens.weight" in spec.tensors:
+            return p
+    raise ValueError("reference.families.glm5next reads HF tensor names; this spec has no "
+                     "model[.language_model].embed_tokens")
 
 
 def head_name(spec: Glm5NextSpec) -> str:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bloomery_gates import ple_hash
 from bloomery_gates.spec import Qwen4ExpSpec
 
 from ...ops import gated_hc as hc
@@ -64,9 +65,9 @@ def check_spec(spec: Qwen4ExpSpec) -> None:
                          f"{sorted(GATES)}; a GGUF spec does not record it)")
     if not spec.moe.norm_topk:
         raise ValueError("qwen4exp reference: norm_topk_prob false (un-renormalised top-k) is not implemented")
-    if spec.ple is not None and (spec.ple.vocab_base <= 0 or spec.ple.eos_token_id < 0):
-        raise ValueError("qwen4exp reference: PLE needs HF's hashing inputs (ngram_vocab_size_base, seed) and "
-                         "eos_token_id; this spec carries neither (a GGUF spec stores only the head sizes)")
+    if spec.ple is not None and not spec.ple.hashing_known:
+        raise ValueError("qwen4exp reference: PLE needs its hashing tables (HF: ngram_vocab_size_base and seed; "
+                         "GGUF: ple.layer_multipliers, head_offsets, head_vocab_sizes) and eos_token_id")
 
 
 GATES = {"silu": silu, "sigmoid": sigmoid}
@@ -96,7 +97,10 @@ def residual(w: Weights, prefix: str, x: np.ndarray, streams: int, eps: float, i
 def hashed_ids(spec: Qwen4ExpSpec, ids: np.ndarray) -> np.ndarray:
     """The PLE layer's hashed n-gram ids [T, (N-1) hpn] for ids [T] at the start of a sequence (exact integers)."""
     p = spec.ple
-    tables = rple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0, p.seed)
+    if p.multipliers:                           # a GGUF stores the tables (ple.*); HF's are derived from base, seed
+        tables = rple.NgramTables(*(np.array(v, dtype=np.int64) for v in ple_hash.spec_tables(p, spec.vocab_size)))
+    else:
+        tables = rple.ngram_tables(spec.vocab_size, p.ngram_size, p.heads_per_ngram, p.vocab_base, 0, p.seed)
     context = np.full(p.ngram_size - 1, p.eos_token_id, dtype=np.int64)
     return rple.ngram_ids(ids, context, tables, p.eos_token_id, p.heads_per_ngram)
 
