@@ -27,6 +27,7 @@ Roles (what ``load`` returns):
     layer_ops             (LayerShape, T) -> list[Op]              one layer's chained stored ops (the bands)
     plan_hf, plan_gguf    (path, inventory[, cfg, where]) -> PlanModel  a family plan counts itself
     plan_draft            (path, target, own: path as a target or None) -> PlanDraft  and its drafts
+    plan_gguf_draft       (path, target) -> PlanDraft           a block draft in a GGUF of its own (deepseek4: DSpark)
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class Family:
 
 
 ROLES = ("read_hf", "read_gguf", "engine", "fast_engine", "reference", "reference_layer", "final_norm", "oracle",
-         "oracle_llamacpp", "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft")
+         "oracle_llamacpp", "state", "check_extra", "layer_ops", "plan_hf", "plan_gguf", "plan_draft",
+         "plan_gguf_draft")
 
 
 def resolve(ref: str) -> Any:
@@ -166,6 +168,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
            runs=True, mtp="in-file", draft_device=True, gguf_runs=False,
            code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target", "plan_hf": DS + "plan:deepseek4_target",
+                 "plan_gguf_draft": DS + "plan:deepseek4_dspark_draft",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
                  "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",
                  "state": G + "state_decls_deepseek4:DEEPSEEK4_STATE", "layer_ops": QWEN3_OPS}),

@@ -14,6 +14,7 @@ from bloomery_cli.cli import app
 from bloomery_cli.families.mimo2 import plan as plan_mimo2
 from bloomery_cli.plan import core as plan_mod
 from bloomery_cli.plan.core import ELEM, bytes_at, make_plan, terms_of
+from bloomery_cli.plan.headers import header_model
 from bloomery_cli.plan.model import AttnGroup, read_draft, read_target
 from bloomery_gates.gates.fixtures import FIXTURES
 
@@ -23,12 +24,13 @@ runner = CliRunner()
 
 
 def _entries() -> tuple[list[Path], list[Path]]:
-    """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
+    """(targets, drafts) in fixtures/: a target is a *.gguf (not a dflash-arch draft's) or a directory whose
+    architecture is a *ForCausalLM
     (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel)."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
-        if p.suffix == ".gguf":
-            targets.append(p)
+        if p.suffix == ".gguf":                                   # a block draft's GGUF is of arch dflash
+            (drafts if header_model(p).arch == "dflash" else targets).append(p)
         elif p.is_dir() and (p / "config.json").is_file():
             archs = json.loads((p / "config.json").read_text()).get("architectures") or []
             (targets if any(a.endswith(("ForCausalLM", "TextModel")) for a in archs) else drafts).append(p)

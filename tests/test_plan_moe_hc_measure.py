@@ -64,3 +64,37 @@ def test_deepseek4_plan_counts_the_entry_slots_among_the_keys(monkeypatch, tmp_p
                         lambda *a, **k: dataclasses.replace(real(*a, **k), entry_rate=0, score_bytes=None))
     planted = _rel_err("ds4-tiny", ctx, tmp_path / "p.json")
     assert abs(planted) > TOLERANCE, f"ds4-tiny ctx {ctx}: entry slots planted away, still {planted:+.4f}"
+
+
+def _dspark_resident(dtype: str, ctx: int) -> tuple[int, int]:
+    """(the DSV4 DSpark engine's own resident bytes: storages the target does not hold, the plan's draft weights +
+    draft store at ctx)."""
+    import torch
+
+    from bloomery_cli.gatekit import DTYPES
+    from bloomery_cli.plan.core import ELEM, bytes_at, terms_of
+    from bloomery_cli.plan.measure import _build, _resident
+    from bloomery_cli.plan.model import read_draft, read_target
+
+    tgt, drf_path = FIX / "ds4-tiny", FIX / "ds4-tiny-dspark-b7.gguf"
+    eng, drf, _, _ = _build(tgt, drf_path, None, torch.device("cpu"), DTYPES[dtype], ctx)
+    own = _resident(eng, drf) - _resident(eng)
+    t = read_target(tgt)
+    b = bytes_at(t, terms_of(t, read_draft(drf_path, t, tgt), dtype, "cpu"), ctx, 1, True, ELEM[dtype])
+    return own, b["draft_weights"] + b["draft_kv"]
+
+
+@pytest.mark.parametrize("dtype,ctx", [("bf16", 300), ("f32", 700)])
+def test_deepseek4_dspark_plan_equals_what_its_engine_holds(monkeypatch, dtype, ctx):
+    """The DSpark GGUF draft (``deepseek4_dspark_draft``): its tensors in the run dtype but the f32 islands, each
+    stage's context K = V row and key position per position, cap = ctx + B + 2: byte for byte; in bf16 the f32
+    islands planted away (``f32_elems`` 0) the two differ."""
+    held, planned = _dspark_resident(dtype, ctx)
+    assert held == planned
+    if dtype == "bf16":
+        from bloomery_cli.families.deepseek4 import plan as plan_ds4
+        real = plan_ds4.deepseek4_dspark_draft
+        monkeypatch.setattr(plan_ds4, "deepseek4_dspark_draft",
+                            lambda *a: dataclasses.replace(real(*a), f32_elems=0))
+        held, planted = _dspark_resident(dtype, ctx)
+        assert held != planted

@@ -137,7 +137,7 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
     per_slot = sum(r.layers * (4 * r.state_f32 + e * r.conv) for r in t.recurrent)
     terms = Terms(w, full + rope + e * t.position_elems, per_slot, swa, runtime_arena=0 if on_host else CUDA_ARENA)
     if d is not None:
-        terms.draft_weights = e * d.weight_elems
+        terms.draft_weights = e * d.weight_elems + (4 - e) * d.f32_elems
         dv = d.head_dim if d.v_head_dim is None else d.v_head_dim
         terms.draft_per_position = (e * d.layers * d.kv_heads * (d.head_dim + dv) + e * d.store_elems
                                     + 2 * 4 * d.rotary_dim + 8)

@@ -135,3 +135,4 @@ class PlanDraft:
     v_head_dim: int | None = None          # V's head width when it differs from K's (mimo2); None: head_dim
     store_elems: int = 0                   # run-dtype elements per position besides K/V (mimo2: E, X, G_k rows)
     extra_positions: int | None = None     # positions its store holds past the context (None: 2 verify_rows)
+    f32_elems: int = 0                     # of weight_elems, those the engine keeps in f32 whatever the run dtype

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
+from bloomery_gates.errors import InputError
 
-from ...plan.types import AttnGroup, Experts, PlanModel, _embed_dtype
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, _embed_dtype
 
 FAMILY = "deepseek4"
 SCORE_BYTES = 12    # sink attention (kernels.ops.attention.sink_attention): the f32 scores, [scores ; sink] and its
@@ -93,3 +94,33 @@ def deepseek4_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
                      position_elems=n_csa * (4 * a.head_dim + 4 * a.index_head_dim) + n_hca * 2 * a.head_dim,
                      score_bytes=SCORE_BYTES, entry_rate=min([a.csa_rate] * bool(n_csa) + [a.hca_rate] * bool(n_hca),
                                                              default=0))
+
+
+def deepseek4_dspark_draft(path: Path, target: PlanModel) -> PlanDraft:
+    """llama.cpp's DSV4 DSpark (a GGUF of arch ``dflash``, FAMILIES_MOE.md 5.1) as ``kernels.families.deepseek4.dspark``
+    holds it, from the GGUF header: every tensor of the file in the run dtype but the float32 ones (``F32_SUFFIXES``
+    under the reader's names); the target's embedding and head unless the file has its own; per position each
+    stage's context K = V row [d] and an int64 key position (cap = max_len + B + 2); a verify of B + 1 rows."""
+    from bloomery_gates.kernels.families.deepseek4.model import F32_SUFFIXES
+
+    from ...inventory.read import _HeaderGGUF
+    from .reader_dspark import internal_name
+
+    h = _HeaderGGUF(path)
+    if h.meta("general.architecture", None) != "dflash":
+        raise InputError(path, "a GGUF draft of a deepseek4 target must be llama.cpp's DSpark (architecture dflash)")
+
+    def key(k: str) -> int:
+        v = h.meta(f"dflash.{k}", None)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(path, f"key dflash.{k}: {v!r}; expected a positive integer")
+        return v
+    elems = f32 = 0
+    for t in h.reader.tensors:
+        n = int(t.n_elements)
+        elems += n
+        gate_up = t.name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight"))    # joined: gate_up_proj
+        f32 += n if not gate_up and internal_name(t.name).endswith(F32_SUFFIXES) else 0
+    b = key("block_size")
+    return PlanDraft(path.name, "dspark", elems, key("block_count"), 1, key("attention.key_length"), 0, b + 1,
+                     target.vocab, v_head_dim=0, extra_positions=b + 2, f32_elems=f32)

@@ -20,7 +20,7 @@ block's own K = V is transient (never stored), so a rejected draft leaves nothin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -116,9 +116,10 @@ class Deepseek4DSparkDraft:
     unless the file carries its own. ``propose`` returns up to B anchor-first drafts, cut by ``confidence_cut``."""
 
     def __init__(self, spec: Deepseek4DSparkSpec, target, max_len: int, confidence_cut: float = 0.0):
-        self.spec, self.b, self.confidence_cut = spec, spec.block_size, float(confidence_cut)
+        self.b, self.confidence_cut = spec.block_size, float(confidence_cut)
         self.device, self.dtype = target.device, target.dtype
         self.t = own_tensors(spec, self.device, self.dtype)
+        self.spec = replace(spec, tensors={})     # the shapes only: the host copies stay the caller's, not the engine's
         self.embed = self.t.get("embed_tokens.weight", target.embed)
         self.head = self.t.get("lm_head.weight", target.head)
         self.w1, self.w2 = (self.t[W1], self.t[W2]) if spec.markov_rank else (None, None)
