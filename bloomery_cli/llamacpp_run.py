@@ -83,7 +83,8 @@ def tensor_types(path: Path) -> list[str]:
 
 
 def f32_copy(src: Path, dst: Path) -> Path:
-    """``src`` with every tensor dequantised to F32 (same names, metadata and order; general.file_type ALL_F32)."""
+    """``src`` with every float tensor dequantised to F32, integer tensors kept (same names, metadata and order;
+    general.file_type ALL_F32)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -95,8 +96,13 @@ def f32_copy(src: Path, dst: Path) -> Path:
         val = int(gguf.LlamaFileType.ALL_F32) if name == "general.file_type" else f.contents()
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, val, f.types[0], sub_type=sub)
+    ints = {gguf.GGMLQuantizationType.I8, gguf.GGMLQuantizationType.I16, gguf.GGMLQuantizationType.I32,
+            gguf.GGMLQuantizationType.I64}
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if t.tensor_type in ints:           # integer tables (deepseek4's tid2eid) stay as stored
+            w.add_tensor(t.name, np.ascontiguousarray(t.data).reshape(shape))
+            continue
         w.add_tensor(t.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -57,7 +57,22 @@ def block_shapes(target: Deepseek4Spec) -> dict[str, Any]:
 
 
 def deepseek4_mtp_from_file(path: Path, target: Deepseek4Spec) -> Deepseek4MTPSpec:
-    """The MTP block in ``path`` (the target's own directory)."""
+    """The MTP block in ``path``: the target's own HF directory, or a deepseek4 GGUF (``reader_mtp_gguf``: the
+    converter's ``mtp-<name>.gguf``; the target's main GGUF itself names that file beside it when it holds no
+    nextn block)."""
+    from ...formats.gguf_file import is_gguf
+
+    if Path(path).is_file() and is_gguf(Path(path)):
+        from .gguf_names import mtp_name
+        from .reader_mtp_gguf import deepseek4_mtp_from_gguf
+
+        p = Path(path)
+        if p.resolve() == Path(target.source).resolve() and target.mtp_layers == 0:
+            if not mtp_name(p).is_file():
+                raise Refused(path, f"the main deepseek4 GGUF holds no MTP block (the converter writes it apart, "
+                                    f"with --mtp); expected the MTP file {mtp_name(p)} (or pass it as --draft)")
+            p = mtp_name(p)
+        return deepseek4_mtp_from_gguf(p, target)
     if target.family != "deepseek4":
         raise Mismatch(f"MTP file {path} vs target {target.source}",
                        f"target family {target.family!r}; this MTP block is the deepseek4 (DeepSeek V4) layout")
