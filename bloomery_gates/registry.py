@@ -161,7 +161,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "state": G + "state_decls_glm5next:GLM5NEXT_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), ("deepseek4",),
-           runs=True, mtp="in-file", draft_device=True, gguf_runs=False,
+           runs=True, mtp="in-file", draft_device=True,
            code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader_gguf:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target", "plan_hf": DS + "plan:deepseek4_target",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
