@@ -43,8 +43,11 @@ class Pair:
     """How llama.cpp runs a gate's pair: its spec type, the draft's GGUF source, or why it cannot."""
 
     spec_type: str = ""
-    draft: str = "convert"          # convert (llama.cpp's converter) | target (an in-file MTP head)
+    draft: str = "convert"          # convert (llama.cpp's converter) | target (an in-file MTP head) | mtp-file (the
+                                    # converter's separate mtp-<name>.gguf beside the target GGUF, passed as -md)
     why_not: str = ""
+    gguf: str = ""                  # the fixture GGUF llama.cpp runs when not <gate target>.gguf; the judge's
+                                    # target (and an mtp-file draft) are then read from it
 
 
 PAIRS: dict[str, Pair] = {
@@ -65,8 +68,7 @@ PAIRS: dict[str, Pair] = {
                                  "its converter drops mtp.*), and no qwen4exp GGUF is bundled"),
     "glm5next-mtp": Pair(why_not="llama.cpp's glm5-next NextN graph throws \"not implemented yet\", and its graph "
                                  "reads no expert-group keys (the fixture routes in 2 groups)"),
-    "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
-                            "llama.cpp's deepseek4 MTP graph exists)"),
+    "ds4-mtp": Pair("draft-mtp", "mtp-file", gguf="ds4-tiny-lc.gguf"),   # ds4-tiny's HCA rate 16: llama.cpp refuses it
 }
 
 
@@ -155,6 +157,11 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
         plain = run_driver(drv, [*base, "--bl-plain"], prompts, n, work, "plain", threads)
         if p.draft == "target":
             dft = tgt
+        elif p.draft == "mtp-file":
+            from ..families.deepseek4.gguf_names import mtp_name
+            from ..llamacpp_run import f32_copy
+            src = mtp_name(target_gguf_path)
+            dft = f32_copy(src, work / "mtp-f32.gguf") if dtype == "f32" else src
         else:
             if not (llama / "convert_hf_to_gguf.py").is_file():
                 raise InputError(llama, "no convert_hf_to_gguf.py: the driver's folder is not a `bloomery engine "

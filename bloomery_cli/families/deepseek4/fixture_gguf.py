@@ -315,10 +315,12 @@ def export(fixtures: Path, out: Path | None = None, experts: str = "mxfp4") -> t
         raise RuntimeError(f"fixtures would store {man.stored_bytes} bytes, over {MAX_FIXTURE_BYTES}")
     man.models[NAME] = {
         "files": sorted(d.name for d in done), "architecture": "deepseek4 GGUF (llama.cpp's converter layout)",
-        "from": f"{SOURCE}/model.safetensors: the HCA layer's compressor position bias tiled 16 -> 128 rows "
-                "(llama.cpp accepts compress ratios 0 / 4 / 128 only); not retrained",
+        "from": f"{SOURCE}/model.safetensors through for_llamacpp: the HCA layer's compressor position bias "
+                "tiled 16 -> 128 rows (llama.cpp accepts compress ratios 0 / 4 / 128 only); the indexer head width "
+                "8 -> 64, zero channels in front of each head (llama.cpp's Hadamard rotation of the indexer needs "
+                "a multiple of 64), its compressor norm gain x sqrt(8/64); not retrained",
         "experts": experts, "shape": {"compress_ratios": ratios(spec), "sliding_window": spec.attn.window,
-                                      "hca_first_entry_at": 128},
+                                      "index_head_dim": spec.attn.index_head_dim, "hca_first_entry_at": 128},
         "gguf_export": {"command": "python -m bloomery_cli.families.deepseek4.fixture_gguf --out fixtures",
                         "layout": "llama.cpp converter (conversion/deepseek.py DeepseekV4Model), main file without "
                                   "MTP + mtp-<name>.gguf (--mtp), eh_proj Q8_0, routed experts MXFP4"}}

@@ -5,18 +5,25 @@ llama.cpp runs (``bloomery_cli.llamacpp_run``'s settings: llama-cpp-python's C A
 F32 copy, F32 KV cache, flash attention off):
 
 * the main GGUF over seq = prompt + plain ids, long enough to pass position 128 (the HCA layers' first entry; the
-  gate-level (o) lines stop at prompt + 64): its logits, and its ``h_nextn`` rows, the 4 RAW streams
-  [T, S*H] it emits before its HC head (``embeddings_nextn``, the MTP's input);
-* the MTP GGUF (a second model, ``mtp-<name>.gguf``, ``LLAMA_CONTEXT_TYPE_MTP``), teacher-forced on ITS OWN
-  streams: row q = 0..T-2 reads token seq[q+1] and h_nextn[q] at position q (our reference's row convention,
-  ``reference.families.deepseek4.mtp.rows``; the rope and the window are relative, so llama.cpp's driver, which
-  numbers the same rows from 1, computes the same values), from an empty KV.
+  gate-level (o) lines stop at prompt + 64): its logits, and its exported ``h_nextn`` rows [T, S*H]
+  (``embeddings_nextn``: by deepseek4.cpp the 4 raw streams before the HC head, the MTP's input);
+* the MTP GGUF (a second model, ``mtp-<name>.gguf``, ``LLAMA_CONTEXT_TYPE_MTP``), teacher-forced from an empty KV:
+  row q = 0..T-2 reads token seq[q+1] and the raw streams of position q at position q (our reference's row
+  convention, ``reference.families.deepseek4.mtp.rows``; rope and window are relative, so llama.cpp's driver, which
+  numbers the same rows from 1, computes the same values).
 
-Lines (ref "llama.cpp f32" / "llama.cpp f32 MTP"): the trunk logits [T x V] and greedy ids; the raw streams; the MTP
-logits [T-1 x V] (our reference fed llama.cpp's streams) and its greedy ids. Bands: f32 chains
-(``bands.chain_band``) over the trunk's L layers (+ the HC head and final norm and the head for logits), and for the
-MTP rows the trunk, then the MTP step (enorm / hnorm, eh_proj over 2H, one layer, the MTP's HC head and norm, the
-head). A greedy flip is excused only where our reference's top-2 margin is inside the band.
+Which streams feed the MTP: OURS (the f64 reference's, rounded to f32). llama.cpp 0c1e57098's exported h_nextn
+for deepseek4 is not the tensor its own head reads: on ds4-tiny-lc, 40 positions, its h_nextn through the HC head,
+final norm and head gives logits 1.46 (relative) from llama.cpp's own logits, while our f64 streams through the
+same head give them within 3.2e-7; and it matches none of our per-layer streams (|diff| ~9 on values <= 1.6).
+A note line measures both numbers on every run (``self_check``); the MTP lines then check llama.cpp's MTP graph on
+a correct input, and ``--engine llama.cpp`` (its draft-mtp driver reads that export) inherits the defect.
+
+Lines (ref "llama.cpp f32" / "llama.cpp f32 MTP"): the trunk logits [T x V] and greedy ids; the MTP logits
+[T-1 x V] (both fed our streams) and its greedy ids. Bands: f32 chains (``bands.chain_band``) over the trunk's L
+layers, the HC head, final norm and head for the trunk logits; for the MTP rows (exact f32 inputs) the MTP step:
+enorm / hnorm, eh_proj over 2H, one layer at length T, the MTP's HC head and norm, the head. A greedy flip is
+excused only where our reference's top-2 margin is inside the band.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ HCA_FIRST = 128                     # llama.cpp's HCA ratio: the first entry clo
 
 @dataclass(frozen=True)
 class V4Run:
-    """logits [T, V], streams [T, S*H] (h_nextn), mtp_logits [T-1, V], mtp_streams [T-1, S*H]."""
+    """logits [T, V], streams [T, S*H] (llama.cpp's exported h_nextn), mtp_logits [T-1, V] and mtp_streams
+    [T-1, S*H] (its MTP graph on the streams given to ``run_v4``)."""
 
     logits: np.ndarray
     streams: np.ndarray
@@ -65,8 +73,9 @@ def _load(lc: Any, path: Path, mtp: bool) -> Any:
     return model
 
 
-def run_v4(target: Path, mtp: Path, ids: Sequence[int]) -> V4Run:
-    """llama.cpp on the main GGUF (logits, raw streams) and on the MTP GGUF (module docstring)."""
+def run_v4(target: Path, mtp: Path, ids: Sequence[int], streams: np.ndarray) -> V4Run:
+    """llama.cpp on the main GGUF (logits, its exported h_nextn) and its MTP graph on the MTP GGUF over ``streams``
+    [T, S*H] (module docstring)."""
     from ...llamacpp_run import _context, _decode_target, _lib, _mtp_rows
 
     lc, ext = _lib()
@@ -89,7 +98,8 @@ def run_v4(target: Path, mtp: Path, ids: Sequence[int]) -> V4Run:
         try:
             if lc.llama_model_n_layer_nextn(head) != 1:
                 raise RuntimeError(f"llama.cpp reads {lc.llama_model_n_layer_nextn(head)} nextn layers in {mtp}")
-            m_logits, m_h = _mtp_rows(lc, head, ids[1:], h[:-1], list(range(len(ids) - 1)), vocab, 0, ext)
+            feed = np.ascontiguousarray(streams[:-1], dtype=np.float32)
+            m_logits, m_h = _mtp_rows(lc, head, ids[1:], feed, list(range(len(ids) - 1)), vocab, 0, ext)
         finally:
             lc.llama_model_free(head)
     return V4Run(logits, h, m_logits, m_h, tw)
@@ -104,17 +114,22 @@ def head_ops(t: Any) -> list[Op]:
     return [Op("hc_head", t.hc.count * h), Op("norm", h), Op("lm head", h)]
 
 
-def mtp_band(t: Any, seq_len: int) -> Band:
-    h = t.hidden_size
-    step = [Op("enorm / hnorm", h), Op("eh_proj", 2 * h), *layer_ops(t.layer, seq_len)]
-    return chain_band("f32", trunk_ops(t, seq_len) + step + head_ops(t),
-                      f"deepseek4 MTP logits after {t.num_layers} target layers + the MTP block")
-
-
 def _ids_line(report: Report, what: str, got: np.ndarray, want: np.ndarray, band: Band, ref: str) -> None:
     differ = np.nonzero(got.argmax(-1) != want.argmax(-1))[0]
     excused = sum(flip_excused(want[i], band) for i in differ)
     report.integer_match(what, got.shape[0], len(differ), excused, tag="(o)", ref=ref)
+
+
+def self_check(target: Any, exported: np.ndarray, ours: np.ndarray, logits: np.ndarray) -> tuple[float, float]:
+    """(worst rel of llama.cpp's exported h_nextn vs our raw streams, worst rel of ITS h_nextn through our HC head,
+    final norm and head vs llama.cpp's own logits)."""
+    from bloomery_gates.reference.families.deepseek4.model import final_norm, head_name
+    from bloomery_gates.reference.weights import as_f64
+
+    t, s, h = exported.shape[0], target.hc.count, target.hidden_size
+    fin = final_norm(target, exported.astype(np.float64).reshape(t, s, h))
+    again = as_f64(target).project(head_name(target), fin)
+    return worst_rel(ours, exported.astype(np.float64)), worst_rel(logits.astype(np.float64), again)
 
 
 def check_v4(report: Report, target: Any, mtp: Any, seq: Sequence[int]) -> None:
@@ -134,25 +149,29 @@ def check_v4(report: Report, target: Any, mtp: Any, seq: Sequence[int]) -> None:
                     "mtp-<name>.gguf)")
         return
     t, seq = len(seq), [int(i) for i in seq]
-    out = run_v4(Path(target.source), Path(mtp.source), seq)
     ref = forward(target, seq)
     s, h = target.hc.count, target.hidden_size
+    ours = np.asarray(ref.hidden[-1], dtype=np.float64).reshape(t, s * h)
+    out = run_v4(Path(target.source), Path(mtp.source), seq, ours)
     report.note(f"(o) llama.cpp deepseek4: {Path(target.source).name} + {Path(mtp.source).name} on {out.weights}, "
                 f"CPU, F32 KV, {t} positions (HCA entries from position {HCA_FIRST - 1}: "
-                f"{'exercised' if t >= HCA_FIRST else 'NOT reached'}); the MTP teacher-forced on llama.cpp's own "
-                "raw streams")
-    band = chain_band("f32", trunk_ops(target, t), f"deepseek4 raw streams after {target.num_layers} layers")
-    got = out.streams.astype(np.float64)
-    report.reference(f"raw streams [{t}x{s * h}] (h_nextn, before the HC head)", got.size,
-                     worst_rel(ref.hidden[-1].reshape(t, s * h), got), band.value, tag="(o)", ref=REF)
+                f"{'exercised' if t >= HCA_FIRST else 'NOT reached'})")
     band = chain_band("f32", trunk_ops(target, t) + head_ops(target), "deepseek4 trunk logits")
     got = out.logits.astype(np.float64)
     report.reference(f"trunk logits [{t}x{got.shape[1]}]", got.size, worst_rel(ref.logits, got), band.value,
                      tag="(o)", ref=REF)
     _ids_line(report, f"trunk greedy ids [{t}]", got, ref.logits, band, REF)
-    rows = ref_mtp.rows(mtp, target, seq[1:], out.streams[:-1].astype(np.float64).reshape(t - 1, s, h))
-    band = mtp_band(target, t)
+    vs_ours, vs_itself = self_check(target, out.streams, ours, out.logits)
+    report.note(f"(o) llama.cpp deepseek4: its exported h_nextn [{t}x{s * h}] is {vs_ours:.3e} (worst rel) from our "
+                f"raw streams, and through the HC head, final norm and head gives logits {vs_itself:.3e} from its "
+                f"own (a consistent export would give ~1e-7): "
+                f"{'llama.cpp exports NOT the streams its head reads (its defect)' if vs_itself > band.value else 'consistent'}"
+                "; the MTP lines feed its MTP graph OUR streams")
+    rows = ref_mtp.rows(mtp, target, seq[1:], ours[:-1].astype(np.float32).astype(np.float64).reshape(t - 1, s, h))
+    hh = target.hidden_size
+    step = [Op("enorm / hnorm", hh), Op("eh_proj", 2 * hh), *layer_ops(target.layer, t), *head_ops(target)]
+    band = chain_band("f32", step, "deepseek4 MTP logits from given streams: one MTP block, its HC head, the head")
     got = out.mtp_logits.astype(np.float64)
-    report.reference(f"mtp logits [{t - 1}x{got.shape[1]}] (row q: token q+1, llama.cpp's streams q)", got.size,
+    report.reference(f"mtp logits [{t - 1}x{got.shape[1]}] (row q: token q+1, streams q)", got.size,
                      worst_rel(rows.logits, got), band.value, tag="(o)", ref=REF_MTP)
     _ids_line(report, f"mtp greedy ids [{t - 1}]", got, rows.logits, band, REF_MTP)
