@@ -61,7 +61,7 @@ def is_deepseek4_gguf(path: Path) -> bool:
 def unpack_mxfp4(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """ggml block_mxfp4 bytes [..., R, nb * 17] -> (codes [..., R, nb * 16] uint8, element 2j in the low nibble;
     e8m0 scales [..., R, nb] uint8): the inverse of ``fixture_gguf.mxfp4_blocks``."""
-    b = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.uint8))
+    b = torch.from_numpy(np.array(blocks, dtype=np.uint8, copy=True))
     lead, nb = b.shape[:-1], b.shape[-1] // 17
     b = b.reshape(*lead, nb, 17)
     qs = b[..., 1:]

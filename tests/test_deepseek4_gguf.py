@@ -1,0 +1,209 @@
+"""deepseek4 in llama.cpp's GGUF layout: the writer (main file + the converter's separate ``mtp-<name>.gguf``), the
+readers (MXFP4 experts handed over packed), llama.cpp as oracle on the trunk and the MTP graph, FAIL-first plants,
+and bad files as named errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from bloomery_cli import llamacpp_run
+from bloomery_cli.cli import app
+from bloomery_cli.contract import Report
+from bloomery_cli.families.deepseek4 import fixture_gguf as writer
+from bloomery_cli.families.deepseek4 import oracle_llamacpp as oracle
+from bloomery_cli.families.deepseek4 import reader_gguf, reader_mtp_gguf
+from bloomery_cli.families.deepseek4.gguf_names import mtp_name
+from bloomery_cli.families.deepseek4.reader_mtp import deepseek4_mtp_from_file
+from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
+from bloomery_cli.loading import load_target, load_tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+HF, GGUF = FIXTURES / "ds4-tiny", FIXTURES / "ds4-tiny-lc.gguf"
+A = "deepseek4."
+
+needs_llama = pytest.mark.skipif(llamacpp_run.unavailable() is not None,
+                                 reason="llama_cpp not importable (pip install llama-cpp-python==0.3.36)")
+
+
+def _report() -> tuple[Report, list[str]]:
+    lines: list[str] = []
+    return Report("t", emit=lines.append), lines
+
+
+def _write(tmp_path: Path, experts: str = "mxfp4") -> Path:
+    main, _ = writer.export(FIXTURES, tmp_path, experts)
+    return main
+
+
+def _rewrite(src: Path, dst: Path, drop: str = "", set_key: tuple[str, list[int]] | None = None) -> Path:
+    """``src`` with one key dropped or one int array replaced, tensors copied as stored."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name == drop:
+            continue
+        val = set_key[1] if set_key and name == set_key[0] else f.contents()
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, val, f.types[0], sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def _seq(extra: int) -> list[int]:
+    text = json.loads((FIXTURES / "prompts.jsonl").read_text().splitlines()[0])["text"]
+    return load_tokenizer(HF).encode(text).ids + [int(i) for i in np.arange(extra) * 37 % 4000 + 2]
+
+
+# ----------------------------------------------------------------------------------------------------- round trip
+
+
+def test_mxfp4_repack_is_the_exact_inverse():
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (3, 5, 32), generator=g, dtype=torch.uint8)         # rows of 64 weights
+    scales = torch.randint(0, 255, (3, 5, 2), generator=g, dtype=torch.uint8)
+    blocks = writer.mxfp4_blocks(codes, scales)
+    assert blocks.shape == (3, 5, 34)
+    back_c, back_s = reader_gguf.unpack_mxfp4(blocks)
+    assert torch.equal(back_c, codes) and torch.equal(back_s, scales)
+    # the ggml values of a block equal the FP4 values: element j of block 0 row 0 = e2m1(code j) * 2^(e - 127)
+    deq = gguf.quants.dequantize(blocks.reshape(-1, 34)[:1], gguf.GGMLQuantizationType.MXFP4).reshape(-1)[:32]
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6])
+    c = codes[0, 0, :16].numpy()
+    want = e2m1[np.stack([c & 15, c >> 4], -1).reshape(-1)] * 2.0 ** (int(scales[0, 0, 0]) - 127)
+    assert np.array_equal(deq, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("experts", ["mxfp4", "bf16"])
+def test_files_read_back_as_written(tmp_path, experts):
+    """export() checks every tensor back through both readers (check_readback); here the shapes and layout."""
+    main = _write(tmp_path, experts)
+    spec = load_target(main)
+    assert spec.source_format == "gguf" and spec.experts_mxfp4 == (experts == "mxfp4")
+    assert spec.layer_types == ("sliding", "csa", "hca", "csa") and spec.mlp_types[0] == "hash"
+    assert (spec.attn.csa_rate, spec.attn.hca_rate, spec.attn.index_head_dim) == (4, 128, 64)
+    mtp = deepseek4_mtp_from_file(main, spec)            # the main file names its mtp- sibling
+    assert mtp.source == mtp_name(main) and mtp.source_format == "gguf"
+    e = mtp.tensors["mtp.0.e_proj.weight"]
+    assert e.shape == (32, 32)
+    assert gguf.GGUFReader(str(main)).fields[A + "block_count"].contents() == 4
+    assert gguf.GGUFReader(str(mtp_name(main))).fields[A + "nextn_predict_layers"].contents() == 1
+
+
+def test_bundled_files_are_the_writer_output_and_in_the_manifest(tmp_path):
+    main = _write(tmp_path)
+    man = Manifest.read(FIXTURES)
+    for p in (main, mtp_name(main)):
+        assert sha256_file(p) == sha256_file(FIXTURES / p.name) == man.files[p.name]["sha256"]
+    assert man.models["ds4-tiny-lc"]["files"] == ["ds4-tiny-lc.gguf", "mtp-ds4-tiny-lc.gguf"]
+
+
+def test_writer_refuses_ratios_llama_cpp_refuses():
+    with pytest.raises(ValueError, match="accepts only ratios 0 / 4"):
+        writer.ratios(load_target(HF))                        # ds4-tiny: HCA rate 16
+
+
+# ----------------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("case", ["no_ratios", "ratio_16", "gating", "mtp_as_target"])
+def test_bad_gguf_is_exit_2_one_line(tmp_path, case):
+    main = _write(tmp_path)
+    bad = {"no_ratios": lambda: _rewrite(main, tmp_path / "bad.gguf", drop=A + "attention.compress_ratios"),
+           "ratio_16": lambda: _rewrite(main, tmp_path / "bad.gguf", set_key=(A + "attention.compress_ratios",
+                                                                              [0, 4, 16, 4])),
+           "gating": lambda: _rewrite(main, tmp_path / "bad.gguf", set_key=(A + "expert_gating_func", 2)),
+           "mtp_as_target": lambda: mtp_name(main)}[case]()
+    want = {"no_ratios": "compress_ratios", "ratio_16": "each 0, 4 or 128", "gating": "sqrt-softplus",
+            "mtp_as_target": "MTP-only"}[case]
+    r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "--target", str(bad), "--draft", str(mtp_name(main)),
+                                 "-n", "4"], catch_exceptions=False)
+    assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, r.output
+
+
+def test_mtp_file_of_another_target_is_a_mismatch(tmp_path):
+    from bloomery_gates.errors import Mismatch
+
+    main = _write(tmp_path)
+    other = _rewrite(mtp_name(main), tmp_path / "mtp-other.gguf", set_key=(A + "attention.sliding_window", 8))
+    with pytest.raises(Mismatch, match="attn"):
+        reader_mtp_gguf.deepseek4_mtp_from_gguf(other, load_target(main))
+
+
+# ----------------------------------------------------------------------------------------------------- llama.cpp
+
+
+def _check(main: Path, extra: int = 90) -> tuple[int, list[str]]:
+    spec = load_target(main)
+    report, lines = _report()
+    oracle.check_v4(report, spec, deepseek4_mtp_from_file(main, spec), _seq(extra))
+    return report.finish(), lines
+
+
+@needs_llama
+def test_llama_cpp_trunk_streams_and_mtp_agree_with_the_reference():
+    code, lines = _check(GGUF)
+    checks = [line for line in lines if line.endswith((" PASS", " FAIL"))]
+    assert code == 0 and len(checks) == 5 and all(c.endswith(" PASS") for c in checks), lines
+    assert "HCA entries from position 127: exercised" in lines[0], lines[0]
+
+
+@needs_llama
+@pytest.mark.parametrize("plant", ["eh_proj_swapped", "mxfp4_nibbles_swapped"])
+def test_fail_first_reader_defects_fail_the_o_lines(monkeypatch, plant):
+    """Our reader planted wrong (the MTP's [e | h] halves read as [h | e]; the MXFP4 nibbles read high-first): our
+    reference on that spec, against llama.cpp on the good files, fails an (o) line (exit 1)."""
+    if plant == "eh_proj_swapped":
+        real = reader_mtp_gguf.deepseek4_mtp_from_gguf
+
+        def swapped(path, target):
+            m = real(path, target)
+            t = m.tensors.table
+            t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
+            return m
+        monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+        line = "(o) mtp logits"
+    else:
+        real = reader_gguf.unpack_mxfp4
+
+        def high_first(blocks):
+            c, s = real(blocks)
+            return ((c >> 4) | (c << 4)).to(torch.uint8), s
+        monkeypatch.setattr(reader_gguf, "unpack_mxfp4", high_first)
+        line = "(o) trunk logits"
+    code, lines = _check(GGUF, 40)
+    hit = [x for x in lines if x.startswith(line)]
+    assert code == 1 and hit and hit[0].endswith(" FAIL"), lines
+
+
+@needs_llama
+def test_fail_first_gate_bf16_exit_1_on_a_planted_mtp_read(tmp_path, monkeypatch):
+    """The ds4-mtp gate in bf16 on the GGUF pair with --oracle: our MTP read planted ([h | e]) passes every (r) line
+    (engine and reference read the same wrong weights) and fails the llama.cpp (o) line: exit 1."""
+    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
+
+    def swapped(path, target):
+        m = real(path, target)
+        t = m.tensors.table
+        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
+        return m
+    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text((FIXTURES / "prompts.jsonl").read_text().splitlines()[0] + "\n")
+    r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "--target", str(GGUF), "--draft", str(mtp_name(GGUF)),
+                                 "--dtype", "bf16", "-n", "8", "--prompts", str(prompts), "--oracle"],
+                           catch_exceptions=False)
+    fails = [x for x in r.output.splitlines() if x.endswith(" FAIL")]
+    assert r.exit_code == 1 and fails and all(x.startswith("(o) mtp") for x in fails), r.output
