@@ -89,7 +89,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     report.integer_match("mtp draft ids", logits.shape[0], differ, excused)
 
 
-ORACLE_IDS = 200                  # plain ids in the llama.cpp (o) lines: past position 128, the HCA ratio llama.cpp takes
+ORACLE_IDS = 200                  # plain ids in the llama.cpp (o) lines: past position 128 (llama.cpp's HCA ratio)
 
 
 def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:

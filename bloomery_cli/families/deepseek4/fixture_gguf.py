@@ -281,8 +281,9 @@ def for_llamacpp(spec: Deepseek4Spec, hca_rate: int = 128, index_head_dim: int =
                 T[ix + n] = _pad_front(T[ix + n], 2, index_head_dim, 0)
             T[ix + "position_bias"] = _pad_front(T[ix + "position_bias"], 2, index_head_dim, 1)
             T[ix + "q_b_proj.weight"] = _pad_front(T[ix + "q_b_proj.weight"], a.index_heads, index_head_dim, 0)
-            g = T[ix + "kv_norm.weight"].float() * (di / index_head_dim) ** 0.5
-            T[ix + "kv_norm.weight"] = torch.cat([torch.ones(index_head_dim - di), g]).to(T[ix + "kv_norm.weight"].dtype)
+            norm = T[ix + "kv_norm.weight"]
+            g = norm.float() * (di / index_head_dim) ** 0.5
+            T[ix + "kv_norm.weight"] = torch.cat([torch.ones(index_head_dim - di), g]).to(norm.dtype)
     return replace(spec, attn=replace(a, hca_rate=hca_rate, index_head_dim=index_head_dim), tensors=T)
 
 
@@ -290,7 +291,6 @@ def export(fixtures: Path, out: Path | None = None, experts: str = "mxfp4") -> t
     """``ds4-tiny-lc.gguf`` and ``mtp-ds4-tiny-lc.gguf`` from ``fixtures/ds4-tiny`` (module docstring), read back
     through the harness's readers; into ``out`` unregistered, or into ``fixtures`` and its manifest."""
     from ...loading import load_target
-    from .reader_gguf import check_readback
 
     src = load_target(fixtures / SOURCE)
     spec = for_llamacpp(src)
@@ -327,6 +327,51 @@ def export(fixtures: Path, out: Path | None = None, experts: str = "mxfp4") -> t
     man.write(fixtures)
     verified(fixtures, "deepseek4 GGUF export")
     return main, mtp_name(main)
+
+
+def check_readback(main: Path, mtp: Path | None, spec: Deepseek4Spec) -> None:
+    """Every trunk tensor (and MTP tensor, with ``mtp``) of ``spec`` read back through the GGUF readers: equal, to
+    the bit, except the ones the converter quantizes (MXFP4 experts from float, Q8_0 eh_proj: within their format's
+    step). Shapes equal. RuntimeError naming the first difference."""
+    from .reader_gguf import deepseek4_from_gguf
+    from .reader_mtp_gguf import deepseek4_mtp_from_gguf
+
+    got = deepseek4_from_gguf(main)
+    want = {n: spec.tensors[n] for n in spec.tensors if not n.startswith("mtp.")}
+    if not spec.tie_word_embeddings and "lm_head.weight" not in want:
+        raise RuntimeError("spec has no lm_head")
+    want.setdefault("lm_head.weight", spec.tensors["model.embed_tokens.weight"])
+    for n in [n for n in want if n.endswith("e_score_correction_bias")]:
+        if spec.mlp_types[int(n.split(".")[2])] == "hash":
+            del want[n]                            # the converter drops a hash layer's unused bias
+    quantized = got.experts_mxfp4 and not spec.experts_mxfp4
+    _compare(got.tensors, want, main, quantized)
+    if (got.attn, got.layer_types, got.mlp_types, got.hc, got.moe.top_k) != \
+            (spec.attn, spec.layer_types, spec.mlp_types, spec.hc, spec.moe.top_k):
+        raise RuntimeError(f"{main}: shapes read back {got.attn}, {got.layer_types}; expected {spec.attn}")
+    if mtp is not None:
+        d = deepseek4_mtp_from_gguf(mtp, got)
+        want = {n: spec.tensors[n] for n in spec.tensors if n.startswith("mtp.")}
+        _compare(d.tensors, want, mtp, quantized, q8=("mtp.0.e_proj.weight", "mtp.0.h_proj.weight"))
+
+
+def _compare(got: Any, want: dict[str, torch.Tensor], where: Path, quantized: bool, q8: tuple[str, ...] = ()) -> None:
+    if quantized:                                   # float experts written MXFP4: compared by shape here
+        want = {n: w for n, w in want.items() if ".experts." not in n}
+        got_names = {n for n in got if ".experts." not in n}
+    else:
+        got_names = set(got)
+    if got_names != set(want):
+        raise RuntimeError(f"{where}: tensor set differs: {sorted(got_names ^ set(want))[:6]}")
+    for n, w in want.items():
+        g = got[n]
+        if n in q8:                                 # Q8_0: 8-bit codes, per 32 a scale max|x| / 127
+            step = float(w.float().abs().max()) / 127
+            ok = bool(((g.float() - w.float()).abs() <= step).all())
+        else:
+            ok = torch.equal(g.float() if g.is_floating_point() else g, w.float() if w.is_floating_point() else w)
+        if not ok:
+            raise RuntimeError(f"{where}: {n} does not read back as written")
 
 
 def main(argv: list[str] | None = None) -> int:

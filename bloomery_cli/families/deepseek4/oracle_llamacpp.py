@@ -187,9 +187,11 @@ def check_v4(report: Report, target: Any, mtp: Any, seq: Sequence[int]) -> None:
     report.reference(f"raw streams [{t}x{s * h}] (h_nextn, one-output-row decode)", out.streams.size,
                      worst_rel(ours, out.streams.astype(np.float64)), sband.value, tag="(o)", ref=REF)
     vs_ours, vs_itself = self_check(target, out.streams_all, ours, out.logits)
+    verdict = ("NOT the streams its head reads (llama.cpp defect, module docstring)" if vs_itself > band.value
+               else "consistent")
     report.note(f"(o) llama.cpp deepseek4: h_nextn exported from the all-rows decode is {vs_ours:.3e} (worst rel) "
                 f"from our raw streams and, through the HC head, final norm and head, {vs_itself:.3e} from its own "
-                f"logits: {'NOT the streams its head reads (llama.cpp defect, module docstring)' if vs_itself > band.value else 'consistent'}")
+                f"logits: {verdict}")
     rows = ref_mtp.rows(mtp, target, seq[1:], out.streams[:-1].astype(np.float64).reshape(t - 1, s, h))
     hh = target.hidden_size
     step = [Op("enorm / hnorm", hh), Op("eh_proj", 2 * hh), *layer_ops(target.layer, t), *head_ops(target)]

@@ -274,7 +274,7 @@ def deepseek4_from_gguf(path: Path) -> Deepseek4Spec:
     for i in range(L):
         table |= block_entries(f, i, f"model.layers.{i}.", fields)
     if blocks > L and f"blk.{L}.nextn.eh_proj.weight" in names:
-        fields["mtp_layers"] = blocks - L            # in-file nextn blocks (llama.cpp's probe); reader_mtp_gguf reads them
+        fields["mtp_layers"] = blocks - L            # in-file nextn blocks (llama.cpp probes eh_proj)
     known = {g for e in table.values() for g in e[0]}
     odd = sorted(n for n in names if n not in known and not any(n.startswith(f"blk.{i}.") for i in range(L, blocks)))
     if odd:
@@ -290,47 +290,3 @@ def deepseek4_from_gguf(path: Path) -> Deepseek4Spec:
     return Deepseek4Spec(family=FAMILY, source=Path(path), source_format="gguf", vocab_size=vocab,
                          tie_word_embeddings=False, max_position=cfg.int(A + "context_length"), tensors=tensors,
                          **fields)
-
-
-def check_readback(main: Path, mtp: Path | None, spec: Deepseek4Spec) -> None:
-    """Every trunk tensor (and MTP tensor, with ``mtp``) of ``spec`` read back through the GGUF readers: equal, to
-    the bit, except the ones the converter quantizes (MXFP4 experts from float, Q8_0 eh_proj: within their format's
-    step). Shapes equal. RuntimeError naming the first difference."""
-    from .reader_mtp_gguf import deepseek4_mtp_from_gguf
-
-    got = deepseek4_from_gguf(main)
-    want = {n: spec.tensors[n] for n in spec.tensors if not n.startswith("mtp.")}
-    if not spec.tie_word_embeddings and "lm_head.weight" not in want:
-        raise RuntimeError("spec has no lm_head")
-    want.setdefault("lm_head.weight", spec.tensors["model.embed_tokens.weight"])
-    for n in [n for n in want if n.endswith("e_score_correction_bias")]:
-        if spec.mlp_types[int(n.split(".")[2])] == "hash":
-            del want[n]                            # the converter drops a hash layer's unused bias
-    quantized = got.experts_mxfp4 and not spec.experts_mxfp4
-    _compare(got.tensors, want, main, quantized)
-    if (got.attn, got.layer_types, got.mlp_types, got.hc, got.moe.top_k) != \
-            (spec.attn, spec.layer_types, spec.mlp_types, spec.hc, spec.moe.top_k):
-        raise RuntimeError(f"{main}: shapes read back {got.attn}, {got.layer_types}; expected {spec.attn}")
-    if mtp is not None:
-        d = deepseek4_mtp_from_gguf(mtp, got)
-        want = {n: spec.tensors[n] for n in spec.tensors if n.startswith("mtp.")}
-        _compare(d.tensors, want, mtp, quantized, q8=("mtp.0.e_proj.weight", "mtp.0.h_proj.weight"))
-
-
-def _compare(got: Any, want: dict[str, torch.Tensor], where: Path, quantized: bool, q8: tuple[str, ...] = ()) -> None:
-    if quantized:                                   # float experts written MXFP4: compared by shape here
-        want = {n: w for n, w in want.items() if ".experts." not in n}
-        got_names = {n for n in got if ".experts." not in n}
-    else:
-        got_names = set(got)
-    if got_names != set(want):
-        raise RuntimeError(f"{where}: tensor set differs: {sorted(got_names ^ set(want))[:6]}")
-    for n, w in want.items():
-        g = got[n]
-        if n in q8:                                 # Q8_0: 8-bit codes, per 32 a scale max|x| / 127
-            step = float(w.float().abs().max()) / 127
-            ok = bool(((g.float() - w.float()).abs() <= step).all())
-        else:
-            ok = torch.equal(g.float() if g.is_floating_point() else g, w.float() if w.is_floating_point() else w)
-        if not ok:
-            raise RuntimeError(f"{where}: {n} does not read back as written")

@@ -30,9 +30,9 @@ from bloomery_gates.spec import Deepseek4MTPSpec, Deepseek4Spec
 from ...formats.gguf_file import GGUFFile
 from ...formats.lazy import check_shapes
 from .gguf_names import EH_PROJ, MTP_HEAD, MTP_KEEP, NEXTN
+from .mtp_shapes import P, block_shapes
 from .reader import SCALE
 from .reader_gguf import Entry, GgufTable, block_entries, read_keys
-from .reader_mtp import P, block_shapes
 
 SAME = ("layer", "attn", "moe", "hc", "swiglu_limit")
 COMPARE_BYTES = 64 << 20
@@ -75,7 +75,7 @@ def deepseek4_mtp_from_gguf(path: Path, target: Deepseek4Spec) -> Deepseek4MTPSp
     if blocks - L != 1:
         raise Refused(path, f"nextn_predict_layers {blocks - L}; expected one V4 MTP block (the converter's --mtp "
                             "file: block_count = trunk layers + 1)")
-    if L != target.num_layers:
+    if target.num_layers != L:
         raise Mismatch(f"MTP file {path} vs target {target.source}", f"block_count {blocks} - nextn 1 = {L} trunk "
                        f"layers; the target has {target.num_layers}")
     for k in SAME:
