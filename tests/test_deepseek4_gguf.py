@@ -207,3 +207,43 @@ def test_fail_first_gate_bf16_exit_1_on_a_planted_mtp_read(tmp_path, monkeypatch
                            catch_exceptions=False)
     fails = [x for x in r.output.splitlines() if x.endswith(" FAIL")]
     assert r.exit_code == 1 and fails and all(x.startswith("(o) mtp") for x in fails), r.output
+
+
+# ----------------------------------------------------------------------------------------------------- --engine
+
+
+def _engine(monkeypatch=None, n: int = 24):
+    from bloomery_cli.engines import llamacpp
+    from bloomery_cli.engines.gate import EngineOptions, run_engine_gate
+    from bloomery_gates.gates import GATES
+
+    try:
+        drv = llamacpp.find_driver(None)
+    except Exception:                                          # noqa: BLE001 - no driver built: skipped below
+        pytest.skip("no llama.cpp driver (`bloomery engine build`)")
+    return run_engine_gate(GATES["ds4-mtp"], EngineOptions(llama_cpp=drv.parent.parent if drv.parent.name == "build"
+                                                           else drv.parent, n=n, max_prompts=2), emit=lambda s: None)
+
+
+def test_engine_llamacpp_runs_the_gguf_pair_and_the_judge_agrees():
+    """llama.cpp's draft-mtp on ds4-tiny-lc.gguf with -md mtp-ds4-tiny-lc.gguf: its plain ids are our f64 target's,
+    its drafts our f64 drafter's on every window."""
+    code, rep = _engine()
+    assert code == 0, "\n".join(rep.lines)
+    assert any(x.startswith("(a) draft ids on the engine's windows") and x.endswith("0 differ PASS")
+               for x in rep.lines), "\n".join(rep.lines)
+
+
+def test_fail_first_engine_judge_with_a_planted_mtp_read(monkeypatch):
+    """The judge replaying with our MTP read planted ([h | e]) disagrees with llama.cpp's drafts: exit 1."""
+    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
+
+    def swapped(path, target):
+        m = real(path, target)
+        t = m.tensors.table
+        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
+        return m
+    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+    code, rep = _engine()
+    bad = [x for x in rep.lines if x.endswith(" FAIL")]
+    assert code == 1 and any(x.startswith("(a) draft ids") for x in bad), "\n".join(rep.lines)

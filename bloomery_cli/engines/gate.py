@@ -85,7 +85,8 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
                            opts.max_prompts, target_spec.vocab_size)
     width = gate.block(draft_spec) - 1
     report = Report(gate.name, emit=emit or stdout_emit)
-    report.header(str(gguf), str(gate.draft), opts.device, opts.dtype, n, len(prompts))
+    report.header(str(gguf), str(draft_spec.source if p.gguf else gate.draft), opts.device, opts.dtype, n,
+                  len(prompts))
     report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width,
                 draft_gguf={"target": "in-file", "mtp-file": "mtp-file beside the target"}.get(p.draft,
                                                                                              "llama.cpp-converter"),

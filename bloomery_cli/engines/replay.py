@@ -95,9 +95,10 @@ def _deepseek4(d, t, taps, seq, s, width):
 
 
 # a known engine convention per (family/)kind: what it is, and the f64 drafter that follows it
-CONVENTIONS: dict[str, tuple[str, Propose]] = {
+CONVENTIONS: dict[str, tuple[str, Propose] | None] = {
     "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first),
-    "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre"))}
+    "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre")),
+    "deepseek4/mtp": None}          # none known: llama.cpp's V4 drafts are our drafter's (not the qwen row-0 rule)
 
 PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark), "dflash2": _dflash2,
                                "mtp": _mtp, "mimo2/mtp": _mimo2("post"), "deepseek4/mtp": _deepseek4}
