@@ -115,6 +115,19 @@ def test_writer_refuses_ratios_llama_cpp_refuses():
         writer.ratios(load_target(HF))                        # ds4-tiny: HCA rate 16
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compressor_with_no_complete_window_pools_nothing(overlap):
+    """Fewer rows than the rate (ds4-tiny-lc's HCA rate 128 under a 56-token prompt): no entry, in the kernel and
+    the reference alike (both raised on the empty reshape before)."""
+    from bloomery_gates.kernels.ops import v4_attention as kv4
+    from bloomery_gates.reference.ops import v4_attention as rv4
+
+    c = 2 if overlap else 1
+    k, z, b = torch.randn(3, c * 8), torch.randn(3, c * 8), torch.randn(4, c * 8)
+    assert tuple(kv4.pool_windows(k, z, b, 4, overlap).shape) == (0, 8)
+    assert rv4.pool_windows(k.double().numpy(), z.double().numpy(), b.double().numpy(), 4, overlap).shape == (0, 8)
+
+
 # ----------------------------------------------------------------------------------------------------- bad input
 
 
@@ -247,3 +260,16 @@ def test_fail_first_engine_judge_with_a_planted_mtp_read(monkeypatch):
     code, rep = _engine()
     bad = [x for x in rep.lines if x.endswith(" FAIL")]
     assert code == 1 and any(x.startswith("(a) draft ids") for x in bad), "\n".join(rep.lines)
+
+
+def test_plan_counts_the_gguf_experts_packed():
+    """`bloomery plan` on the GGUF: the MXFP4 experts at their stored bytes (codes n/2 + e8m0 scales n/32)."""
+    from bloomery_cli.families.deepseek4.plan import deepseek4_gguf_target
+    from bloomery_cli.inventory import inventory
+
+    spec = load_target(GGUF)
+    m = deepseek4_gguf_target(GGUF, inventory([GGUF]).models[0])
+    packed = sum(int(np.prod(spec.tensors.shape_of(n))) for n in spec.tensors if ".experts." in n)
+    E, ff, H = spec.moe.num_experts, spec.moe.expert_ff, spec.hidden_size
+    assert packed == spec.num_layers * E * (2 * ff * H + H * ff) * 17 // 32
+    assert m.meta["packed_expert_bytes"] == packed and m.experts.mxfp4 and m.fmt == "gguf"
