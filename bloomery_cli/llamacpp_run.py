@@ -111,6 +111,22 @@ def f32_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def trunk_blocker(path: Path) -> str | None:
+    """Why llama.cpp's trunk graph must not be run on ``path`` (an abort, from the header alone); None when it can.
+    deepseek4: the lightning indexer is rotated by a Hadamard block of at least 64 channels (llama-kv-cache.cpp
+    ``build_input_k_rot``), so an indexer key_length that is not a multiple of 64 aborts in ggml_reshape_2d."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    f = r.fields.get(f"{arch}.attention.indexer.key_length")
+    if arch == "deepseek4" and f is not None and int(f.contents()) % 64:
+        return (f"deepseek4 attention.indexer.key_length {int(f.contents())}: llama.cpp rotates the indexer by a "
+                "Hadamard block of >= 64 channels and aborts (GGML_ASSERT in ggml_reshape_2d) unless it is a "
+                "multiple of 64")
+    return None
+
+
 def mtp_blocker(path: Path) -> str | None:
     """Why llama.cpp's MTP graph must not be run on ``path`` (it would abort the process on a GGML_ASSERT), from
     the header alone; None when it can run (or the file has no nextn layer)."""

@@ -174,6 +174,20 @@ def test_llama_cpp_trunk_streams_and_mtp_agree_with_the_reference():
 
 
 @needs_llama
+def test_indexer_width_llama_cpp_aborts_on_is_skipped_with_the_reason(tmp_path):
+    """An indexer key_length of 8 (ds4-tiny's own) would abort llama.cpp (its Hadamard block is >= 64 wide): the
+    (o) lines are skipped with a note naming it, the process lives."""
+    from tokenizers import Tokenizer
+
+    spec = writer.for_llamacpp(load_target(HF), index_head_dim=8)
+    tok = Tokenizer.from_file(str(HF / "tokenizer.json"))
+    main = writer.write_main(tmp_path / "i8.gguf", spec, tok)
+    writer.write_mtp(mtp_name(main), spec, tok)
+    code, lines = _check(main, 8)
+    assert "multiple of 64" in lines[0] and not any(x.startswith("(o) ") and x.endswith("PASS") for x in lines), lines
+
+
+@needs_llama
 @pytest.mark.parametrize("plant", ["eh_proj_swapped", "mxfp4_nibbles_swapped"])
 def test_fail_first_reader_defects_fail_the_o_lines(monkeypatch, plant):
     """Our reader planted wrong (the MTP's [e | h] halves read as [h | e]; the MXFP4 nibbles read high-first): our

@@ -268,7 +268,7 @@ def for_llamacpp(spec: Deepseek4Spec, hca_rate: int = 128, index_head_dim: int =
     Every other tensor is the same object."""
     a = spec.attn
     old, di = a.hca_rate, a.index_head_dim
-    if hca_rate % old or index_head_dim % 64 or index_head_dim < di:
+    if hca_rate % old or index_head_dim < di or (index_head_dim != di and index_head_dim % 64):
         raise ValueError(f"HCA rate {old} -> {hca_rate}, indexer width {di} -> {index_head_dim}: not derivable")
     T = dict(spec.tensors.items())
     for i, k in enumerate(spec.layer_types):

@@ -161,11 +161,15 @@ def check_v4(report: Report, target: Any, mtp: Any, seq: Sequence[int]) -> None:
     from bloomery_gates.reference.families.deepseek4 import mtp as ref_mtp
     from bloomery_gates.reference.families.deepseek4.model import forward
 
-    from ...llamacpp_run import unavailable
+    from ...llamacpp_run import trunk_blocker, unavailable
 
     why = unavailable()
     if why:
         report.note(f"(o) llama.cpp deepseek4: skipped, {why} (pip install llama-cpp-python==0.3.36 for these lines)")
+        return
+    why = trunk_blocker(Path(target.source))
+    if why:
+        report.note(f"(o) llama.cpp deepseek4: skipped, {why}")
         return
     if not str(mtp.source).lower().endswith(".gguf"):
         report.note(f"(o) llama.cpp deepseek4 MTP: skipped, the draft {mtp.source} is not a GGUF (pass --draft "
