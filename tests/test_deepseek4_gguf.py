@@ -287,3 +287,27 @@ def test_plan_counts_the_gguf_experts_packed():
     E, ff, H = spec.moe.num_experts, spec.moe.expert_ff, spec.hidden_size
     assert packed == spec.num_layers * E * (2 * ff * H + H * ff) * 17 // 32
     assert m.meta["packed_expert_bytes"] == packed and m.experts.mxfp4 and m.fmt == "gguf"
+
+
+def test_gguf_fixture_uses_every_path_past_position_128():
+    """ds4-tiny-lc over the first prompt + 200 ids (the (o) lines' length): the f64 logits move by more than 1e-2
+    (worst relative) when a CSA / the HCA layer is made sliding-only, when the indexer keeps every entry, or when
+    the hash table is shifted: the HCA entries (from position 127) and the sparse CSA choice carry weight."""
+    from dataclasses import replace
+
+    from bloomery_gates.reference.families.deepseek4 import model as ref
+
+    spec = load_target(GGUF)
+    ids = _seq(200)
+    base = ref.forward(spec, ids).logits
+    variants = {f"layer {i} sliding": replace(spec, layer_types=tuple("sliding" if j == i else k for j, k in
+                                                                      enumerate(spec.layer_types)))
+                for i, k in enumerate(spec.layer_types) if k != "sliding"}
+    variants["dense indexer"] = replace(spec, attn=replace(spec.attn, index_topk=10 ** 6))
+    t = {k: spec.tensors[k] for k in spec.tensors}
+    t["model.layers.0.mlp.gate.tid2eid"] = torch.roll(t["model.layers.0.mlp.gate.tid2eid"], 1, 0)
+    variants["hash shifted"] = replace(spec, tensors=t)
+    assert len(ids) >= 2 * spec.attn.hca_rate - 1 and len(ids) // spec.attn.csa_rate > spec.attn.index_topk
+    moved = {k: float(np.abs(ref.forward(v, ids).logits - base).max() / np.abs(base).max())
+             for k, v in variants.items()}
+    assert all(m > 1e-2 for m in moved.values()), moved
