@@ -311,3 +311,13 @@ def test_gguf_fixture_uses_every_path_past_position_128():
     moved = {k: float(np.abs(ref.forward(v, ids).logits - base).max() / np.abs(base).max())
              for k, v in variants.items()}
     assert all(m > 1e-2 for m in moved.values()), moved
+
+
+def test_inventory_verdicts_for_the_pair():
+    """The MTP file is a sidecar drafted by ds4-mtp (gguf_runs: the gates run the GGUF layout); the main file has
+    no MTP of its own."""
+    r = CliRunner().invoke(app, ["inventory", str(mtp_name(GGUF))], catch_exceptions=False)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0 and "verdict: MTP sidecar" in out and "drafter here: gate ds4-mtp" in out, out
+    r = CliRunner().invoke(app, ["inventory", str(GGUF)], catch_exceptions=False)
+    assert r.exit_code == 0 and "verdict: none" in " ".join(r.output.split()), r.output
