@@ -321,3 +321,16 @@ def test_inventory_verdicts_for_the_pair():
     assert r.exit_code == 0 and "verdict: MTP sidecar" in out and "drafter here: gate ds4-mtp" in out, out
     r = CliRunner().invoke(app, ["inventory", str(GGUF)], catch_exceptions=False)
     assert r.exit_code == 0 and "verdict: none" in " ".join(r.output.split()), r.output
+
+
+def test_engine_keeps_the_gguf_experts_packed():
+    """The engine built from the GGUF holds the MXFP4 experts as their uint8 bytes (codes + e8m0 scales), never
+    widened: 4.25 bits a weight, the stored bytes."""
+    from bloomery_gates.kernels.families.deepseek4.model import Deepseek4Target
+
+    spec = load_target(GGUF)
+    eng = Deepseek4Target(spec, "cpu", torch.bfloat16, 16)
+    packed = {n: x for n, x in eng.t.items() if ".experts." in n}
+    E, ff, H = spec.moe.num_experts, spec.moe.expert_ff, spec.hidden_size
+    assert packed and all(x.dtype == torch.uint8 for x in packed.values())
+    assert sum(x.numel() for x in packed.values()) == spec.num_layers * E * 3 * ff * H * 17 // 32
