@@ -164,7 +164,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
            runs=True, mtp="in-file", draft_device=True,
            code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader_gguf:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target", "plan_hf": DS + "plan:deepseek4_target",
-                 "plan_gguf": DS + "plan:deepseek4_gguf_target",
+                 "plan_gguf": DS + "plan:deepseek4_gguf_target", "plan_draft": DS + "plan:deepseek4_draft",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
                  "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",
                  "state": G + "state_decls_deepseek4:DEEPSEEK4_STATE", "layer_ops": QWEN3_OPS}),

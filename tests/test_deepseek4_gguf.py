@@ -334,3 +334,16 @@ def test_engine_keeps_the_gguf_experts_packed():
     E, ff, H = spec.moe.num_experts, spec.moe.expert_ff, spec.hidden_size
     assert packed and all(x.dtype == torch.uint8 for x in packed.values())
     assert sum(x.numel() for x in packed.values()) == spec.num_layers * E * 3 * ff * H * 17 // 32
+
+
+def test_plan_takes_the_mtp_file_as_the_draft():
+    """`bloomery plan X.gguf --draft mtp-X.gguf`: the MTP block (its packed experts at their bytes, its HC head,
+    eh_proj and norms) is the draft term; the target's copies of embed / head in the file are not counted."""
+    r = CliRunner().invoke(app, ["plan", str(GGUF), "--draft", str(mtp_name(GGUF)), "--gpu-mem", "1G", "--json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    spec = load_target(GGUF)
+    mtp = deepseek4_mtp_from_file(GGUF, spec)
+    elems = sum(int(np.prod(mtp.tensors.shape_of(n))) for n in mtp.tensors)     # what the MTP reader hands over
+    assert p["draft_on"] and p["terms"]["draft_weights"] == 2 * elems, p["terms"]  # bf16, the plan's default

@@ -24,12 +24,12 @@ runner = CliRunner()
 
 def _entries() -> tuple[list[Path], list[Path]]:
     """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
-    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel); mtp-*.gguf sidecars are left out."""
+    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel); an mtp-X.gguf is X.gguf's draft."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
         if p.suffix == ".gguf" and p.name.startswith("mtp-"):
-            continue                     # a separate MTP GGUF (deepseek4's converter sidecar): no plan_draft for it yet
-        if p.suffix == ".gguf":
+            drafts.append(p)             # a separate MTP GGUF (deepseek4's converter sidecar): its target's draft
+        elif p.suffix == ".gguf":
             targets.append(p)
         elif p.is_dir() and (p / "config.json").is_file():
             archs = json.loads((p / "config.json").read_text()).get("architectures") or []
@@ -38,7 +38,9 @@ def _entries() -> tuple[list[Path], list[Path]]:
 
 
 def _target_of(draft: Path, targets: list[Path]) -> Path:
-    """A draft fixture's target: the HF target whose name is the longest prefix of the draft's."""
+    """A draft fixture's target: the HF target whose name is the longest prefix of the draft's (mtp-X.gguf: X.gguf)."""
+    if draft.name.startswith("mtp-") and draft.suffix == ".gguf":
+        return draft.with_name(draft.name.removeprefix("mtp-"))
     named = [t for t in targets if t.is_dir() and draft.name.startswith(t.name + "-")]
     assert named, f"no target fixture for draft {draft.name}"
     return max(named, key=lambda t: len(t.name))

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
+from bloomery_gates.errors import InputError
 
-from ...plan.types import AttnGroup, Experts, PlanModel, _embed_dtype
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, _embed_dtype
 
 FAMILY = "deepseek4"
 PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "_scale_inv")
@@ -79,11 +80,16 @@ def deepseek4_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
 
 def deepseek4_gguf_target(path: Path, inv_model) -> PlanModel:
     """The plan model of a llama.cpp deepseek4 GGUF: the shapes from its reader (HF names, MXFP4 experts packed; no
-    weight read), counted as the HF layout's."""
+    weight read), counted as the HF layout's. The converter's MTP-only file (``mtp-<name>.gguf``) plans as a
+    model whose weights are all draft (``_sidecar``)."""
     from types import SimpleNamespace
 
+    from ...formats.gguf_file import GGUFFile
     from .reader_gguf import deepseek4_from_gguf
 
+    f = GGUFFile(path)
+    if "blk.0.attn_norm.weight" not in f.tensor_names():
+        return _sidecar(path, f, inv_model)
     spec = deepseek4_from_gguf(path)
     rows = SimpleNamespace(tensors=[SimpleNamespace(name=n, shape=spec.tensors.shape_of(n)) for n in spec.tensors],
                            total_bytes=inv_model.total_bytes)
@@ -91,6 +97,43 @@ def deepseek4_gguf_target(path: Path, inv_model) -> PlanModel:
                                        "mtp_layers", "experts_mxfp4")}
     return _plan(path, rows, f, "gguf", spec.vocab_size, spec.max_position, False, {"arch": "deepseek4"},
                  _embed_dtype(inv_model))
+
+
+def _sidecar(path: Path, g, inv_model) -> PlanModel:
+    """The MTP-only GGUF: its block's elements (packed experts at their bytes, as the HF FP4 layout counts them) and
+    its HC head are the draft; token_embd / output_norm / output are the target's copies (the engine drafts with
+    the target's), not counted."""
+    from .gguf_names import MTP_HEAD, NEXTN
+    from .reader_gguf import block_entries, read_keys
+
+    _, f, L, _ = read_keys(g)
+    table = block_entries(g, L, "mtp.0.", f)
+    raw = g.tensors(lambda s: s)
+    extra = [f"blk.{L}.{n}" for n in (*NEXTN.values(), "nextn.eh_proj.weight")] + list(MTP_HEAD.values())
+    elems = sum(prod(e[3]) for e in table.values()) + sum(prod(raw.shape_of(n)) for n in extra if n in raw)
+    a = f["attn"]
+    return PlanModel(path.name, FAMILY, "gguf", f["layer"].hidden_size, a.num_heads,
+                     raw.shape_of("token_embd.weight")[0], f["moe"].expert_ff, 0, 0, inv_model.total_bytes, False, 0,
+                     (), 0, (), elems, 1, meta={"arch": "deepseek4", "mtp_only": True,
+                                                "attn_head_dim": a.head_dim, "rope_dim": a.rope_dim})
+
+
+def deepseek4_draft(path: Path, target: PlanModel, own: PlanModel | None) -> PlanDraft:
+    """The V4 MTP block as the draft term: the target's own in-file block (``own`` None: the HF checkpoint, the
+    plan's generic MTP term), or the converter's MTP-only GGUF beside a deepseek4 GGUF target. One sliding layer of
+    one K = V head, verify rows 4 (width 3)."""
+    head_dim = target.attn[0].head_dim if target.attn else target.hidden // target.heads
+    if own is None:
+        if not target.draft_elems:
+            raise InputError(path, "is the target itself but holds no mtp.* tensors; expected a draft")
+        return PlanDraft(path.name, "mtp", target.draft_elems, target.draft_layers or 1, 1, head_dim,
+                         target.rotary_dim, 4, target.vocab)
+    if own.family != FAMILY or not own.meta.get("mtp_only") or (own.hidden, own.vocab) != (target.hidden,
+                                                                                             target.vocab):
+        raise InputError(path, "expected the deepseek4 target's MTP file (the converter's mtp-<name>.gguf) or the "
+                               "target itself")
+    return PlanDraft(path.name, "mtp", own.draft_elems, 1, 1, own.meta["attn_head_dim"], target.rotary_dim, 4,
+                     target.vocab)
 
 
 def _plan(path: Path, inv, f: dict[str, Any], fmt: str, vocab: int, maxpos: int, tied: bool, meta: dict[str, Any],
