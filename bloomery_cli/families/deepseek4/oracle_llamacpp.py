@@ -17,12 +17,12 @@ Why the second decode: llama.cpp 0c1e57098's exported h_nextn for deepseek4 is n
 Measured on ds4-tiny-lc, 20 positions, one decode call (n_ubatch 64): with 1 or 2 output rows every h_nextn row is
 within 3.7e-7 of our f64 streams; with 19 or 20 output rows, or with n_ubatch 4 whatever the output rows, every row
 is off by 5.5 to 8.9 (values <= 1.6), and those rows through the HC head, final norm and head give logits 1.46
-(relative) from llama.cpp's own logits, where our streams give 3.2e-7. The wrong rows ARE logits values: with all
-20 output rows (or 3), h_nextn row r equals, bit for bit, the logits buffer at float 4480 + 128 r (row 1's logits
-from entry 384 on), i.e. the memory the graph exported as h_nextn was overwritten by the head's output before
-it was copied out (with 3 output rows only h_nextn rows 0..15 are hit, rows 16..19 are right). A note line
-measures the all-rows export on every run (``self_check``). Its draft-mtp driver (``--engine llama.cpp``) nevertheless drafted our f64 drafter's ids
-on all 542 windows of the bundled record: its path does not read the defective export here.
+(relative) from llama.cpp's own logits, where our streams give 3.2e-7. The wrong rows are llama.cpp's own logits
+values: in the all-rows decode h_nextn row r starts, bit for bit, with the returned logits at float 4480 + 128 r
+of the concatenated output rows (the two outputs overlap in memory; with 3 output rows the overlap runs the other
+way on rows 16..19, whose h_nextn is right and whose returned logits hold those stream values). A note line
+measures the all-rows export on every run (``self_check``). Its draft-mtp driver (``--engine llama.cpp``)
+nevertheless drafted our f64 drafter's ids on all 542 windows of the bundled record.
 
 Lines (ref "llama.cpp f32" / "llama.cpp f32 MTP"): the trunk logits [T x V] and greedy ids; the raw streams; the
 MTP logits [T-1 x V] (our reference fed llama.cpp's streams) and its greedy ids. Bands: f32 chains
