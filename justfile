@@ -88,6 +88,11 @@ fixtures-mimo2:
 fixtures-ds4:
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture --out fixtures
 
+# the deepseek4 GGUF pair llama.cpp runs (ds4-tiny-lc.gguf + mtp-ds4-tiny-lc.gguf, derived from ds4-tiny: HCA rate 128,
+# indexer width 64; llama.cpp's converter layout, MXFP4 experts), seconds
+fixtures-ds4-gguf:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture_gguf --out fixtures
+
 gate-qwen35moe-mtp *ARGS:
     bloomery gate run qwen35moe-mtp {{ARGS}}
 
@@ -143,3 +148,13 @@ oracle-llamacpp-moe-hc:
         --json results/cpu/qwen4exp-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen4exp-mtp-gguf-oracle-cpu-f32.log
     bloomery gate run glm5next-mtp --target fixtures/glm5next-tiny.gguf --draft fixtures/glm5next-tiny.gguf --oracle \
         --json results/cpu/glm5next-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/glm5next-mtp-gguf-oracle-cpu-f32.log
+
+# tier 3 on the deepseek4 GGUF pair (`just fixtures-ds4-gguf`): transformers and llama.cpp's trunk past position 128 (HCA),
+# llama.cpp's V4 MTP graph from the separate MTP file; then llama.cpp's own draft-mtp under the gate
+oracle-llamacpp-deepseek4:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bloomery gate run ds4-mtp --target fixtures/ds4-tiny-lc.gguf --draft fixtures/mtp-ds4-tiny-lc.gguf --oracle \
+        --json results/cpu/ds4-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/ds4-mtp-gguf-oracle-cpu-f32.log
+    bloomery gate run ds4-mtp --engine llama.cpp --device cpu --dtype f32 \
+        --json results/cpu/ds4-mtp-llamacpp-cpu-f32.json | tee results/cpu/ds4-mtp-llamacpp-cpu-f32.log

@@ -83,7 +83,8 @@ def tensor_types(path: Path) -> list[str]:
 
 
 def f32_copy(src: Path, dst: Path) -> Path:
-    """``src`` with every tensor dequantised to F32 (same names, metadata and order; general.file_type ALL_F32)."""
+    """``src`` with every float tensor dequantised to F32, integer tensors kept (same names, metadata and order;
+    general.file_type ALL_F32)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -95,14 +96,35 @@ def f32_copy(src: Path, dst: Path) -> Path:
         val = int(gguf.LlamaFileType.ALL_F32) if name == "general.file_type" else f.contents()
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, val, f.types[0], sub_type=sub)
+    ints = {gguf.GGMLQuantizationType.I8, gguf.GGMLQuantizationType.I16, gguf.GGMLQuantizationType.I32,
+            gguf.GGMLQuantizationType.I64}
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if t.tensor_type in ints:           # integer tables (deepseek4's tid2eid) stay as stored
+            w.add_tensor(t.name, np.ascontiguousarray(t.data).reshape(shape))
+            continue
         w.add_tensor(t.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def trunk_blocker(path: Path) -> str | None:
+    """Why llama.cpp's trunk graph must not be run on ``path`` (an abort, from the header alone); None when it can.
+    deepseek4: the lightning indexer is rotated by a Hadamard block of at least 64 channels (llama-kv-cache.cpp
+    ``build_input_k_rot``), so an indexer key_length that is not a multiple of 64 aborts in ggml_reshape_2d."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    f = r.fields.get(f"{arch}.attention.indexer.key_length")
+    if arch == "deepseek4" and f is not None and int(f.contents()) % 64:
+        return (f"deepseek4 attention.indexer.key_length {int(f.contents())}: llama.cpp rotates the indexer by a "
+                "Hadamard block of >= 64 channels and aborts (GGML_ASSERT in ggml_reshape_2d) unless it is a "
+                "multiple of 64")
+    return None
 
 
 def mtp_blocker(path: Path) -> str | None:

@@ -27,7 +27,7 @@ Roles (what ``load`` returns):
     layer_ops             (LayerShape, T) -> list[Op]              one layer's chained stored ops (the bands)
     plan_hf, plan_gguf    (path, inventory[, cfg, where]) -> PlanModel  a family plan counts itself
     plan_draft            (path, target, own: path as a target or None) -> PlanDraft  and its drafts
-    plan_gguf_draft       (path, target) -> PlanDraft           a block draft in a GGUF of its own (deepseek4: DSpark)
+    plan_gguf_draft       (path, target) -> PlanDraft           a dflash-arch GGUF block draft (deepseek4: DSpark)
 """
 
 from __future__ import annotations
@@ -165,9 +165,10 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "state": G + "state_decls_glm5next:GLM5NEXT_STATE", "check_extra": G + "moe_checks:check_routing",
                  "layer_ops": QWEN3_OPS}),
     Family("deepseek4", "DeepSeek V4 (docs/FAMILIES_MOE.md 4.4)", ("deepseek_v4",), ("deepseek4",),
-           runs=True, mtp="in-file", draft_device=True, gguf_runs=False,
-           code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader:deepseek4_from_gguf",
+           runs=True, mtp="in-file", draft_device=True,
+           code={"read_hf": DS + "reader:deepseek4_from_hf", "read_gguf": DS + "reader_gguf:deepseek4_from_gguf",
                  "engine": K + "deepseek4.model:Deepseek4Target", "plan_hf": DS + "plan:deepseek4_target",
+                 "plan_gguf": DS + "plan:deepseek4_gguf_target", "plan_draft": DS + "plan:deepseek4_draft",
                  "plan_gguf_draft": DS + "plan:deepseek4_dspark_draft",
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
                  "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",

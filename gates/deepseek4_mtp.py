@@ -10,8 +10,10 @@ which a chained row reads a chained row's KV in its window and the depth the qwe
 rule on its own float32 scores), then each drafted row (its output streams [S x H] and its logits) against
 ``reference.families.deepseek4.mtp.draft`` on the engine's own raw streams, following the kernel's chain ids, and
 the draft ids. State after the loop: the target's window KV, compressor and indexer projections per layer and the
-MTP's window KV (``gates.state_decls_deepseek4``). No (o) line for the draft: transformers ignores ``mtp.*`` and
-llama.cpp's graph runs on a GGUF this repo does not write yet.
+MTP's window KV (``gates.state_decls_deepseek4``). (o) for the draft: on a GGUF target with the MTP GGUF as the draft
+(``--target X.gguf --draft mtp-X.gguf``, ``bloomery_cli.families.deepseek4.fixture_gguf``), llama.cpp's deepseek4
+trunk over prompt + up to 200 plain ids (past the HCA ratio 128) and its V4 MTP graph teacher-forced
+(``bloomery_cli.families.deepseek4.oracle_llamacpp``); on the HF layout a note (transformers ignores ``mtp.*``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,21 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     report.integer_match("mtp draft ids", logits.shape[0], differ, excused)
 
 
+ORACLE_IDS = 200                  # plain ids in the llama.cpp (o) lines: past position 128 (llama.cpp's HCA ratio)
+
+
+def check_oracle(report: Report, c: DraftCheck, plain_ids: list[int]) -> None:
+    from bloomery_cli.oracle.llamacpp import is_gguf_target
+
+    if not is_gguf_target(c.target_spec):
+        report.note("(o) mtp: no outside oracle for the V4 MTP in the HF layout (transformers ignores mtp.*); "
+                    "llama.cpp's runs on the GGUF pair (--target X.gguf --draft mtp-X.gguf)")
+        return
+    from bloomery_cli.families.deepseek4.oracle_llamacpp import check_v4
+
+    check_v4(report, c.target_spec, c.draft_spec, list(c.prompt) + list(plain_ids[:ORACLE_IDS]))
+
+
 def load_draft(path: Path, target) -> Deepseek4MTPSpec:
     from bloomery_cli.families.deepseek4.reader_mtp import deepseek4_mtp_from_file
 
@@ -107,5 +124,5 @@ GATE = GateDef(
     load_draft=load_draft,
     make_draft=lambda spec, engine, max_len: Deepseek4MTPDraft(spec, engine, max_len, WIDTH),
     block=lambda d: WIDTH + 1, describe=describe, check_draft=check_draft,
-    draft_state=DEEPSEEK4_MTP_STATE,
+    draft_state=DEEPSEEK4_MTP_STATE, check_draft_oracle=check_oracle,
 )

@@ -209,8 +209,8 @@ def test_fail_first_gate_exits_1_in_bf16(tmp_path, monkeypatch, plant):
     assert any(x.endswith("FAIL") for x in mtp_lines(lines)), "\n".join(lines)
 
 
-def test_a_deepseek4_gguf_is_refused_by_name_exit_2(tmp_path):
-    """The registry reads arch deepseek4 as this family; its GGUF reader is not built: a named refusal, exit 2."""
+def test_a_deepseek4_gguf_without_its_keys_is_exit_2(tmp_path):
+    """The registry reads arch deepseek4 as this family; a file with none of its keys: a named error, exit 2."""
     import gguf
     from typer.testing import CliRunner
 

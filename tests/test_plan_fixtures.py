@@ -24,13 +24,15 @@ runner = CliRunner()
 
 
 def _entries() -> tuple[list[Path], list[Path]]:
-    """(targets, drafts) in fixtures/: a target is a *.gguf (not a dflash-arch draft's) or a directory whose
-    architecture is a *ForCausalLM
-    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel)."""
+    """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
+    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel); an mtp-X.gguf is X.gguf's draft,
+    a dflash-arch GGUF a block draft."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
-        if p.suffix == ".gguf":                                   # a block draft's GGUF is of arch dflash
-            (drafts if header_model(p).arch == "dflash" else targets).append(p)
+        if p.suffix == ".gguf" and (p.name.startswith("mtp-") or header_model(p).arch == "dflash"):
+            drafts.append(p)             # a separate MTP GGUF (deepseek4's converter sidecar) or a DSpark draft
+        elif p.suffix == ".gguf":
+            targets.append(p)
         elif p.is_dir() and (p / "config.json").is_file():
             archs = json.loads((p / "config.json").read_text()).get("architectures") or []
             (targets if any(a.endswith(("ForCausalLM", "TextModel")) for a in archs) else drafts).append(p)
@@ -38,7 +40,9 @@ def _entries() -> tuple[list[Path], list[Path]]:
 
 
 def _target_of(draft: Path, targets: list[Path]) -> Path:
-    """A draft fixture's target: the HF target whose name is the longest prefix of the draft's."""
+    """A draft fixture's target: the HF target whose name is the longest prefix of the draft's (mtp-X.gguf: X.gguf)."""
+    if draft.name.startswith("mtp-") and draft.suffix == ".gguf":
+        return draft.with_name(draft.name.removeprefix("mtp-"))
     named = [t for t in targets if t.is_dir() and draft.name.startswith(t.name + "-")]
     assert named, f"no target fixture for draft {draft.name}"
     return max(named, key=lambda t: len(t.name))

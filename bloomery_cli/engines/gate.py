@@ -37,9 +37,11 @@ class EngineOptions:
     max_prompts: int | None = None
 
 
-def _specs(gate):
-    target_spec = load_target(gate.target)
-    return target_spec, gate.load_draft(gate.draft, target_spec)
+def _specs(gate, gguf: Path | None = None):
+    """The judge's target and draft specs: the gate's, or (``gguf``: a pair whose llama.cpp target is a fixture GGUF
+    of its own, ``Pair.gguf``) that file's, its draft read beside it by the gate's loader."""
+    target_spec = load_target(gguf or gate.target)
+    return target_spec, gate.load_draft(gguf or gate.draft, target_spec)
 
 
 def judgeable(gate) -> None:
@@ -74,15 +76,19 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     check_output_file(opts.json, "--json")
     check_output_file(opts.record, "--record")
     gguf = gate.target.with_suffix(".gguf") if gate.target.suffix != ".gguf" else gate.target
+    if p.gguf:
+        gguf = gate.target.parent / p.gguf
     if not gguf.is_file():
         raise InputError(gguf, "no GGUF of the gate's target beside it (the llama.cpp engine reads the target as GGUF)")
-    target_spec, draft_spec = _specs(gate)
+    target_spec, draft_spec = _specs(gate, gguf if p.gguf else None)
     prompts = read_prompts(Path(opts.prompts or gate.prompts), lambda: load_tokenizer(gate.target),
                            opts.max_prompts, target_spec.vocab_size)
     width = gate.block(draft_spec) - 1
     report = Report(gate.name, emit=emit or stdout_emit)
-    report.header(str(gguf), str(gate.draft), opts.device, opts.dtype, n, len(prompts))
-    source = {"target": "in-file", "file": "as given"}.get(p.draft, "llama.cpp-converter")
+    report.header(str(gguf), str(draft_spec.source if p.gguf else gate.draft), opts.device, opts.dtype, n,
+                  len(prompts))
+    source = {"target": "in-file", "file": "as given", "mtp-file": "mtp-file beside the target"}.get(
+        p.draft, "llama.cpp-converter")
     report.load(gate.draft_kind, engine="llama.cpp", spec_type=p.spec_type, width=width, draft_gguf=source,
                 driver=str(drv))
     t0 = time.perf_counter()
@@ -109,7 +115,8 @@ def judge_record(gate, path: Path, json_out: Path | None = None,
     """``bloomery engine judge``: a record written by any engine, judged as the engine gate judges llama.cpp's."""
     check_output_file(json_out, "--json")
     judgeable(gate)
-    target_spec, draft_spec = _specs(gate)
+    p = llamacpp.PAIRS.get(gate.name)
+    target_spec, draft_spec = _specs(gate, gate.target.parent / p.gguf if p is not None and p.gguf else None)
     record = rec.read(path, target_spec.vocab_size)
     if record.header.gate != gate.name:
         raise InputError(path, f"the record is of gate {record.header.gate!r}, not {gate.name!r}")

@@ -44,8 +44,11 @@ class Pair:
 
     spec_type: str = ""
     draft: str = "convert"          # convert (llama.cpp's converter) | target (an in-file MTP head) | file (the gate's
-    #                                 draft is already a GGUF in the converter's layout: passed as is)
+    #                                 draft is already a GGUF in the converter's layout: passed as is) | mtp-file (the
+    #                                 converter's separate mtp-<name>.gguf beside the target GGUF, passed as -md)
     why_not: str = ""
+    gguf: str = ""                  # the fixture GGUF llama.cpp runs when not <gate target>.gguf; the judge's
+                                    # target (and an mtp-file draft) are then read from it
 
 
 PAIRS: dict[str, Pair] = {
@@ -67,11 +70,8 @@ PAIRS: dict[str, Pair] = {
                                  "by --oracle (docs/ORACLES.md: its QSA width defect)"),
     "glm5next-mtp": Pair(why_not="llama.cpp's glm5-next NextN graph throws \"not implemented yet\"; its trunk runs "
                                  "fixtures/glm5next-tiny.gguf (expert groups included), checked by --oracle"),
-    "ds4-mtp": Pair(why_not="no GGUF of the ds4 fixture is bundled (this repo's deepseek4 GGUF reader is not built; "
-                            "llama.cpp's deepseek4 MTP graph exists)"),
-    "ds4-dspark": Pair("draft-dspark", "file",
-                       why_not="no deepseek4 target GGUF here (its writer, ds4-tiny-lc.gguf, is on branch gg): "
-                               "results/cpu/ds4-dspark-llamacpp-experiment.log ran the pair on it"),
+    "ds4-mtp": Pair("draft-mtp", "mtp-file", gguf="ds4-tiny-lc.gguf"),   # ds4-tiny's HCA rate 16: llama.cpp refuses it
+    "ds4-dspark": Pair("draft-dspark", "file", gguf="ds4-tiny-lc.gguf"),  # the draft distilled on ds4-tiny
 }
 
 
@@ -162,6 +162,11 @@ def run(gate, target_hf: Path, target_gguf_path: Path, draft_hf: Path, prompts: 
             dft = tgt
         elif p.draft == "file":
             dft = draft_hf
+        elif p.draft == "mtp-file":
+            from ..families.deepseek4.gguf_names import mtp_name
+            from ..llamacpp_run import f32_copy
+            src = mtp_name(target_gguf_path)
+            dft = f32_copy(src, work / "mtp-f32.gguf") if dtype == "f32" else src
         else:
             if not (llama / "convert_hf_to_gguf.py").is_file():
                 raise InputError(llama, "no convert_hf_to_gguf.py: the driver's folder is not a `bloomery engine "

@@ -86,13 +86,24 @@ def _mimo2(mode: str) -> Propose:
     return propose
 
 
+def _deepseek4(d, t, taps, seq, s, width):
+    """The V4 MTP block chained ``width`` deep from the target's 4 RAW streams (its last layer's output before the
+    HC head) of the context rows and the anchor (``reference.families.deepseek4.mtp.draft``)."""
+    from bloomery_gates.reference.families.deepseek4 import mtp as ref_ds4_mtp
+
+    out = ref_ds4_mtp.draft(d, t, list(seq[:s]), np.asarray(taps.hidden[-1])[:s], int(seq[s]), max(width, 1))
+    return np.asarray(out.ids), np.asarray(out.logits)
+
+
 # a known engine convention per (family/)kind: what it is, and the f64 drafter that follows it
-CONVENTIONS: dict[str, tuple[str, Propose]] = {
+CONVENTIONS: dict[str, tuple[str, Propose] | None] = {
     "mtp": ("llama.cpp's draft-mtp store row 0: token 0 paired with a zero hidden", mtp_zero_first),
-    "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre"))}
+    "mimo2/mtp": ("llama.cpp's MiMo MTP reading the pre-norm hidden", _mimo2("pre")),
+    "deepseek4/mtp": None}          # none known: llama.cpp's V4 drafts are our drafter's (not the qwen row-0 rule)
 
 PROPOSE: dict[str, Propose] = {"dflash": _block(ref_dflash), "dspark": _block(ref_dspark), "dflash2": _dflash2,
-                               "mtp": _mtp, "mimo2/mtp": _mimo2("post"), "deepseek4/dspark": _block(ref_ds4_dspark)}
+                               "mtp": _mtp, "mimo2/mtp": _mimo2("post"), "deepseek4/dspark": _block(ref_ds4_dspark),
+                               "deepseek4/mtp": _deepseek4}
 
 
 def lookup(table: dict, family: str, kind: str):

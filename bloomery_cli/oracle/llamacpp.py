@@ -49,11 +49,15 @@ def _flips(got: np.ndarray, ref: np.ndarray, band: Band) -> tuple[int, int]:
 
 def _llama(report: Report, path: Path, seq: Sequence[int], what: str = "llama.cpp"):
     """llama.cpp's run, or None after a note line saying why there is none."""
-    from ..llamacpp_run import run, unavailable
+    from ..llamacpp_run import run, trunk_blocker, unavailable
 
     why = unavailable()
     if why:
         report.note(f"(o) {what}: skipped, {why} (pip install llama-cpp-python==0.3.36 for these lines)")
+        return None
+    why = trunk_blocker(path)
+    if why:
+        report.note(f"(o) {what}: skipped, {why}")
         return None
     return run(path, list(seq))
 

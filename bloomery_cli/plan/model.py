@@ -239,8 +239,9 @@ def read_draft(path: Path, target: PlanModel, target_path: Path | None = None) -
         raise MissingFile(path, "no such file or directory; expected a drafter checkpoint")
     same = target_path is not None and path.resolve() == Path(target_path).resolve()
     fam = FAMILIES.get(target.family)
-    if not same and fam is not None and fam.has("plan_gguf_draft") and path.suffix.lower() == ".gguf":
-        return fam.plan_gguf_draft(path, target)                  # a family's GGUF block draft (deepseek4's DSpark)
+    if (not same and fam is not None and fam.has("plan_gguf_draft") and path.suffix.lower() == ".gguf"
+            and header_model(path).arch == "dflash"):
+        return fam.plan_gguf_draft(path, target)                  # a family's dflash-arch block draft (DSV4 DSpark)
     if fam is not None and fam.has("plan_draft"):                  # a family that plans its drafts itself (mimo2)
         return fam.plan_draft(path, target, None if same else read_target(path))
     if same:

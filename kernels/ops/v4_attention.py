@@ -132,8 +132,8 @@ def kv_rows(x: T, w: V4AttnWeights, eps: float) -> T:
 def pool_windows(k: T, z: T, bias: T, rate: int, overlap: bool) -> T:
     """k, z [n m, c d] (run dtype), bias [m, c d] -> the pooled windows [n, d] in float32."""
     n = k.shape[0] // rate
-    k = k[:n * rate].float().view(n, rate, -1)
-    z = z[:n * rate].float().view(n, rate, -1) + bias.float()[None]
+    k = k[:n * rate].float().view(n, rate, k.shape[-1])
+    z = z[:n * rate].float().view(n, rate, z.shape[-1]) + bias.float()[None]
     if not overlap:
         return (torch.softmax(z, dim=1) * k).sum(1)
     d = k.shape[-1] // 2

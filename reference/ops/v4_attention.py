@@ -154,8 +154,8 @@ def pool_windows(k: np.ndarray, z: np.ndarray, bias: np.ndarray, rate: int, over
     projections of the windows' rows), bias [m, c d] -> [n, d]; ``overlap`` (c = 2) the CSA's two series."""
     xp, k, z, bias = common(k, z, bias)
     n = k.shape[0] // rate
-    k = k[:n * rate].reshape(n, rate, -1)
-    z = z[:n * rate].reshape(n, rate, -1) + bias[None]
+    k = k[:n * rate].reshape(n, rate, k.shape[-1])
+    z = z[:n * rate].reshape(n, rate, z.shape[-1]) + bias[None]
     if not overlap:
         return xp.sum(softmax(z, axis=1) * k, axis=1)
     d = k.shape[-1] // 2

@@ -72,8 +72,8 @@ def hf_config(spec: Deepseek4Spec) -> Any:
 def build_hf_deepseek4(spec: Deepseek4Spec, lift: bool = True) -> torch.nn.Module:
     """A float64 ``DeepseekV4ForCausalLM`` carrying the trunk, loaded strictly (every module tensor present,
     nothing unexpected; ``tid2eid`` kept integer)."""
-    if spec.family != "deepseek4" or spec.source_format != "hf":
-        raise InputError(spec.source, "the HF deepseek4 oracle covers deepseek4 HF checkpoints only")
+    if spec.family != "deepseek4" or spec.source_format not in ("hf", "gguf"):
+        raise InputError(spec.source, "the HF deepseek4 oracle covers deepseek4 checkpoints only (HF or GGUF)")
     state = {n: (t.detach().to(torch.float64) if t.is_floating_point() else t.detach())
              for n, t in spec.tensors.items() if not n.startswith("mtp.") and not n.endswith("_scale_inv")}
     if spec.experts_mxfp4:

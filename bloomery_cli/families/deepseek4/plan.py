@@ -75,20 +75,83 @@ def deepseek4_target(path: Path, inv, c: Cfg, where: Path) -> PlanModel:
     from .reader import experts_fp4, read_shapes
 
     f = read_shapes(c, experts_fp4(c, c))
+    meta: dict[str, Any] = {"model_type": str(c.get("model_type")), "config": str(where)}
+    return _plan(path, inv, f, "hf", c.int("vocab_size"), c.int("max_position_embeddings", 1 << 20),
+                 c.bool("tie_word_embeddings", False), meta, _embed_dtype(inv))
+
+
+def deepseek4_gguf_target(path: Path, inv_model) -> PlanModel:
+    """The plan model of a llama.cpp deepseek4 GGUF: the shapes from its reader (HF names, MXFP4 experts packed; no
+    weight read), counted as the HF layout's. The converter's MTP-only file (``mtp-<name>.gguf``) plans as a
+    model whose weights are all draft (``_sidecar``)."""
+    from types import SimpleNamespace
+
+    from ...formats.gguf_file import GGUFFile
+    from .reader_gguf import deepseek4_from_gguf
+
+    f = GGUFFile(path)
+    if "blk.0.attn_norm.weight" not in f.tensor_names():
+        return _sidecar(path, f, inv_model)
+    spec = deepseek4_from_gguf(path)
+    rows = SimpleNamespace(tensors=[SimpleNamespace(name=n, shape=spec.tensors.shape_of(n)) for n in spec.tensors],
+                           total_bytes=inv_model.total_bytes)
+    f = {k: getattr(spec, k) for k in ("layer", "num_layers", "layer_types", "mlp_types", "attn", "moe", "hc",
+                                       "mtp_layers", "experts_mxfp4")}
+    return _plan(path, rows, f, "gguf", spec.vocab_size, spec.max_position, False, {"arch": "deepseek4"},
+                 _embed_dtype(inv_model))
+
+
+def _sidecar(path: Path, g, inv_model) -> PlanModel:
+    """The MTP-only GGUF: its block's elements (packed experts at their bytes, as the HF FP4 layout counts them) and
+    its HC head are the draft; token_embd / output_norm / output are the target's copies (the engine drafts with
+    the target's), not counted."""
+    from .gguf_names import MTP_HEAD, NEXTN
+    from .reader_gguf import block_entries, read_keys
+
+    _, f, L, _ = read_keys(g)
+    table = block_entries(g, L, "mtp.0.", f)
+    raw = g.tensors(lambda s: s)
+    extra = [f"blk.{L}.{n}" for n in (*NEXTN.values(), "nextn.eh_proj.weight")] + list(MTP_HEAD.values())
+    elems = sum(prod(e[3]) for e in table.values()) + sum(prod(raw.shape_of(n)) for n in extra if n in raw)
+    a = f["attn"]
+    return PlanModel(path.name, FAMILY, "gguf", f["layer"].hidden_size, a.num_heads,
+                     raw.shape_of("token_embd.weight")[0], f["moe"].expert_ff, 0, 0, inv_model.total_bytes, False, 0,
+                     (), 0, (), elems, 1, meta={"arch": "deepseek4", "mtp_only": True,
+                                                "attn_head_dim": a.head_dim, "rope_dim": a.rope_dim})
+
+
+def deepseek4_draft(path: Path, target: PlanModel, own: PlanModel | None) -> PlanDraft:
+    """The V4 MTP block as the draft term: the target's own in-file block (``own`` None: the HF checkpoint, the
+    plan's generic MTP term), or the converter's MTP-only GGUF beside a deepseek4 GGUF target. One sliding layer of
+    one K = V head, verify rows 4 (width 3)."""
+    head_dim = target.attn[0].head_dim if target.attn else target.hidden // target.heads
+    if own is None:
+        if not target.draft_elems:
+            raise InputError(path, "is the target itself but holds no mtp.* tensors; expected a draft")
+        return PlanDraft(path.name, "mtp", target.draft_elems, target.draft_layers or 1, 1, head_dim,
+                         target.rotary_dim, 4, target.vocab)
+    if own.family != FAMILY or not own.meta.get("mtp_only") or (own.hidden, own.vocab) != (target.hidden,
+                                                                                             target.vocab):
+        raise InputError(path, "expected the deepseek4 target's MTP file (the converter's mtp-<name>.gguf) or the "
+                               "target itself")
+    return PlanDraft(path.name, "mtp", own.draft_elems, 1, 1, own.meta["attn_head_dim"], target.rotary_dim, 4,
+                     target.vocab)
+
+
+def _plan(path: Path, inv, f: dict[str, Any], fmt: str, vocab: int, maxpos: int, tied: bool, meta: dict[str, Any],
+          embed_dtype: str) -> PlanModel:
     L, a, moe, fp4 = f["layer"], f["attn"], f["moe"], f["experts_mxfp4"]
-    tied = c.bool("tie_word_embeddings", False)
     w = weight_terms(inv, f["num_layers"], tied, fp4)
     n_csa, n_hca = f["layer_types"].count("csa"), f["layer_types"].count("hca")
-    meta: dict[str, Any] = {"model_type": str(c.get("model_type")), "config": str(where), "experts_mxfp4": fp4,
-                            "layer_types": list(f["layer_types"]), "packed_expert_bytes": w["packed"]}
+    meta = {**meta, "experts_mxfp4": fp4, "layer_types": list(f["layer_types"]), "packed_expert_bytes": w["packed"]}
     notes = (f"{FAMILY}: routed experts kept in MXFP4 on the device (4.25 bits a weight: codes n/2 + e8m0 scales "
              f"n/32 bytes): {w['packed']:,} bytes ({w['packed'] * 64 // 17:,} in bf16)",) if fp4 else ()
-    return PlanModel(path.name, FAMILY, "hf", L.hidden_size, a.num_heads, c.int("vocab_size"),
-                     max(moe.top_k * moe.expert_ff, moe.shared_ff or 0), c.int("max_position_embeddings", 1 << 20),
+    return PlanModel(path.name, FAMILY, fmt, L.hidden_size, a.num_heads, vocab,
+                     max(moe.top_k * moe.expert_ff, moe.shared_ff or 0), maxpos,
                      w["elems"], inv.total_bytes, tied, w["embed"], (AttnGroup(f["num_layers"], 1, a.head_dim,
                                                                                None, 0),),
                      0, (), w["draft"], f["mtp_layers"] if w["draft"] else 0, meta=meta,
-                     embed_dtype=_embed_dtype(inv), rope_tables=0, f32_elems=w["f32"],
+                     embed_dtype=embed_dtype, rope_tables=0, f32_elems=w["f32"],
                      experts=Experts(moe.top_k, moe.expert_ff, fp4), notes=notes, residual_streams=f["hc"].count,
                      fixed_bytes=w["fixed"],
                      position_elems=n_csa * (4 * a.head_dim + 4 * a.index_head_dim) + n_hca * 2 * a.head_dim,

@@ -316,13 +316,3 @@ def deepseek4_from_hf(directory: Path) -> Deepseek4Spec:
     return Deepseek4Spec(family=FAMILY, source=directory, source_format="hf", vocab_size=vocab,
                          tie_word_embeddings=tied, max_position=c.int("max_position_embeddings", 1 << 20),
                          tensors=tensors, **f)
-
-
-def deepseek4_from_gguf(path: Path) -> Deepseek4Spec:
-    """A GGUF of arch ``deepseek4`` (llama.cpp's converter, docs/FAMILIES_MOE.md 4.4 "GGUF") is recognised and
-    refused by name (exit 2): its reader (the converter's keys and tensor names back to the HF names above, MXFP4
-    experts) is not built yet; the HF directory reads."""
-    from bloomery_gates.errors import Refused
-
-    raise Refused(path, "a deepseek4 (DeepSeek V4) GGUF: this build reads the HF layout only (config.json + "
-                        "*.safetensors, model_type deepseek_v4); the GGUF reader is not written yet")

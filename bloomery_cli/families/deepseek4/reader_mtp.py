@@ -20,44 +20,32 @@ or misshapen tensor (``BadTensor`` naming it).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from bloomery_gates.errors import BadTensor, Mismatch, Refused
 from bloomery_gates.spec import Deepseek4MTPSpec, Deepseek4Spec
 
 from ...formats.lazy import check_shapes
 from ...formats.mtp import Subset
-from .reader import tensor_shapes
-
-P = "mtp.0."
-
-
-def block_shapes(target: Deepseek4Spec) -> dict[str, Any]:
-    """The shape table of the mtp.0.* tensors, from the trunk's table of a sliding, non-hash layer."""
-    fields = {"layer": target.layer, "attn": target.attn, "hc": target.hc, "moe": target.moe, "num_layers": 1,
-              "layer_types": ("sliding",), "mlp_types": ("moe",)}
-    one = tensor_shapes(fields, target.vocab_size, True)
-    H, S = target.hidden_size, target.hc.count
-    out = {P + n[len("model.layers.0."):]: (shape, why.replace("layer 0", "the MTP block"))
-           for n, (shape, why) in one.items() if n.startswith("model.layers.0.")}
-    out |= {P + n: ((H,), "[hidden_size]") for n in ("enorm.weight", "hnorm.weight", "norm.weight",
-                                                    "input_layernorm.weight", "post_attention_layernorm.weight")}
-    out |= {P + "e_proj.weight": ((H, H), "[hidden_size, hidden_size] (eh_proj's embedding half)"),
-            P + "h_proj.weight": ((H, H), "[hidden_size, hidden_size] (eh_proj's hidden half)"),
-            P + "hc_head.hc_fn": ((S, S * H), "[hc_mult, hc_mult*hidden_size]"),
-            P + "hc_head.hc_base": ((S,), "[hc_mult]"), P + "hc_head.hc_scale": ((1,), "[1]")}
-    hc = (2 + S) * S
-    for m in ("attn_hc.", "ffn_hc."):
-        out |= {P + m + "base": ((hc,), "[(2+hc_mult)*hc_mult]"), P + m + "scale": ((3,), "[3]")}
-    sh, ff = P + "mlp.shared_experts.", target.moe.shared_ff or target.moe.expert_ff
-    out |= {sh + "gate_proj.weight": ((ff, H), "[moe_intermediate_size, hidden_size]"),
-            sh + "up_proj.weight": ((ff, H), "[moe_intermediate_size, hidden_size]"),
-            sh + "down_proj.weight": ((H, ff), "[hidden_size, moe_intermediate_size]")}
-    return out
+from .mtp_shapes import block_shapes
 
 
 def deepseek4_mtp_from_file(path: Path, target: Deepseek4Spec) -> Deepseek4MTPSpec:
-    """The MTP block in ``path`` (the target's own directory)."""
+    """The MTP block in ``path``: the target's own HF directory, or a deepseek4 GGUF (``reader_mtp_gguf``: the
+    converter's ``mtp-<name>.gguf``; the target's main GGUF itself names that file beside it when it holds no
+    nextn block)."""
+    from ...formats.gguf_file import is_gguf
+
+    if Path(path).is_file() and is_gguf(Path(path)):
+        from .gguf_names import mtp_name
+        from .reader_mtp_gguf import deepseek4_mtp_from_gguf
+
+        p = Path(path)
+        if p.resolve() == Path(target.source).resolve() and target.mtp_layers == 0:
+            if not mtp_name(p).is_file():
+                raise Refused(path, f"the main deepseek4 GGUF holds no MTP block (the converter writes it apart, "
+                                    f"with --mtp); expected the MTP file {mtp_name(p)} (or pass it as --draft)")
+            p = mtp_name(p)
+        return deepseek4_mtp_from_gguf(p, target)
     if target.family != "deepseek4":
         raise Mismatch(f"MTP file {path} vs target {target.source}",
                        f"target family {target.family!r}; this MTP block is the deepseek4 (DeepSeek V4) layout")

@@ -131,8 +131,9 @@ class Deepseek4Target(RowPasses):
 
     def __init__(self, spec: Deepseek4Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None):
-        if spec.source_format != "hf":
-            raise ValueError("kernels.families.deepseek4 reads HF tensor names; this spec keeps GGUF names")
+        if spec.source_format not in ("hf", "gguf"):        # the GGUF reader hands over the HF names too
+            raise ValueError(f"kernels.families.deepseek4 reads HF tensor names; source format "
+                             f"{spec.source_format!r}")
         self.spec, self.shape = spec, spec.layer
         self.device, self.dtype, self.rows = torch.device(device), dtype, rows
         self.t: dict[str, T] = {}
