@@ -39,9 +39,11 @@ class EngineOptions:
 
 def _specs(gate, gguf: Path | None = None):
     """The judge's target and draft specs: the gate's, or (``gguf``: a pair whose llama.cpp target is a fixture GGUF
-    of its own, ``Pair.gguf``) that file's, its draft read beside it by the gate's loader."""
+    of its own, ``Pair.gguf``) that file's; an in-file draft (the gate's draft is its target) is read beside it by
+    the gate's loader, a draft file of its own stays the gate's."""
     target_spec = load_target(gguf or gate.target)
-    return target_spec, gate.load_draft(gguf or gate.draft, target_spec)
+    in_file = Path(gate.draft).resolve() == Path(gate.target).resolve()
+    return target_spec, gate.load_draft(gguf if gguf is not None and in_file else gate.draft, target_spec)
 
 
 def judgeable(gate) -> None:
