@@ -167,7 +167,12 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "reference": R + "deepseek4.model:forward", "reference_layer": R + "deepseek4.model:reference_layer",
                  "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",
                  "state": G + "state_decls_deepseek4:DEEPSEEK4_STATE", "layer_ops": QWEN3_OPS}),
-    Family("deepseek41", "DeepSeek V4.1 (docs/FAMILIES_MOE.md 4.4; inventory only)", related_types=("deepseek41",)),
+    Family("deepseek41", "DeepSeek V4.1 (docs/V41.md; window-only layers, lagged HC, no gate yet)",
+           gguf_archs=("deepseek41",),
+           code={"read_gguf": C + "families.deepseek41.reader_gguf:deepseek41_from_gguf",
+                 "engine": K + "deepseek41.model:Deepseek41Target", "reference": R + "deepseek41.model:forward",
+                 "reference_layer": R + "deepseek41.model:reference_layer",
+                 "final_norm": R + "deepseek41.model:final_norm", "layer_ops": QWEN3_OPS}),
     Family("nemotron", "NVIDIA Nemotron-H (Mamba-2 hybrid)", related_types=("nemotron_h", "nemotron_h_moe"),
            plan_as="nemotron"),
 )}

@@ -1,0 +1,23 @@
+"""The deepseek41 family's spec (docs/ARCHITECTURE.md, "Adding a family", place 2; docs/V41.md): a relative of
+deepseek4 with its V4.1 slots named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .deepseek4 import Deepseek4Spec
+
+
+@dataclass(frozen=True)
+class Deepseek41Spec(Deepseek4Spec):
+    """A deepseek41 target (DeepSeek V4.1; the seed engine's ``deepseek41`` GGUF, docs/V41.md): V4's layers with
+    the V4.1 deltas as named slots. ``hc_mix`` "lagged" (a sublayer folds its input with the previous sublayer's
+    ``pre``, the first with a one-hot; the seed's ``HcMix::Lagged``), ``collapse`` "last_mix" (the streams collapse
+    before the output norm with the last FFN's ``pre``; no trained HC head, ``Collapse::LastMix``), ``q_head_norm``
+    False (no unweighted per-head RMS of q before its rope). The layer state is (streams, lag): taps [T, S+1, H]
+    (``reference.ops.mhc_lagged.pack_lag``). Tensors keep deepseek4's HF names (``model.layers.L.*``, no
+    ``model.hc_head.*``)."""
+
+    hc_mix: str = "lagged"
+    collapse: str = "last_mix"
+    q_head_norm: bool = False
