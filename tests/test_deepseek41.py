@@ -1,0 +1,224 @@
+"""deepseek41 (DeepSeek V4.1, docs/V41.md) on a tiny random GGUF in the seed engine's layout (written here by
+``bloomery_cli.families.deepseek41.fixture_gguf``: 3 window-only layers, window 4, 4 heads of 32 over one K = V head,
+rope 8, 8 experts top-2, 4 streams; matrices BF16, norms / mixes / sinks / bias F32): the reader (read-back, the
+seed's refusals and ours, each a named InputError), the float64 reference's V4.1 definitions (lagged mixes from a
+one-hot, LastMix, no q head norm, layer-by-layer = whole run), the engine against the reference with
+``check_target``'s (r) lines in f32 and bf16, verify / commit, and the FAIL-first plants in bf16: a V4.1 lagged
+mix applied unlagged, the per-head q norm put back, LastMix replaced by the streams' mean."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bloomery_cli.contract import Report
+from bloomery_cli.families.deepseek41 import fixture_gguf as fx
+from bloomery_cli.families.deepseek41.reader_gguf import deepseek41_from_gguf
+from bloomery_gates.errors import EXIT_INPUT, BadConfig, BadTensor, InputError, Refused
+from bloomery_gates.gates.targets import check_target
+from bloomery_gates.kernels.families.deepseek41 import model as kd
+from bloomery_gates.kernels.ops import mhc as kmhc
+from bloomery_gates.kernels.ops import mhc_lagged as klag
+from bloomery_gates.kernels.ops import v4_attention as kv4
+from bloomery_gates.reference.families.deepseek4 import model as ref4
+from bloomery_gates.reference.families.deepseek41 import model as ref
+from bloomery_gates.reference.ops import mhc as rmhc
+from bloomery_gates.reference.ops import v4_attention as rv4
+from bloomery_gates.registry import FAMILIES
+
+D = fx.TINY
+T = 12
+TORCH = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory) -> Path:
+    return fx.write_deepseek41_gguf(tmp_path_factory.mktemp("ds41") / "tiny.gguf", fx.tiny_tensors())
+
+
+@pytest.fixture(scope="module")
+def spec(gguf_path):
+    return deepseek41_from_gguf(gguf_path)
+
+
+def ids(n: int = T, seed: int = 0) -> list[int]:
+    return [int(i) for i in np.random.default_rng(seed).integers(0, D.v, n)]
+
+
+# ---------------------------------------------------------------------------------------------- the reader
+
+def test_reader_reads_back_every_tensor(gguf_path, spec):
+    want = fx.tiny_tensors()
+    assert spec.family == "deepseek41" and spec.source_format == "gguf" and (spec.hc_mix, spec.collapse) == \
+        ("lagged", "last_mix") and spec.q_head_norm is False
+    assert spec.layer_types == ("sliding",) * D.layers and spec.attn.window == D.window and spec.vocab_size == D.v
+    assert set(spec.tensors) == set(want)
+    for name, w in want.items():
+        f32 = name.endswith(fx.F32_SUFFIXES) or w.ndim < 2
+        assert torch.equal(spec.tensors[name], w if f32 else w.to(torch.bfloat16).float()), name
+
+
+def plant(tmp_path: Path, **kw) -> Path:
+    return fx.write_deepseek41_gguf(tmp_path / "plant.gguf", fx.tiny_tensors(), **kw)
+
+
+REFUSALS = {
+    "compressed layer": (dict(edit_keys=lambda w: w.add_array("deepseek41.attention.compress_ratios", [0, 2, 2])),
+                         Refused, "compress_ratios"),
+    "engram sites": (dict(edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids", [1])), Refused, "engram"),
+    "candidate mask": (dict(edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size", 8)),
+                       Refused, "candidate"),
+    "trained HC head": (dict(extra={"output_hc_fn.weight": torch.zeros(4, 256)}), BadTensor, "output_hc_fn"),
+    "a compressor tensor": (dict(extra={"blk.1.attn_compressor_kv.weight": torch.zeros(32, 64)}), Refused,
+                            "attn_compressor_kv"),
+    "a missing tensor": (dict(drop=("blk.2.hc_ffn_base.weight",)), BadTensor, "blk.2.hc_ffn_base"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_reader_refuses_by_name(tmp_path, case):
+    kw, err, named = REFUSALS[case]
+    with pytest.raises(err, match=named):
+        deepseek41_from_gguf(plant(tmp_path, **kw))
+
+
+@pytest.mark.parametrize("key, value", [("expert_gating_func", 2), ("attention.value_length", 16),
+                                        ("hash_layer_count", 1), ("attention.head_count_kv", 2)])
+def test_reader_refuses_bad_keys(tmp_path, key, value):
+    """The seed's own key checks (the gating function, value_length = key_length, no hash layers, one K = V
+    head): each a BadConfig naming the key (the writer's second value of a key replaces the first)."""
+    with pytest.raises(BadConfig, match=key):
+        deepseek41_from_gguf(plant(tmp_path, edit_keys=lambda w: w.add_uint32("deepseek41." + key, value)))
+
+
+def test_the_loader_detects_the_arch_and_a_bad_file_is_an_input_error(tmp_path, gguf_path):
+    """``load_target`` reads the file by its ``general.architecture``; a refused file is an InputError (one
+    line), which every CLI command turns into exit 2 (``EXIT_INPUT``) without a traceback."""
+    from bloomery_cli.loading import load_target
+
+    assert type(load_target(gguf_path)).__name__ == "Deepseek41Spec"
+    path = plant(tmp_path, edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids", [1]))
+    with pytest.raises(InputError) as e:
+        load_target(path)
+    assert EXIT_INPUT == 2 and "engram" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------- the reference
+
+def test_reference_definitions(spec):
+    """hidden[0] = the embedding copies + the one-hot; each layer on its own = the whole run bit for bit; the
+    head's input is the LastMix of the last state; the lag row carries the last FFN's pre (not stream 0's one-hot);
+    the reference refuses a spec it does not run."""
+    tok = ids()
+    out = ref.forward(spec, tok)
+    S = D.streams
+    assert out.hidden.shape == (D.layers + 1, T, S + 1, D.h) and out.logits.shape == (T, D.v)
+    assert np.array_equal(out.hidden[0, :, S, :S], np.tile(np.eye(S)[0], (T, 1)))
+    for layer in range(D.layers):
+        assert np.array_equal(ref.reference_layer(spec, layer, out.hidden[layer], ids=tok), out.hidden[layer + 1])
+    assert np.array_equal(ref.final_norm(spec, out.hidden[-1]), out.final)
+    lag = out.hidden[-1, :, S, :S]
+    assert (lag > 0).all() and np.abs(lag - np.eye(S)[0]).max() > 0.05
+    with pytest.raises(ValueError, match="window-only"):
+        ref.forward(replace(spec, layer_types=("csa",) * D.layers), tok)
+
+
+def test_reference_deltas_change_the_logits(spec, monkeypatch):
+    """Each V4.1 delta matters at this shape (so the engine's plants below can be seen): folding each sublayer by
+    its own pre, a per-head q norm, the streams' mean in place of LastMix each move the logits."""
+    tok = ids()
+    want = ref.forward(spec, tok).logits
+    from bloomery_gates.reference.ops import mhc_lagged as rlag
+
+    cases = {
+        "unlagged": lambda mp: mp.setattr(rlag, "lagged_sublayer", lambda x, lag, fn, base, scale, it, eps, ne, f: (
+            lambda w: (rmhc.mhc_expand(f(rmhc.mhc_collapse(x, w.pre)), x, w.post, w.comb), w.pre))(
+            rmhc.mhc_weights(x, fn, base, scale, it, eps, ne))),
+        "q head norm": lambda mp: mp.setattr(ref, "attention", lambda s, w, l, a: rv4.v4_attention(
+            a, ref4.attn_weights(s, w, l), "sliding", s.attn.num_heads, s.attn.window, ref4.layer_rope(s, l),
+            s.layer.rms_eps, groups=s.attn.o_groups, q_head_norm=True)[0]),
+        "mean head": lambda mp: mp.setattr(rlag, "last_mix", lambda x, lag: rmhc.mhc_head(x)),
+    }
+    for name, apply in cases.items():
+        with monkeypatch.context() as mp:
+            apply(mp)
+            assert rel(ref.forward(spec, tok).logits, want) > 1e-3, name
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+
+def target_report(spec, tok, dtype: str) -> Report:
+    eng = kd.Deepseek41Target(spec, "cpu", TORCH[dtype], max_len=64, rows=4)
+    p = eng.prefill(tok, logits=True)
+    report = Report("t", emit=lambda line: None)
+    check_target(report, FAMILIES["deepseek41"], spec, p, ref.forward(spec, tok), dtype, tok)
+    return report
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_engine_target_lines_pass(spec, dtype):
+    """Every (r) line of check_target passes: each layer from the kernel's input state (streams and lag), the
+    head, the logits end to end and the greedy ids, in the emulated bands of the reference."""
+    report = target_report(spec, ids(16, 1), dtype)
+    assert report.finish() == 0, report.lines
+    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == D.layers, report.lines
+
+
+def test_engine_verify_commit_and_passes_agree(spec):
+    """f32: prefill 12, verify 4, commit 2, verify the next 4: the reference's logits of those positions within f32
+    chain rounding; and one-row verifies equal four-row verifies bit for bit."""
+    tok = ids(40, 2)
+    eng = kd.Deepseek41Target(spec, "cpu", torch.float32, max_len=64, rows=4)
+    eng.prefill(tok[:12])
+    eng.verify(tok[12:16])
+    eng.commit(2)
+    got = eng.verify(tok[14:18], logits=True)
+    assert rel(got.logits.double().numpy(), ref.forward(spec, tok[:18]).logits[14:18]) < 1e-5
+    plain, drafted = (kd.Deepseek41Target(spec, "cpu", torch.float32, max_len=64, rows=4) for _ in range(2))
+    plain.prefill(tok[:12])
+    drafted.prefill(tok[:12])
+    one, four = [], []
+    for p in range(12, 28):
+        one.append(plain.verify(tok[p:p + 1], logits=True).logits[0])
+        plain.commit(1)
+    for p in range(12, 28, 4):
+        four += list(drafted.verify(tok[p:p + 4], logits=True).logits)
+        drafted.commit(4)
+    assert torch.equal(torch.stack(one), torch.stack(four))
+
+
+def _unlagged(x, lag, fn, base, scale, iters, eps, norm_eps, sublayer):
+    """The defect: a V4.1 lagged mix applied unlagged (each sublayer folded by its own pre, V4's HcMix::Own)."""
+    w = kmhc.mhc_weights(x, fn, base, scale, iters, eps, norm_eps)
+    return kmhc.mhc_expand(sublayer(kmhc.mhc_collapse(x, w.pre)), x, w.post, w.comb), w.pre
+
+
+PLANTS = {
+    "a V4.1 lagged mix applied unlagged": ("(r) target layer", lambda mp: mp.setattr(
+        klag, "lagged_sublayer", _unlagged)),
+    # V4's per-head unweighted RMS of q put back (V4.1 has none)
+    "q head norm applied": ("(r) target layer", lambda mp: mp.setattr(
+        kv4, "q_heads", lambda x, w, nh, eps, q_head_norm=True, real=kv4.q_heads: real(x, w, nh, eps, True))),
+    # LastMix replaced by the unweighted mean of the streams (GLM's head)
+    "LastMix replaced by the mean": ("(r) target logits", lambda mp: mp.setattr(
+        klag, "last_mix", lambda x, lag: kmhc.mhc_head(x))),
+}
+
+
+@pytest.mark.parametrize("plant_name", list(PLANTS))
+def test_fail_first_bf16(spec, monkeypatch, plant_name):
+    """Planted in the engine, run in bf16: the line it breaks says FAIL and the report exits 1."""
+    head, plant_it = PLANTS[plant_name]
+    plant_it(monkeypatch)
+    report = target_report(spec, ids(16, 1), "bf16")
+    assert report.finish() == 1
+    failed = [line for line in report.lines if line.endswith("FAIL")]
+    assert any(line.startswith(head) for line in failed), report.lines
