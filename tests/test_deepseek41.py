@@ -222,3 +222,37 @@ def test_fail_first_bf16(spec, monkeypatch, plant_name):
     assert report.finish() == 1
     failed = [line for line in report.lines if line.endswith("FAIL")]
     assert any(line.startswith(head) for line in failed), report.lines
+
+
+# ---------------------------------------------------------------------------------------------- the trained fixture
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ds41-tiny" / "ds41-tiny.gguf"
+
+
+def fixture_prompt() -> list[int]:
+    import json
+
+    return json.loads((FIXTURE.parents[1] / "prompts.jsonl").read_text().splitlines()[0])["ids"]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_fixture_target_lines_pass(dtype):
+    """The trained fixture (fixtures/ds41-tiny, bloomery_cli.families.deepseek41.fixture) through the loader, on
+    the first gate prompt (56 tokens: the 16-key window drops keys): every (r) line passes."""
+    from bloomery_cli.loading import load_target
+
+    fspec = load_target(FIXTURE)
+    report = target_report(fspec, fixture_prompt(), dtype)
+    assert report.finish() == 0, report.lines
+    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == fspec.num_layers
+
+
+def test_fixture_fail_first_lagged_mix_applied_unlagged(monkeypatch):
+    """On the trained fixture, in bf16: the unlagged mix is a FAIL on the layer lines and the report exits 1."""
+    from bloomery_cli.loading import load_target
+
+    fspec = load_target(FIXTURE)
+    monkeypatch.setattr(klag, "lagged_sublayer", _unlagged)
+    report = target_report(fspec, fixture_prompt(), "bf16")
+    assert report.finish() == 1
+    assert any(line.startswith("(r) target layer") and line.endswith("FAIL") for line in report.lines), report.lines

@@ -23,7 +23,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
+from ...fixturegen.export_gguf import write_tokenizer
 from .reader_gguf import ARCH, BLOCK, FUSED, GLOBAL, SQRT_SOFTPLUS
 
 F32_SUFFIXES = ("norm.weight", "sinks", "_hc.fn", "_hc.base", "_hc.scale", "e_score_correction_bias")
@@ -136,11 +138,15 @@ def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
 
 def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Dims = TINY,
                           edit_keys: Callable[[gguf.GGUFWriter], None] | None = None,
-                          extra: Mapping[str, torch.Tensor] | None = None, drop: tuple[str, ...] = ()) -> Path:
-    """The file (module docstring). ``edit_keys(writer)`` adds keys after the standard ones, ``extra`` adds GGUF
-    tensors by their GGUF names, ``drop`` leaves GGUF names out: the tests' plants."""
+                          extra: Mapping[str, torch.Tensor] | None = None, drop: tuple[str, ...] = (),
+                          tok: Tokenizer | None = None) -> Path:
+    """The file (module docstring). ``tok``: the tokenizer written in (``tokenizer.ggml.*``, the seed's vocabulary
+    source). ``edit_keys(writer)`` adds keys after the standard ones (a second value replaces the first),
+    ``extra`` adds GGUF tensors by their GGUF names, ``drop`` leaves GGUF names out: the tests' plants."""
     w = gguf.GGUFWriter(str(path), ARCH)
     _keys(w, d)
+    if tok is not None:
+        write_tokenizer(w, tok, pad=False)
     if edit_keys is not None:
         edit_keys(w)
     for g, hf in GLOBAL.items():
