@@ -1,10 +1,13 @@
 """deepseek41 (DeepSeek V4.1, docs/V41.md) on a tiny random GGUF in the seed engine's layout (written here by
-``bloomery_cli.families.deepseek41.fixture_gguf``: 3 window-only layers, window 4, 4 heads of 32 over one K = V head,
-rope 8, 8 experts top-2, 4 streams; matrices BF16, norms / mixes / sinks / bias F32): the reader (read-back, the
-seed's refusals and ours, each a named InputError), the float64 reference's V4.1 definitions (lagged mixes from a
-one-hot, LastMix, no q head norm, layer-by-layer = whole run), the engine against the reference with
-``check_target``'s (r) lines in f32 and bf16, verify / commit, and the FAIL-first plants in bf16: a V4.1 lagged
-mix applied unlagged, the per-head q norm put back, LastMix replaced by the streams' mean."""
+``bloomery_cli.families.deepseek41.fixture_gguf``, ``STREAMS``: 5 layers [window, a gated ratio-2 source with its
+index keys and query, a reader of all three, a reader with its own query, an ungated ratio-1 source], window 4,
+4 heads of 32 over one K = V head, rope 8, indexer 2 x 16 top-4, 8 experts top-2, 4 streams; matrices BF16, norms /
+mixes / sinks / bias F32): the reader (read-back, the stream walk, the seed's refusals and ours, each a named
+InputError), the float64 reference's V4.1 definitions (lagged mixes from a one-hot, LastMix, no q head norm, the
+shared streams, layer-by-layer = whole run), the engine against the reference with ``check_target``'s (r) lines in
+f32 and bf16, its choices equal the reference's, verify / commit, and the FAIL-first plants in bf16: a V4.1 lagged
+mix applied unlagged, the per-head q norm put back, LastMix replaced by the streams' mean, the choice dropped. At
+16 tokens every path runs: the window drops keys, ratio 2 has 8 entries of which top-4 are kept, ratio 1 has 16."""
 
 from __future__ import annotations
 
@@ -24,14 +27,16 @@ from bloomery_gates.kernels.families.deepseek41 import model as kd
 from bloomery_gates.kernels.ops import mhc as kmhc
 from bloomery_gates.kernels.ops import mhc_lagged as klag
 from bloomery_gates.kernels.ops import v4_attention as kv4
-from bloomery_gates.reference.families.deepseek4 import model as ref4
+from bloomery_gates.kernels.ops import v41_stream as ks
 from bloomery_gates.reference.families.deepseek41 import model as ref
 from bloomery_gates.reference.ops import mhc as rmhc
 from bloomery_gates.reference.ops import v4_attention as rv4
+from bloomery_gates.reference.ops import v41_stream as rs
 from bloomery_gates.registry import FAMILIES
+from bloomery_gates.spec import V41Stream
 
-D = fx.TINY
-T = 12
+D = fx.STREAMS
+T = 16
 TORCH = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 
@@ -41,7 +46,7 @@ def rel(a, b) -> float:
 
 @pytest.fixture(scope="module")
 def gguf_path(tmp_path_factory) -> Path:
-    return fx.write_deepseek41_gguf(tmp_path_factory.mktemp("ds41") / "tiny.gguf", fx.tiny_tensors())
+    return fx.write_deepseek41_gguf(tmp_path_factory.mktemp("ds41") / "tiny.gguf", fx.tiny_tensors(D), D)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +60,18 @@ def ids(n: int = T, seed: int = 0) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- the reader
 
-def test_reader_reads_back_every_tensor(gguf_path, spec):
-    want = fx.tiny_tensors()
+def test_reader_reads_back_every_tensor(gguf_path, spec, tmp_path):
+    """Every tensor equals what was written (bf16 matrices, f32 norms / mixes); the walk's sources are the seed's;
+    a window-only file reads too."""
+    want = fx.tiny_tensors(D)
     assert spec.family == "deepseek41" and spec.source_format == "gguf" and (spec.hc_mix, spec.collapse) == \
         ("lagged", "last_mix") and spec.q_head_norm is False
-    assert spec.layer_types == ("sliding",) * D.layers and spec.attn.window == D.window and spec.vocab_size == D.v
+    assert spec.layer_types == ("sliding",) + ("stream",) * 4 and spec.attn.window == D.window and \
+        spec.vocab_size == D.v
+    assert spec.streams == (None, V41Stream(2, 1, 1, 1), V41Stream(2, 1, 1, 1), V41Stream(2, 1, 1, 3),
+                            V41Stream(1, 4, 4, 4))
+    flat = deepseek41_from_gguf(fx.write_deepseek41_gguf(tmp_path / "flat.gguf", fx.tiny_tensors()))
+    assert flat.layer_types == ("sliding",) * 3 and flat.streams == (None,) * 3
     assert set(spec.tensors) == set(want)
     for name, w in want.items():
         f32 = name.endswith(fx.F32_SUFFIXES) or w.ndim < 2
@@ -67,18 +79,30 @@ def test_reader_reads_back_every_tensor(gguf_path, spec):
 
 
 def plant(tmp_path: Path, **kw) -> Path:
-    return fx.write_deepseek41_gguf(tmp_path / "plant.gguf", fx.tiny_tensors(), **kw)
+    return fx.write_deepseek41_gguf(tmp_path / "plant.gguf", fx.tiny_tensors(D), D, **kw)
+
+
+def ratios(*r: int):
+    return dict(edit_keys=lambda w: w.add_array("deepseek41.attention.compress_ratios", list(r)))
 
 
 REFUSALS = {
-    "compressed layer": (dict(edit_keys=lambda w: w.add_array("deepseek41.attention.compress_ratios", [0, 2, 2])),
-                         Refused, "compress_ratios"),
+    # the seed's walk (hparams.rs walk_streams) and ours, each at the layer that breaks it
+    "no source up to a stream layer": (ratios(2, 2, 2, 2, 1), BadConfig, "layer 0, and no layer up to it carries"),
+    "a source at another ratio": (ratios(0, 2, 1, 2, 1), BadConfig, "layer 2, which reads layer 1's stream, at 2"),
+    "a compressor on a ratio-0 layer": (ratios(0, 0, 2, 2, 1), BadConfig, "is 0 at layer 1, which carries a"),
+    "a gated source without its gate": (dict(drop=("blk.1.attn_compressor_gate.weight",)), BadTensor,
+                                        "blk.1.attn_compressor_gate"),
+    "index keys without a compressor": (dict(extra={"blk.3.indexer.attn_k.weight": torch.zeros(16, 32),
+                                                    "blk.3.indexer.k_norm.weight": torch.ones(16)}),
+                                        BadTensor, "blk.3.indexer.attn_k"),
+    "half a pair": (dict(drop=("blk.3.indexer.proj.weight",)), BadTensor, "blk.3.indexer.proj"),
     "engram sites": (dict(edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids", [1])), Refused, "engram"),
     "candidate mask": (dict(edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size", 8)),
                        Refused, "candidate"),
     "trained HC head": (dict(extra={"output_hc_fn.weight": torch.zeros(4, 256)}), BadTensor, "output_hc_fn"),
-    "a compressor tensor": (dict(extra={"blk.1.attn_compressor_kv.weight": torch.zeros(32, 64)}), Refused,
-                            "attn_compressor_kv"),
+    "a position table": (dict(extra={"blk.1.attn_compressor_ape.weight": torch.zeros(2, 32)}), Refused,
+                         "attn_compressor_ape"),
     "a missing tensor": (dict(drop=("blk.2.hc_ffn_base.weight",)), BadTensor, "blk.2.hc_ffn_base"),
 }
 
@@ -123,12 +147,34 @@ def test_reference_definitions(spec):
     assert out.hidden.shape == (D.layers + 1, T, S + 1, D.h) and out.logits.shape == (T, D.v)
     assert np.array_equal(out.hidden[0, :, S, :S], np.tile(np.eye(S)[0], (T, 1)))
     for layer in range(D.layers):
-        assert np.array_equal(ref.reference_layer(spec, layer, out.hidden[layer], ids=tok), out.hidden[layer + 1])
+        got = ref.reference_layer(spec, layer, out.hidden[layer], taps=out.hidden, ids=tok)
+        assert np.array_equal(got, out.hidden[layer + 1])
     assert np.array_equal(ref.final_norm(spec, out.hidden[-1]), out.final)
     lag = out.hidden[-1, :, S, :S]
     assert (lag > 0).all() and np.abs(lag - np.eye(S)[0]).max() > 0.05
-    with pytest.raises(ValueError, match="window-only"):
+    with pytest.raises(ValueError, match="sliding / stream"):
         ref.forward(replace(spec, layer_types=("csa",) * D.layers), tok)
+    with pytest.raises(ValueError, match="reads the streams of layers"):
+        ref.reference_layer(spec, 2, out.hidden[2], ids=tok)
+
+
+def test_reference_streams_are_shared_and_sparse(spec):
+    """A reader's entries are its source's: layer 2 (no compressor) attends layer 1's pool; layer 3 chooses with
+    its own query on layer 1's keys, so its choice differs from layer 1's; the ratio-2 choice keeps 4 of up to 8
+    visible entries (sparse), -1 where fewer are visible."""
+    from bloomery_gates.reference.families.deepseek41.model import Streams, input_rows, prime
+
+    tok = ids()
+    out = ref.forward(spec, tok)
+    w = ref.as_f64(spec)
+    ss = Streams()
+    for src in (1, 3, 4):
+        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src]))
+    assert set(ss.pre) == {1, 4} and set(ss.keys) == {1, 4} and set(ss.chosen) == {1, 3, 4}
+    assert ss.pre[1].shape == (T // 2, D.head_dim) and ss.pre[4].shape == (T, D.head_dim)
+    c1, c3 = ss.chosen[1], ss.chosen[3]
+    assert c1.shape == (T, D.index_topk) and (c1[-1] >= 0).all() and (c1[0] == -1).all()
+    assert not np.array_equal(c1, c3)
 
 
 def test_reference_deltas_change_the_logits(spec, monkeypatch):
@@ -142,9 +188,9 @@ def test_reference_deltas_change_the_logits(spec, monkeypatch):
         "unlagged": lambda mp: mp.setattr(rlag, "lagged_sublayer", lambda x, lag, fn, base, scale, it, eps, ne, f: (
             lambda w: (rmhc.mhc_expand(f(rmhc.mhc_collapse(x, w.pre)), x, w.post, w.comb), w.pre))(
             rmhc.mhc_weights(x, fn, base, scale, it, eps, ne))),
-        "q head norm": lambda mp: mp.setattr(ref, "attention", lambda s, w, l, a: rv4.v4_attention(
-            a, ref4.attn_weights(s, w, l), "sliding", s.attn.num_heads, s.attn.window, ref4.layer_rope(s, l),
-            s.layer.rms_eps, groups=s.attn.o_groups, q_head_norm=True)[0]),
+        "q head norm": lambda mp: mp.setattr(
+            rs, "q_heads", lambda x, w, nh, eps, q_head_norm=True, real=rv4.q_heads: real(x, w, nh, eps, True)),
+        "choice dropped": lambda mp: mp.setattr(rs, "stream_choice", lambda *a, **k: None),
         "mean head": lambda mp: mp.setattr(rlag, "last_mix", lambda x, lag: rmhc.mhc_head(x)),
     }
     for name, apply in cases.items():
@@ -170,6 +216,19 @@ def test_engine_target_lines_pass(spec, dtype):
     report = target_report(spec, ids(16, 1), dtype)
     assert report.finish() == 0, report.lines
     assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == D.layers, report.lines
+
+
+def test_engine_choices_equal_the_reference(spec):
+    """f32: each topk source's choice (integers) equals the reference's, row for row."""
+    from bloomery_gates.reference.families.deepseek41.model import Streams, input_rows, prime
+
+    tok = ids()
+    eng = kd.Deepseek41Target(spec, "cpu", torch.float32, max_len=64, rows=4)
+    eng.prefill(tok)
+    out, w, ss = ref.forward(spec, tok), ref.as_f64(spec), Streams()
+    for src in (1, 3, 4):
+        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src]))
+        assert np.array_equal(eng.chosen[src].numpy(), ss.chosen[src]), src
 
 
 def test_engine_verify_commit_and_passes_agree(spec):
@@ -206,7 +265,9 @@ PLANTS = {
         klag, "lagged_sublayer", _unlagged)),
     # V4's per-head unweighted RMS of q put back (V4.1 has none)
     "q head norm applied": ("(r) target layer", lambda mp: mp.setattr(
-        kv4, "q_heads", lambda x, w, nh, eps, q_head_norm=True, real=kv4.q_heads: real(x, w, nh, eps, True))),
+        ks, "q_heads", lambda x, w, nh, eps, q_head_norm=True, real=kv4.q_heads: real(x, w, nh, eps, True))),
+    # the topk source's choice dropped: a stream layer attends every entry its query sees
+    "the choice dropped": ("(r) target layer", lambda mp: mp.setattr(ks, "stream_choice", lambda *a, **k: None)),
     # LastMix replaced by the unweighted mean of the streams (GLM's head)
     "LastMix replaced by the mean": ("(r) target logits", lambda mp: mp.setattr(
         klag, "last_mix", lambda x, lag: kmhc.mhc_head(x))),

@@ -7,8 +7,10 @@ build runs, window-only ``attention.compress_ratios`` all 0, ``hash_layer_count`
 ``ffn_{gate,up}_exps`` [E, ff, H] / ``ffn_down_exps`` [E, H, ff], no ``output_hc_*``). Types: norms, sinks, the hc
 mixes and the router bias F32 (as the seed's DSpark table keeps them); every matrix BF16. Deterministic bytes.
 
-What the seed would still refuse in such a file, and why (docs/V41.md 10): ``attention.compress_ratios`` 0 on every
-layer ("is 0 on every layer") and no ``engram.layer_ids``; this build runs neither compressed layers nor engram.
+``Dims.ratios`` / ``Dims.parts`` lay out the compressed layers (``attn_compressor_{kv,gate,norm}``,
+``indexer.{attn_k,k_norm}``, ``indexer.{attn_q_b,proj}``; ``STREAMS`` has every kind). What the seed would still
+refuse in such a file, and why (docs/V41.md 10): no ``engram.layer_ids`` (this build runs no engram site), and in a
+window-only file (``TINY``) ``attention.compress_ratios`` 0 on every layer.
 
 ``tiny_tensors(dims, seed)``: random trained-looking weights (norms away from 1, hc base / scale, sinks and the
 router bias away from their zero init) for the tests and the fixture's initial point.
@@ -26,7 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ...fixturegen.export_gguf import write_tokenizer
-from .reader_gguf import ARCH, BLOCK, FUSED, GLOBAL, SQRT_SOFTPLUS
+from .reader_gguf import ARCH, BLOCK, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
 
 F32_SUFFIXES = ("norm.weight", "sinks", "_hc.fn", "_hc.base", "_hc.scale", "e_score_correction_bias")
 
@@ -56,9 +58,24 @@ class Dims:
     routed_scale: float = 1.5
     swiglu_limit: float = 10.0
     context: int = 4096
+    ratios: tuple[int, ...] = ()       # attention.compress_ratios per layer (empty: all 0, window-only)
+    parts: tuple[str, ...] = ()        # per layer: "c" a compressor (gated above ratio 1), "k" index keys, "q" the
+                                       # indexer query (docs/V41.md 6)
+    index_heads: int = 2
+    index_dim: int = 16
+    index_topk: int = 4
+
+    def ratio(self, layer: int) -> int:
+        return self.ratios[layer] if self.ratios else 0
+
+    def part(self, layer: int) -> str:
+        return self.parts[layer] if self.parts else ""
 
 
 TINY = Dims()
+# every stream kind: a window-only layer, a gated ratio-2 source with its keys and query, a reader of all three, a
+# reader with its own query, an ungated ratio-1 source (the seed's served table in small, docs/V41.md 6)
+STREAMS = Dims(layers=5, ratios=(0, 2, 2, 2, 1), parts=("", "ckq", "", "q", "ckq"))
 
 
 def shapes(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -84,6 +101,17 @@ def shapes(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
              m + "shared_experts.down_proj.weight": ((d.h, d.ff), "lin")}
         for h in ("attn_hc.", "ffn_hc."):
             t |= {h + "fn": ((hc, s * d.h), "lin"), h + "base": ((hc,), "base"), h + "scale": ((3,), "scale")}
+        c, i = a + "compressor.", a + "indexer."
+        if "c" in d.part(layer):
+            t |= {c + "kv_proj.weight": ((d.head_dim, d.h), "lin"), c + "kv_norm.weight": ((d.head_dim,), "norm")}
+            if d.ratio(layer) != 1:
+                t[c + "gate_proj.weight"] = ((d.head_dim, d.h), "lin")
+        if "k" in d.part(layer):
+            t |= {i + "k_proj.weight": ((d.index_dim, d.head_dim), "lin"),
+                  i + "k_norm.weight": ((d.index_dim,), "norm")}
+        if "q" in d.part(layer):
+            t |= {i + "q_b_proj.weight": ((d.index_heads * d.index_dim, d.q_lora), "lin"),
+                  i + "weights_proj.weight": ((d.index_heads, d.h), "lin")}
         out |= {p + k: v for k, v in t.items()}
     return out
 
@@ -107,8 +135,8 @@ def _keys(w: gguf.GGUFWriter, d: Dims) -> None:
            "attention.value_length": d.head_dim, "attention.q_lora_rank": d.q_lora,
            "attention.output_group_count": d.groups, "attention.output_lora_rank": d.o_lora,
            "attention.sliding_window": d.window, "rope.dimension_count": d.rope,
-           "rope.scaling.original_context_length": 4096, "attention.indexer.head_count": 2,
-           "attention.indexer.key_length": 16, "attention.indexer.top_k": 4,
+           "rope.scaling.original_context_length": 4096, "attention.indexer.head_count": d.index_heads,
+           "attention.indexer.key_length": d.index_dim, "attention.indexer.top_k": d.index_topk,
            "expert_gating_func": SQRT_SOFTPLUS, "expert_count": d.experts, "expert_used_count": d.top_k,
            "expert_shared_count": 1, "expert_feed_forward_length": d.ff, "hash_layer_count": 0,
            "hyper_connection.count": d.streams, "hyper_connection.sinkhorn_iterations": d.sinkhorn}
@@ -123,7 +151,7 @@ def _keys(w: gguf.GGUFWriter, d: Dims) -> None:
         w.add_float32(a + k, v)
     w.add_string(a + "rope.scaling.type", "yarn")
     w.add_bool(a + "expert_weights_norm", True)
-    w.add_array(a + "attention.compress_ratios", [0] * d.layers)
+    w.add_array(a + "attention.compress_ratios", list(d.ratios) or [0] * d.layers)
     w.add_uint32(a + "vocab_size", d.v)
 
 
@@ -156,7 +184,8 @@ def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Di
         b, p = f"blk.{layer}.", f"model.layers.{layer}."
         gate_up = tensors[p + "mlp.experts.gate_up_proj"]
         fused = dict(zip(FUSED, (gate_up[:, :d.ff], gate_up[:, d.ff:]), strict=True))
-        for g, t in [*((g, tensors[p + hf]) for g, hf in BLOCK.items()), *fused.items()]:
+        own = [(g, tensors[p + hf]) for g, hf in STREAM.items() if p + hf in tensors]
+        for g, t in [*((g, tensors[p + hf]) for g, hf in BLOCK.items()), *fused.items(), *own]:
             if b + g not in drop:
                 _put(w, b + g, t, g.startswith("hc_") or g.endswith(("norm.weight", "sinks.weight", ".bias")))
     for g, t in (extra or {}).items():

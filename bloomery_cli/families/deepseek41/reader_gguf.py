@@ -18,9 +18,17 @@ Keys (``deepseek41.`` prefix), each read and checked or refused by name (exit 2)
                layer), leading_dense_block_count (absent or 0)
     mHC        hyper_connection.{count, sinkhorn_iterations, epsilon}
 
-What this build does not run is refused by name: a nonzero ``attention.compress_ratios`` entry (V4.1's shared
-compressed streams, docs/V41.md 6), ``engram.layer_ids`` (engram sites, 7), the candidate-mask keys (8), clamps
-that differ by layer or between routed and shared experts (the spec holds one ``swiglu_limit``). The seed's own
+Layers: ratio 0 is "sliding" (window only); ratio m > 0 is "stream": it reads the stream of the last layer at or
+before it that carries ``attn_compressor_kv`` (kv source), the keys of the last ``indexer.attn_k`` (key source),
+the choice of the last ``indexer.attn_q_b`` (topk source): the seed's ``walk_streams``, with its refusals (a source
+missing, a kv source compressing at another ratio, a compressor without its gate above ratio 1, a third ratio, a
+compressor on a ratio-0 layer, no compressed layer at all is allowed here: window-only files read) and three of
+ours, each by name: index keys on a layer without a compressor (ik keys off the pooled latent of the same layer),
+a key or topk source at another ratio than its reader (its entries would not line up), an overlapping compressor
+(twice the latent wide: V4's CSA form, not V4.1's).
+What this build does not run is refused by name: ``engram.layer_ids`` (engram sites, docs/V41.md 7), the
+candidate-mask keys (8), clamps that differ by layer or between routed and shared experts (the spec holds one
+``swiglu_limit``). The seed's own
 refusals are kept: ``output_hc_{fn,base,scale}`` in the file (a V4.1 file collapses with the lagged mix), an
 expert gating function other than 4, value_length != key_length, a scaling type other than yarn.
 
@@ -28,8 +36,11 @@ Tensors (ggml dims reversed to [out, in]) -> deepseek4's HF names: ``token_embd`
 block ``attn_norm``, ``attn_q_a``, ``attn_q_a_norm``, ``attn_q_b``, ``attn_kv``, ``attn_kv_a_norm``, ``attn_sinks``,
 ``attn_output_a``, ``attn_output_b``, ``hc_{attn,ffn}_{fn,base,scale}``, ``ffn_norm``, ``ffn_gate_inp``,
 ``exp_probs_b.bias``, ``ffn_{gate,up}_exps`` [E, ff, H] (concatenated into ``mlp.experts.gate_up_proj`` [E, 2 ff, H],
-gate first), ``ffn_down_exps`` [E, H, ff], ``ffn_{gate,up,down}_shexp``. Any other block tensor (a compressor, an
-indexer, an engram table, a hash table) is refused by name.
+gate first), ``ffn_down_exps`` [E, H, ff], ``ffn_{gate,up,down}_shexp``; on some layers (``STREAM``)
+``attn_compressor_{kv [d, H], gate [d, H], norm [d]}`` -> ``self_attn.compressor.{kv_proj, gate_proj, kv_norm}``,
+``indexer.{attn_k [di, d], k_norm [di]}`` -> ``self_attn.indexer.{k_proj, k_norm}``, ``indexer.{attn_q_b
+[nih di, q_lora], proj [nih, H]}`` -> ``self_attn.indexer.{q_b_proj, weights_proj}``. Any other block tensor (a
+position table, an index-key compressor, an engram table, a hash table) is refused by name.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ import torch
 
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
 from bloomery_gates.registry import family
-from bloomery_gates.spec import Deepseek41Spec, HCShape, LayerShape, MoEShape, RopeScaling, V4AttnShape
+from bloomery_gates.spec import Deepseek41Spec, HCShape, LayerShape, MoEShape, RopeScaling, V4AttnShape, V41Stream
 
 from ...formats.config import Cfg
 from ...formats.gguf_file import GGUFFile
@@ -67,6 +78,15 @@ BLOCK = {"attn_norm.weight": "input_layernorm.weight", "attn_q_a.weight": "self_
          "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
          "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
 FUSED = ("ffn_gate_exps.weight", "ffn_up_exps.weight")        # -> mlp.experts.gate_up_proj, gate rows first
+STREAM = {"attn_compressor_kv.weight": "self_attn.compressor.kv_proj.weight",
+          "attn_compressor_gate.weight": "self_attn.compressor.gate_proj.weight",
+          "attn_compressor_norm.weight": "self_attn.compressor.kv_norm.weight",
+          "indexer.attn_k.weight": "self_attn.indexer.k_proj.weight",
+          "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
+          "indexer.attn_q_b.weight": "self_attn.indexer.q_b_proj.weight",
+          "indexer.proj.weight": "self_attn.indexer.weights_proj.weight"}
+PAIRS = (("attn_compressor_kv.weight", "attn_compressor_norm.weight"),
+         ("indexer.attn_k.weight", "indexer.k_norm.weight"), ("indexer.attn_q_b.weight", "indexer.proj.weight"))
 NOT_RUN = {"engram.layer_ids": "engram sites (docs/V41.md 7)",
            "attention.candidate_source_layer_id": "the candidate mask (docs/V41.md 8)",
            "attention.candidate_block_size": "the candidate mask (docs/V41.md 8)",
@@ -141,14 +161,15 @@ def _table(names: set[str], n: int, where: Path) -> tuple[dict, dict[str, tuple[
     for layer in range(n):
         b, p = f"blk.{layer}.", f"model.layers.{layer}."
         table |= {p + hf: (b + g, None, None) for g, hf in BLOCK.items()}
+        table |= {p + hf: (b + g, None, None) for g, hf in STREAM.items() if b + g in names}
         fused[p + "mlp.experts.gate_up_proj"] = (b + FUSED[0], b + FUSED[1])
-        known |= {b + g for g in (*BLOCK, *FUSED)}
+        known |= {b + g for g in (*BLOCK, *FUSED, *STREAM)}
     for name in sorted(names - known):
         if name.startswith("output_hc_"):
             raise BadTensor(f"{where}: tensor {name}", "present; a deepseek41 file collapses its streams with the "
                                                        "lagged mix (LastMix), not a trained head (docs/V41.md 4)")
-        raise Refused(where, f"tensor {name}: not run by this build's deepseek41 (window-only layers with the "
-                             "lagged mixes; no compressor, indexer, engram or hash table: docs/V41.md 10)")
+        raise Refused(where, f"tensor {name}: not a deepseek41 tensor this build runs (no position table, "
+                             "index-key compressor, engram table or hash table: docs/V41.md 3, 10)")
     missing = [src for src, _, _ in table.values() if src not in names] + \
               [s for pair in fused.values() for s in pair if s not in names]
     if missing:
@@ -182,9 +203,9 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
     ratios = cfg.int_list("attention.compress_ratios")
     if len(ratios) < n:
         raise cfg.bad("attention.compress_ratios", f"{len(ratios)} values for {n} layers")
-    if any(ratios[:n]):
-        raise Refused(path, f"key {a}attention.compress_ratios {ratios[:n]}: compressed layers (V4.1's shared "
-                            "streams, docs/V41.md 6) are not run by this build; window-only layers (0) are")
+    ratios = ratios[:n]
+    if any(r < 0 for r in ratios):
+        raise cfg.bad("attention.compress_ratios", f"{ratios}; expected ratios >= 0")
     if cfg.get("rope.scaling.type") != "yarn":
         raise cfg.bad("rope.scaling.type", f"{cfg.get('rope.scaling.type')!r}; the compressed layers' rope is yarn")
     scaling = RopeScaling("yarn", cfg.float("rope.scaling.factor"), cfg.int("rope.scaling.original_context_length"),
@@ -218,6 +239,10 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
         raise cfg.bad("hyper_connection.count", f"{hc.count} streams: more than embedding_length")
     names = set(f.tensor_names())
     table, fused = _table(names, n, path)
+    streams = walk(cfg, names, ratios, path)
+    if attn.rope_dim > attn.index_head_dim and any(streams):
+        raise cfg.bad("attention.indexer.key_length", f"{attn.index_head_dim}; the index keys rotate the "
+                                                      f"{attn.rope_dim}-wide rope tail")
     tensors = _Mapped(f.tensors(lambda s: s), table, fused)
     vocab = tensors.shape_of("model.embed_tokens.weight")[0]
     for key, v in ((a + "vocab_size", f.meta(a + "vocab_size", None)),
@@ -228,7 +253,70 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
               "attn": attn, "moe": moe, "hc": hc}
     tied = "lm_head.weight" not in tensors
     shapes = {k: v for k, v in tensor_shapes(fields, vocab, tied).items() if not k.startswith("model.hc_head.")}
-    check_shapes(tensors, shapes, path)
+    check_shapes(tensors, shapes | stream_shapes(attn, layer.hidden_size, table), path)
+    fields["layer_types"] = tuple("stream" if s else "sliding" for s in streams)
     return Deepseek41Spec(family=FAMILY, source=Path(path), source_format="gguf", vocab_size=vocab,
                           tie_word_embeddings=tied, max_position=cfg.int("context_length"), tensors=tensors,
-                          swiglu_limit=limit, mtp_layers=0, **fields)
+                          swiglu_limit=limit, mtp_layers=0, streams=tuple(streams), **fields)
+
+
+def stream_shapes(a: V4AttnShape, h: int, table: dict) -> dict:
+    """The shapes of the stream tensors the file carries (the compressor one latent wide: no overlap)."""
+    d, di = a.head_dim, a.index_head_dim
+    want = {"self_attn.compressor.kv_proj.weight": (d, h), "self_attn.compressor.gate_proj.weight": (d, h),
+            "self_attn.compressor.kv_norm.weight": (d,), "self_attn.indexer.k_proj.weight": (di, d),
+            "self_attn.indexer.k_norm.weight": (di,),
+            "self_attn.indexer.q_b_proj.weight": (a.index_heads * di, a.q_lora_rank),
+            "self_attn.indexer.weights_proj.weight": (a.index_heads, h)}
+    out = {}
+    for name in table:
+        tail = name.split(".", 3)[3] if name.startswith("model.layers.") else ""
+        if tail in want:
+            out[name] = (want[tail], f"{list(want[tail])} (V4.1: one latent wide, no overlap)")
+    return out
+
+
+def walk(cfg: Cfg, names: set[str], ratios: list[int], where: Path) -> list[V41Stream | None]:
+    """The seed's stream walk (module docstring) over what each layer carries; a refusal names the key or the
+    tensor at the layer that breaks it."""
+    key = "attention.compress_ratios"
+    last: dict[str, int | None] = {"kv": None, "key": None, "idx": None}
+    seen: list[int] = []
+    out: list[V41Stream | None] = []
+    for layer, ratio in enumerate(ratios):
+        b = f"blk.{layer}."
+        has = {g: b + g in names for g in STREAM}
+        for first, second in PAIRS:
+            if has[first] != has[second]:
+                miss = second if has[first] else first
+                raise BadTensor(f"{where}: tensor {b}{miss}", f"missing; layer {layer} carries {b}"
+                                f"{first if has[first] else second}")
+        if has["indexer.attn_k.weight"] and not has["attn_compressor_kv.weight"]:
+            raise BadTensor(f"{where}: tensor {b}indexer.attn_k.weight", f"on layer {layer}, which carries no "
+                            "attn_compressor_kv: index keys come from the same layer's pooled latent")
+        for part, g in (("kv", "attn_compressor_kv.weight"), ("key", "indexer.attn_k.weight"),
+                        ("idx", "indexer.attn_q_b.weight")):
+            if has[g]:
+                last[part] = layer
+        if ratio == 0:
+            if has["attn_compressor_kv.weight"]:
+                raise cfg.bad(key, f"is 0 at layer {layer}, which carries a compressor")
+            out.append(None)
+            continue
+        for part, g in (("kv", "attn_compressor_kv"), ("key", "indexer.attn_k"), ("idx", "indexer.attn_q_b")):
+            if last[part] is None:
+                raise cfg.bad(key, f"is {ratio} at layer {layer}, and no layer up to it carries {g}")
+        for part in ("kv", "key", "idx"):
+            src = last[part]
+            if ratios[src] != ratio:
+                raise cfg.bad(key, f"is {ratio} at layer {layer}, which reads layer {src}'s "
+                              f"{ {'kv': 'stream', 'key': 'index keys', 'idx': 'choice'}[part]}, at {ratios[src]}")
+        if has["attn_compressor_kv.weight"] and not has["attn_compressor_gate.weight"] and ratio != 1:
+            raise BadTensor(f"{where}: tensor {b}attn_compressor_gate.weight", f"missing, and layer {layer} pools "
+                            f"{ratio} tokens per row")
+        if ratio not in seen:
+            if len(seen) == 2:
+                raise cfg.bad(key, f"is {ratio} at layer {layer}, a third ratio after {seen[0]} and {seen[1]}")
+            seen.append(ratio)
+        out.append(V41Stream(ratio, last["kv"], last["key"], last["idx"]))
+    return out

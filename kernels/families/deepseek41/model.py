@@ -1,7 +1,9 @@
 """DeepSeek V4.1 ("deepseek41") trunk on the device (torch, CPU or CUDA): the V4.1 deltas over
 ``kernels.families.deepseek4.model`` (docs/V41.md), written out in ``reference.families.deepseek41.model``: the
-lagged hyper-connection mixes and the LastMix collapse (``kernels.ops.mhc_lagged``), no per-head q norm, on
-window-only layers; V4's attention, routing and MoE (MXFP4 experts included) are the deepseek4 engine's.
+lagged hyper-connection mixes and the LastMix collapse (``kernels.ops.mhc_lagged``), no per-head q norm, the
+compressed streams shared from source layers (``kernels.ops.v41_stream``: a kv source keeps its compressor's
+projections by position in a ``StreamCache`` and pools every pass; its readers attend its entries); V4's routing
+and MoE (MXFP4 experts included) are the deepseek4 engine's.
 
 Rows [R, ...] (one sequence). A layer's state is (streams x [R, S, H], lag [R, S] float32); the taps are its packed
 form [L+1, R, S+1, H] in the run dtype (``pack_lag``), and the lag travels between layers in that tap (rounded to
@@ -18,9 +20,10 @@ from bloomery_gates.spec import Deepseek41Spec
 
 from ...ops import mhc_lagged as klag
 from ...ops import v4_attention as kv4
+from ...ops import v41_stream as ks
 from ...ops.moe import Routing
 from ...ops.norm import rms_norm
-from ..deepseek4.model import F32_SUFFIXES, Deepseek4Target, P, attn_weights, ffn, layer_rope
+from ..deepseek4.model import F32_SUFFIXES, Deepseek4Target, P, attn_weights_at, ffn, layer_rope
 from ..qwen38.model import Qwen38Pass
 
 T = torch.Tensor
@@ -32,8 +35,9 @@ class Deepseek41Target(Deepseek4Target):
 
     def __init__(self, spec: Deepseek41Spec, device: str | torch.device, dtype: torch.dtype, max_len: int,
                  rows: int | None = None):
-        if (spec.hc_mix, spec.collapse) != ("lagged", "last_mix") or set(spec.layer_types) != {"sliding"}:
-            raise ValueError("deepseek41 runs lagged mixes + LastMix on window-only layers only (docs/V41.md 10)")
+        if (spec.hc_mix, spec.collapse) != ("lagged", "last_mix") or \
+                not set(spec.layer_types) <= {"sliding", "stream"}:
+            raise ValueError("deepseek41 runs lagged mixes + LastMix on sliding / stream layers (docs/V41.md 10)")
         self.spec, self.shape = spec, spec.layer
         self.device, self.dtype, self.rows = torch.device(device), dtype, rows
         self.t: dict[str, T] = {}
@@ -49,29 +53,58 @@ class Deepseek41Target(Deepseek4Target):
         self.tap_width = (spec.hc.count + 1) * spec.hidden_size      # a tap row: the S streams and the lag row
         self.cap = max_len + (rows or 0)
         a = spec.attn
-        self.cache = {l: kv4.V4Cache.empty(self.cap, k, a.head_dim, a.index_head_dim, self.device, dtype)
-                      for l, k in enumerate(spec.layer_types)}
+        self.cache = {l: kv4.V4Cache.empty(self.cap, "sliding", a.head_dim, a.index_head_dim, self.device, dtype)
+                      for l in range(spec.num_layers)}
+        self.stream_cache = {l: ks.StreamCache.empty(self.cap, a.head_dim, f"layers.{l}.self_attn.compressor."
+                                                     "gate_proj.weight" in self.t, self.device, dtype)
+                             for l in range(spec.num_layers) if (s := spec.stream(l)) and s.kv_source == l}
         self.routings: dict[int, Routing] = {}
         self.chosen: dict[int, T] = {}
         self.length = 0
         self.rows_run = 0
         self._ran: int | None = None
 
-    def _attention(self, l: int, a: T, p0: int) -> T:
-        s = self.spec.attn
-        return kv4.v4_attention(a, attn_weights(self.spec, self.t, l), "sliding", s.num_heads, s.window,
-                                layer_rope(self.spec, l), self.shape.rms_eps, groups=s.o_groups, p0=p0,
-                                cache=self.cache[l], q_head_norm=self.spec.q_head_norm)[0]
+    def _prime(self, l: int, a: T, p0: int, ss: dict) -> None:
+        """Layer l's source duties on its normed rows a [R, H] (``reference.families.deepseek41.model.prime``):
+        the pass's pre / keys / chosen in ``ss``."""
+        s, t, p, eps = self.spec.stream(l), self.t, f"layers.{l}.self_attn.", self.shape.rms_eps
+        if s is None:
+            return
+        rope, at = layer_rope(self.spec, l), self.spec.attn
+        if s.kv_source == l:
+            sw = ks.StreamWeights(t[p + "compressor.kv_proj.weight"], t.get(p + "compressor.gate_proj.weight"),
+                                  t[p + "compressor.kv_norm.weight"])
+            ss[("pre", l)] = ks.pooled(a, sw, s.ratio, eps, p0, self.stream_cache[l])
+        if s.key_source == l:
+            kw = ks.IndexKeyWeights(t[p + "indexer.k_proj.weight"], t[p + "indexer.k_norm.weight"])
+            ss[("keys", l)] = ks.index_keys(ss[("pre", l)], kw, s.ratio, rope, eps)
+        if s.topk_source == l:
+            iw = ks.IndexerWeights(None, t[p + "indexer.q_b_proj.weight"], t[p + "indexer.weights_proj.weight"])
+            chosen = ks.stream_choice(ss[("keys", s.key_source)], a, attn_weights_at(t, p, "sliding"), iw,
+                                      at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps, p0)
+            ss[("chosen", l)] = self.chosen[l] = chosen
 
-    def layer(self, l: int, state: T, tok: T, p0: int) -> T:
-        """Layer l: state [R, S+1, H] -> the next (attention, then MoE, each a lagged sublayer)."""
+    def _attention(self, l: int, a: T, p0: int, ss: dict) -> T:
+        s, at, rope = self.spec.stream(l), self.spec.attn, layer_rope(self.spec, l)
+        entries = ks.stream_entries(ss[("pre", s.kv_source)], s.ratio, rope) if s is not None else None
+        return ks.stream_attention(a, attn_weights_at(self.t, f"layers.{l}.self_attn.", "sliding"), at.num_heads,
+                                   at.window, rope, self.shape.rms_eps, at.o_groups, entries, s.ratio if s else 0,
+                                   ss[("chosen", s.topk_source)] if s is not None else None, p0, self.cache[l].kv)
+
+    def layer(self, l: int, state: T, tok: T, p0: int, ss: dict) -> T:
+        """Layer l: state [R, S+1, H] -> the next (attention, then MoE, each a lagged sublayer); ``ss`` the
+        pass's stream state."""
         spec, eps, t, p = self.spec, self.shape.rms_eps, self.t, f"layers.{l}."
         hc = spec.hc
+
+        def attend(f: T) -> T:
+            a = rms_norm(f, t[p + "input_layernorm.weight"], eps)
+            self._prime(l, a, p0, ss)
+            return self._attention(l, a, p0, ss)
+
         x, lag = klag.unpack_lag(state)
         x, pre = klag.lagged_sublayer(x, lag, t[p + "attn_hc.fn"], t[p + "attn_hc.base"], t[p + "attn_hc.scale"],
-                                      hc.sinkhorn_iters, hc.eps, eps,
-                                      lambda a: self._attention(l, rms_norm(a, t[p + "input_layernorm.weight"], eps),
-                                                                p0))
+                                      hc.sinkhorn_iters, hc.eps, eps, attend)
         x, lag = klag.lagged_sublayer(x, pre, t[p + "ffn_hc.fn"], t[p + "ffn_hc.base"], t[p + "ffn_hc.scale"],
                                       hc.sinkhorn_iters, hc.eps, eps,
                                       lambda b: ffn(spec, t, l, rms_norm(b, t[p + "post_attention_layernorm.weight"],
@@ -87,9 +120,9 @@ class Deepseek41Target(Deepseek4Target):
         e = F.embedding(tok, self.embed)                                                    # [R, H]
         x = e[:, None, :].expand(r, spec.hc.count, -1).contiguous()                         # [R, S, H]
         state = klag.pack_lag(x, klag.lag_init(x))
-        taps = [state]
+        taps, ss = [state], {}
         for l in range(spec.num_layers):
-            state = self.layer(l, state, tok, p0)
+            state = self.layer(l, state, tok, p0, ss)
             taps.append(state)
         self._ran = r
         self.rows_run += r
