@@ -290,22 +290,40 @@ def test_fail_first_bf16(spec, monkeypatch, plant_name):
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ds41-tiny" / "ds41-tiny.gguf"
 
 
-def fixture_prompt() -> list[int]:
+def fixture_prompts() -> list[list[int]]:
     import json
 
-    return json.loads((FIXTURE.parents[1] / "prompts.jsonl").read_text().splitlines()[0])["ids"]
+    return [json.loads(line)["ids"] for line in (FIXTURE.parents[1] / "prompts.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_fixture_target_lines_pass(dtype):
+def fixture_prompt() -> list[int]:
+    return fixture_prompts()[0]
+
+
+def test_fixture_target_lines_pass_f32():
     """The trained fixture (fixtures/ds41-tiny, bloomery_cli.families.deepseek41.fixture) through the loader, on
-    the first gate prompt (56 tokens: the 16-key window drops keys): every (r) line passes."""
+    every gate prompt (40..64 tokens: the 16-key window drops keys, both choices are sparse): every (r) line passes
+    in f32."""
     from bloomery_cli.loading import load_target
 
     fspec = load_target(FIXTURE)
-    report = target_report(fspec, fixture_prompt(), dtype)
+    for i, p in enumerate(fixture_prompts()):
+        report = target_report(fspec, p, "f32")
+        assert report.finish() == 0, (i, report.lines)
+        assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == fspec.num_layers
+
+
+def test_fixture_target_lines_pass_bf16_p0():
+    """bf16, the first gate prompt (56 tokens): every (r) line passes. Not every prompt does (docs/V41.md 10):
+    on p3, p4, p5 and p7 a bf16 run flips a discrete choice at a near-tie (an expert of the router, whose scores
+    differ by ~0.3% there, or a stream's top-4 among up to 64 entries scored by the untrained indexer) in a row the
+    emulated reference does not flip, and that row's layer line exceeds its band; the gates' discrete choices need
+    a choice-aware line (the kernel's choice replayed where the reference's margin is inside the band, as
+    ``greedy_flips`` excuses an argmax flip), which gates/targets.py does not have yet."""
+    from bloomery_cli.loading import load_target
+
+    report = target_report(load_target(FIXTURE), fixture_prompt(), "bf16")
     assert report.finish() == 0, report.lines
-    assert sum(1 for line in report.lines if line.startswith("(r) target layer")) == fspec.num_layers
 
 
 def test_fixture_fail_first_lagged_mix_applied_unlagged(monkeypatch):

@@ -11,9 +11,12 @@ the other fixtures (``family_kit.fit``). The router bias ``e_score_correction_bi
 fixed (as deepseek4's fixture keeps HF's buffer); everything else is trained. Stored as the GGUF writes it
 (matrices BF16; norms, sinks, hc mixes and the bias F32), read back exactly through ``reader_gguf``.
 
-Shape: hidden 64, 3 window-only layers (window 16), 4 heads x 32 over one K = V head, rope 8, q latent 24, 2 output
-groups x 16, 8 experts x 32 top-2 x1.5 with a shared expert, 4 streams, untied head. What it does not carry, and the
-seed would require: a compressed layer and an engram site (docs/V41.md 10).
+Shape: hidden 64, 5 layers (window 16): [window-only, a gated ratio-2 source with its index keys and indexer query, a
+reader of all three, a reader with its own query, an ungated ratio-1 source] (indexer 16 heads x 8, top-4), 4 heads
+x 32 over one K = V head, rope 8, q latent 24, 2 output groups x 16, 6 experts x 24 top-2 x1.5 with a shared expert,
+4 streams, untied head. At the gates' prompts (40..64 tokens) the window drops keys and both choices are sparse
+(ratio 2: 20..32 entries, ratio 1: 40..64, top-4). What it does not carry, and the seed would require: an engram site
+(docs/V41.md 10).
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ FIXED = ("e_score_correction_bias",)          # seeded, not trained
 
 
 def dims(vocab: int) -> Dims:
-    return Dims(h=64, v=vocab, layers=3, window=16)
+    """``fixture_gguf.STREAMS``' layer plan (every stream kind) at the fixture's width; 6 experts of 24 (the 2 MB
+    cap); an indexer of 16 heads x 8, as deepseek4's fixture (with 2 heads the ReLU scores of many entries are
+    exactly 0 or nearly, ties at the top-k boundary that a bf16 run breaks otherwise than the reference)."""
+    return Dims(h=64, v=vocab, layers=5, window=16, experts=6, ff=24, ratios=(0, 2, 2, 2, 1),
+                parts=("", "ckq", "", "q", "ckq"), index_heads=16, index_dim=8)
 
 
 @dataclass
