@@ -24,6 +24,7 @@ from bloomery_cli.families.deepseek41.reader_gguf import deepseek41_from_gguf
 from bloomery_gates.errors import EXIT_INPUT, BadConfig, BadTensor, InputError, Refused
 from bloomery_gates.gates.targets import check_target
 from bloomery_gates.kernels.families.deepseek41 import model as kd
+from bloomery_gates.kernels.ops import engram as keng
 from bloomery_gates.kernels.ops import mhc as kmhc
 from bloomery_gates.kernels.ops import mhc_lagged as klag
 from bloomery_gates.kernels.ops import v4_attention as kv4
@@ -97,7 +98,11 @@ REFUSALS = {
                                                     "blk.3.indexer.k_norm.weight": torch.ones(16)}),
                                         BadTensor, "blk.3.indexer.attn_k"),
     "half a pair": (dict(drop=("blk.3.indexer.proj.weight",)), BadTensor, "blk.3.indexer.proj"),
-    "engram sites": (dict(edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids", [1])), Refused, "engram"),
+    "an engram table on an unlisted layer": (dict(edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids",
+                                                                                  [1])), BadTensor,
+                                             "blk.3.engram_embd"),
+    "engram offsets not the primes' prefix sums": (dict(edit_keys=lambda w: w.add_array(
+        "deepseek41.engram.offsets", [0, 1, 2, 3, 0, 1, 2, 3])), BadConfig, "engram.offsets"),
     "candidate mask": (dict(edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size", 8)),
                        Refused, "candidate"),
     "trained HC head": (dict(extra={"output_hc_fn.weight": torch.zeros(4, 256)}), BadTensor, "output_hc_fn"),
@@ -129,10 +134,27 @@ def test_the_loader_detects_the_arch_and_a_bad_file_is_an_input_error(tmp_path, 
     from bloomery_cli.loading import load_target
 
     assert type(load_target(gguf_path)).__name__ == "Deepseek41Spec"
-    path = plant(tmp_path, edit_keys=lambda w: w.add_array("deepseek41.engram.layer_ids", [1]))
+    path = plant(tmp_path, edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size", 8))
     with pytest.raises(InputError) as e:
         load_target(path)
-    assert EXIT_INPUT == 2 and "engram" in str(e.value) and "\n" not in str(e.value)
+    assert EXIT_INPUT == 2 and "candidate" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_engram_hash_is_the_seeds_formula(spec):
+    """The row ids of bloomery_gates.engram_hash by hand for one token (docs/V41.md 7): ctx from the token map (the
+    pad before the start), the rolling xor of ctx[s] mult[s], each order's heads reduced by their primes, offset."""
+    e = spec.engram
+    assert e is not None and e.layer_ids == (1, 3) and e.n_cols == 4
+    seq = [5, 9, 100]
+    m, p, o = e.mult[:3], e.prime[:4], e.offset[:4]
+    ctx = [e.token_map[100], e.token_map[9], e.token_map[5]]
+    r1 = (ctx[0] * m[0] ^ ctx[1] * m[1]) % (1 << 64)
+    r2 = (r1 ^ ctx[2] * m[2]) % (1 << 64)
+    assert e.rows(0, seq, start=2) == [[r1 % p[0] + o[0], r1 % p[1] + o[1], r2 % p[2] + o[2], r2 % p[3] + o[3]]]
+    first = e.rows(0, seq)[0]
+    r1 = (e.token_map[5] * m[0] ^ e.pad * m[1]) % (1 << 64)
+    assert first[0] == r1 % p[0] + o[0]
+    assert all(o[c] <= first[c] < o[c] + p[c] for c in range(4))
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -169,7 +191,7 @@ def test_reference_streams_are_shared_and_sparse(spec):
     w = ref.as_f64(spec)
     ss = Streams()
     for src in (1, 3, 4):
-        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src]))
+        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src], np.asarray(tok)))
     assert set(ss.pre) == {1, 4} and set(ss.keys) == {1, 4} and set(ss.chosen) == {1, 3, 4}
     assert ss.pre[1].shape == (T // 2, D.head_dim) and ss.pre[4].shape == (T, D.head_dim)
     c1, c3 = ss.chosen[1], ss.chosen[3]
@@ -227,7 +249,7 @@ def test_engine_choices_equal_the_reference(spec):
     eng.prefill(tok)
     out, w, ss = ref.forward(spec, tok), ref.as_f64(spec), Streams()
     for src in (1, 3, 4):
-        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src]))
+        prime(spec, w, ss, src, input_rows(spec, w, src, out.hidden[src], np.asarray(tok)))
         assert np.array_equal(eng.chosen[src].numpy(), ss.chosen[src]), src
 
 
@@ -260,12 +282,27 @@ def _unlagged(x, lag, fn, base, scale, iters, eps, norm_eps, sublayer):
     return kmhc.mhc_expand(sublayer(kmhc.mhc_collapse(x, w.pre)), x, w.post, w.comb), w.pre
 
 
+def _engram_plain_gate(x, emb, wkv, k_gain, q_gain, eps):
+    n, s, h = x.shape
+    kv = torch.nn.functional.linear(emb.to(x.dtype), wkv).float()
+    key, v = kv[:, :s * h].view(n, s, h), kv[:, s * h:]
+
+    def rms(a):
+        return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps)
+
+    z = (rms(key) * k_gain.float() * rms(x.float()) * q_gain.float()).sum(-1) / h ** 0.5
+    return (x.float() + torch.sigmoid(z)[:, :, None] * v[:, None, :]).to(x.dtype)
+
+
 PLANTS = {
     "a V4.1 lagged mix applied unlagged": ("(r) target layer", lambda mp: mp.setattr(
         klag, "lagged_sublayer", _unlagged)),
     # V4's per-head unweighted RMS of q put back (V4.1 has none)
     "q head norm applied": ("(r) target layer", lambda mp: mp.setattr(
         ks, "q_heads", lambda x, w, nh, eps, q_head_norm=True, real=kv4.q_heads: real(x, w, nh, eps, True))),
+    # the engram gate without its signed square root (sigmoid(z) in place of sigmoid(sgn(z) sqrt|z|))
+    "engram gate without the signed square root": ("(r) target layer 1", lambda mp: mp.setattr(
+        keng, "engram", _engram_plain_gate)),
     # the topk source's choice dropped: a stream layer attends every entry its query sees
     "the choice dropped": ("(r) target layer", lambda mp: mp.setattr(ks, "stream_choice", lambda *a, **k: None)),
     # LastMix replaced by the unweighted mean of the streams (GLM's head)

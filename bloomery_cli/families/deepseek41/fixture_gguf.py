@@ -8,9 +8,10 @@ build runs, window-only ``attention.compress_ratios`` all 0, ``hash_layer_count`
 mixes and the router bias F32 (as the seed's DSpark table keeps them); every matrix BF16. Deterministic bytes.
 
 ``Dims.ratios`` / ``Dims.parts`` lay out the compressed layers (``attn_compressor_{kv,gate,norm}``,
-``indexer.{attn_k,k_norm}``, ``indexer.{attn_q_b,proj}``; ``STREAMS`` has every kind). What the seed would still
-refuse in such a file, and why (docs/V41.md 10): no ``engram.layer_ids`` (this build runs no engram site), and in a
-window-only file (``TINY``) ``attention.compress_ratios`` 0 on every layer.
+``indexer.{attn_k,k_norm}``, ``indexer.{attn_q_b,proj}``; ``STREAMS`` has every kind). ``Dims.engram_layers`` adds
+engram sites (``engram.*`` keys with ``engram_hash``'s constants, ``blk.N.engram_{embd [rows, key_len], wkv,
+k [S, H], q [S, H]}``; k / q F32). What the seed would refuse in a window-only file (``TINY``):
+``attention.compress_ratios`` 0 on every layer, and no ``engram.layer_ids``.
 
 ``tiny_tensors(dims, seed)``: random trained-looking weights (norms away from 1, hc base / scale, sinks and the
 router bias away from their zero init) for the tests and the fixture's initial point.
@@ -27,8 +28,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from bloomery_gates.engram_hash import EngramHash
+
 from ...fixturegen.export_gguf import write_tokenizer
-from .reader_gguf import ARCH, BLOCK, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
+from .reader_gguf import ARCH, BLOCK, ENGRAM, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
 
 F32_SUFFIXES = ("norm.weight", "sinks", "_hc.fn", "_hc.base", "_hc.scale", "e_score_correction_bias")
 
@@ -64,6 +67,10 @@ class Dims:
     index_heads: int = 2
     index_dim: int = 16
     index_topk: int = 4
+    engram_layers: tuple[int, ...] = ()   # engram sites (docs/V41.md 7)
+    engram_heads: int = 2
+    engram_ngram: int = 3
+    engram_key: int = 16
 
     def ratio(self, layer: int) -> int:
         return self.ratios[layer] if self.ratios else 0
@@ -72,10 +79,27 @@ class Dims:
         return self.parts[layer] if self.parts else ""
 
 
+def engram_hash(d: Dims) -> EngramHash | None:
+    """Deterministic hash constants of ``d``'s sites (the seed keeps them in the file; these are made here): primes
+    from 31 up per site, the offsets their exclusive prefix sums, odd 64-bit multipliers from a fixed generator,
+    the token map id // 2 (pairs of tokens share a compressed id), the pad one past the map's largest."""
+    if not d.engram_layers:
+        return None
+    n_cols, sites = (d.engram_ngram - 1) * d.engram_heads, len(d.engram_layers)
+    primes = [p for p in range(31, 10_000) if all(p % q for q in range(2, int(p ** 0.5) + 1))]
+    prime = tuple(primes[(s * 3) % 5 + c] for s in range(sites) for c in range(n_cols))
+    offset = tuple(sum(prime[s * n_cols:s * n_cols + c]) for s in range(sites) for c in range(n_cols))
+    g = np.random.default_rng(41)
+    mult = tuple(int(x) | 1 for x in g.integers(1 << 40, 1 << 62, sites * d.engram_ngram))
+    token_map = tuple(i // 2 for i in range(d.v))
+    return EngramHash(tuple(d.engram_layers), d.engram_heads, d.engram_ngram, d.engram_key, d.v // 2 + 1, token_map,
+                      mult, prime, offset)
+
+
 TINY = Dims()
 # every stream kind: a window-only layer, a gated ratio-2 source with its keys and query, a reader of all three, a
 # reader with its own query, an ungated ratio-1 source (the seed's served table in small, docs/V41.md 6)
-STREAMS = Dims(layers=5, ratios=(0, 2, 2, 2, 1), parts=("", "ckq", "", "q", "ckq"))
+STREAMS = Dims(layers=5, ratios=(0, 2, 2, 2, 1), parts=("", "ckq", "", "q", "ckq"), engram_layers=(1, 3))
 
 
 def shapes(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -101,6 +125,12 @@ def shapes(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
              m + "shared_experts.down_proj.weight": ((d.h, d.ff), "lin")}
         for h in ("attn_hc.", "ffn_hc."):
             t |= {h + "fn": ((hc, s * d.h), "lin"), h + "base": ((hc,), "base"), h + "scale": ((3,), "scale")}
+        e = engram_hash(d)
+        if e is not None and e.site(layer) is not None:
+            n = e.n_cols * d.engram_key
+            t |= {"engram.embed.weight": ((e.table_rows(e.site(layer)), d.engram_key), "emb"),
+                  "engram.wkv.weight": (((s + 1) * d.h, n), "lin"), "engram.k_norm.weight": ((s, d.h), "norm"),
+                  "engram.q_norm.weight": ((s, d.h), "norm")}
         c, i = a + "compressor.", a + "indexer."
         if "c" in d.part(layer):
             t |= {c + "kv_proj.weight": ((d.head_dim, d.h), "lin"), c + "kv_norm.weight": ((d.head_dim,), "norm")}
@@ -152,6 +182,16 @@ def _keys(w: gguf.GGUFWriter, d: Dims) -> None:
     w.add_string(a + "rope.scaling.type", "yarn")
     w.add_bool(a + "expert_weights_norm", True)
     w.add_array(a + "attention.compress_ratios", list(d.ratios) or [0] * d.layers)
+    e = engram_hash(d)
+    if e is not None:
+        w.add_array(a + "engram.layer_ids", list(e.layer_ids))
+        for k, v in (("head_count", e.n_heads), ("max_ngram_size", e.n_gram), ("key_length", e.key_length),
+                     ("pad_id", e.pad)):
+            w.add_uint32(a + "engram." + k, v)
+        for k, v in (("multipliers", e.mult), ("primes", e.prime), ("offsets", e.offset),
+                     ("token_map", e.token_map)):
+            w.add_key_value(a + "engram." + k, list(v), gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.UINT64 if k == "multipliers" else gguf.GGUFValueType.UINT32)
     w.add_uint32(a + "vocab_size", d.v)
 
 
@@ -184,10 +224,11 @@ def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Di
         b, p = f"blk.{layer}.", f"model.layers.{layer}."
         gate_up = tensors[p + "mlp.experts.gate_up_proj"]
         fused = dict(zip(FUSED, (gate_up[:, :d.ff], gate_up[:, d.ff:]), strict=True))
-        own = [(g, tensors[p + hf]) for g, hf in STREAM.items() if p + hf in tensors]
+        own = [(g, tensors[p + hf]) for g, hf in {**STREAM, **ENGRAM}.items() if p + hf in tensors]
         for g, t in [*((g, tensors[p + hf]) for g, hf in BLOCK.items()), *fused.items(), *own]:
             if b + g not in drop:
-                _put(w, b + g, t, g.startswith("hc_") or g.endswith(("norm.weight", "sinks.weight", ".bias")))
+                _put(w, b + g, t, g.startswith(("hc_", "engram_k", "engram_q")) or
+                     g.endswith(("norm.weight", "sinks.weight", ".bias")))
     for g, t in (extra or {}).items():
         _put(w, g, t, True)
     w.write_header_to_file()

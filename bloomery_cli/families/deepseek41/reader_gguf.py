@@ -26,9 +26,12 @@ compressor on a ratio-0 layer, no compressed layer at all is allowed here: windo
 ours, each by name: index keys on a layer without a compressor (ik keys off the pooled latent of the same layer),
 a key or topk source at another ratio than its reader (its entries would not line up), an overlapping compressor
 (twice the latent wide: V4's CSA form, not V4.1's).
-What this build does not run is refused by name: ``engram.layer_ids`` (engram sites, docs/V41.md 7), the
-candidate-mask keys (8), clamps that differ by layer or between routed and shared experts (the spec holds one
-``swiglu_limit``). The seed's own
+Engram sites (docs/V41.md 7): with ``engram.layer_ids``, the keys ``engram.{head_count, max_ngram_size,
+key_length, pad_id, multipliers, primes, offsets, token_map}`` (the seed's hash constants, lengths checked, offsets
+the primes' exclusive prefix sums, the map one entry per token) and on exactly those layers
+``engram_{embd [sum of primes, key_len], wkv [(S+1) H, n_cols key_len], k [S, H], q [S, H]}``.
+What this build does not run is refused by name: the candidate-mask keys (docs/V41.md 8), clamps that differ by
+layer or between routed and shared experts (the spec holds one ``swiglu_limit``). The seed's own
 refusals are kept: ``output_hc_{fn,base,scale}`` in the file (a V4.1 file collapses with the lagged mix), an
 expert gating function other than 4, value_length != key_length, a scaling type other than yarn.
 
@@ -49,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from bloomery_gates.engram_hash import EngramHash
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
 from bloomery_gates.registry import family
 from bloomery_gates.spec import Deepseek41Spec, HCShape, LayerShape, MoEShape, RopeScaling, V4AttnShape, V41Stream
@@ -85,10 +89,11 @@ STREAM = {"attn_compressor_kv.weight": "self_attn.compressor.kv_proj.weight",
           "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
           "indexer.attn_q_b.weight": "self_attn.indexer.q_b_proj.weight",
           "indexer.proj.weight": "self_attn.indexer.weights_proj.weight"}
+ENGRAM = {"engram_embd.weight": "engram.embed.weight", "engram_wkv.weight": "engram.wkv.weight",
+          "engram_k.weight": "engram.k_norm.weight", "engram_q.weight": "engram.q_norm.weight"}
 PAIRS = (("attn_compressor_kv.weight", "attn_compressor_norm.weight"),
          ("indexer.attn_k.weight", "indexer.k_norm.weight"), ("indexer.attn_q_b.weight", "indexer.proj.weight"))
-NOT_RUN = {"engram.layer_ids": "engram sites (docs/V41.md 7)",
-           "attention.candidate_source_layer_id": "the candidate mask (docs/V41.md 8)",
+NOT_RUN = {"attention.candidate_source_layer_id": "the candidate mask (docs/V41.md 8)",
            "attention.candidate_block_size": "the candidate mask (docs/V41.md 8)",
            "attention.candidate_topk_blocks": "the candidate mask (docs/V41.md 8)"}
 
@@ -161,9 +166,9 @@ def _table(names: set[str], n: int, where: Path) -> tuple[dict, dict[str, tuple[
     for layer in range(n):
         b, p = f"blk.{layer}.", f"model.layers.{layer}."
         table |= {p + hf: (b + g, None, None) for g, hf in BLOCK.items()}
-        table |= {p + hf: (b + g, None, None) for g, hf in STREAM.items() if b + g in names}
+        table |= {p + hf: (b + g, None, None) for g, hf in {**STREAM, **ENGRAM}.items() if b + g in names}
         fused[p + "mlp.experts.gate_up_proj"] = (b + FUSED[0], b + FUSED[1])
-        known |= {b + g for g in (*BLOCK, *FUSED, *STREAM)}
+        known |= {b + g for g in (*BLOCK, *FUSED, *STREAM, *ENGRAM)}
     for name in sorted(names - known):
         if name.startswith("output_hc_"):
             raise BadTensor(f"{where}: tensor {name}", "present; a deepseek41 file collapses its streams with the "
@@ -240,6 +245,7 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
     names = set(f.tensor_names())
     table, fused = _table(names, n, path)
     streams = walk(cfg, names, ratios, path)
+    eng = engram_of(cfg, names, n, path)
     if attn.rope_dim > attn.index_head_dim and any(streams):
         raise cfg.bad("attention.indexer.key_length", f"{attn.index_head_dim}; the index keys rotate the "
                                                       f"{attn.rope_dim}-wide rope tail")
@@ -253,11 +259,58 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
               "attn": attn, "moe": moe, "hc": hc}
     tied = "lm_head.weight" not in tensors
     shapes = {k: v for k, v in tensor_shapes(fields, vocab, tied).items() if not k.startswith("model.hc_head.")}
-    check_shapes(tensors, shapes | stream_shapes(attn, layer.hidden_size, table), path)
+    check_shapes(tensors, shapes | stream_shapes(attn, layer.hidden_size, table) |
+                 engram_shapes(eng, hc.count, layer.hidden_size), path)
+    if eng is not None and len(eng.token_map) != vocab:
+        raise cfg.bad("engram.token_map", f"{len(eng.token_map)} entries; the vocabulary has {vocab} tokens")
     fields["layer_types"] = tuple("stream" if s else "sliding" for s in streams)
     return Deepseek41Spec(family=FAMILY, source=Path(path), source_format="gguf", vocab_size=vocab,
                           tie_word_embeddings=tied, max_position=cfg.int("context_length"), tensors=tensors,
-                          swiglu_limit=limit, mtp_layers=0, streams=tuple(streams), **fields)
+                          swiglu_limit=limit, mtp_layers=0, streams=tuple(streams), engram=eng, **fields)
+
+
+def engram_of(cfg: Cfg, names: set[str], n: int, where: Path) -> EngramHash | None:
+    """The engram sites (docs/V41.md 7; the seed's ``Engram::read`` and ``Hash::from_gguf``): every key required
+    once ``engram.layer_ids`` is present, a site's four tensors exactly on the listed layers."""
+    sites = [layer for layer in range(n) if any(f"blk.{layer}.{g}" in names for g in ENGRAM)]
+    if "engram.layer_ids" not in cfg.data:
+        if sites:
+            raise BadTensor(f"{where}: tensor blk.{sites[0]}.engram_embd.weight", "present, and the file has no "
+                            "engram.layer_ids")
+        return None
+    ids = cfg.int_list("engram.layer_ids")
+    if not ids or len(set(ids)) != len(ids) or any(not 0 <= x < n for x in ids):
+        raise cfg.bad("engram.layer_ids", f"{ids}; expected distinct layers below {n}, at least one")
+    for layer in sorted(set(ids) | set(sites)):
+        for g in ENGRAM:
+            if (f"blk.{layer}.{g}" in names) != (layer in ids):
+                raise BadTensor(f"{where}: tensor blk.{layer}.{g}", "missing, and engram.layer_ids lists the layer"
+                                if layer in ids else "present, and engram.layer_ids does not list the layer")
+    heads, ngram = cfg.int("engram.head_count"), cfg.int("engram.max_ngram_size", minimum=2)
+    cols = (ngram - 1) * heads
+    lists = {k: cfg.int_list("engram." + k) for k in ("multipliers", "primes", "offsets", "token_map")}
+    for k, want in (("multipliers", len(ids) * ngram), ("primes", len(ids) * cols), ("offsets", len(ids) * cols)):
+        if len(lists[k]) != want:
+            raise cfg.bad("engram." + k, f"{len(lists[k])} values; expected {want} ({len(ids)} sites)")
+    for s in range(len(ids)):
+        p, o = lists["primes"][s * cols:(s + 1) * cols], lists["offsets"][s * cols:(s + 1) * cols]
+        if any(x <= 0 for x in p) or o != [sum(p[:c]) for c in range(cols)]:
+            raise cfg.bad("engram.offsets", f"site {s}: {o}; expected the exclusive prefix sums of positive primes")
+    return EngramHash(tuple(ids), heads, ngram, cfg.int("engram.key_length"), cfg.int("engram.pad_id", minimum=0),
+                      tuple(lists["token_map"]), tuple(lists["multipliers"]), tuple(lists["primes"]),
+                      tuple(lists["offsets"]))
+
+
+def engram_shapes(e: EngramHash | None, s: int, h: int) -> dict:
+    if e is None:
+        return {}
+    out = {}
+    for site, layer in enumerate(e.layer_ids):
+        p = f"model.layers.{layer}.engram."
+        out |= {p + "embed.weight": ((e.table_rows(site), e.key_length), "[sum of the site's primes, key_length]"),
+                p + "wkv.weight": (((s + 1) * h, e.n_cols * e.key_length), "[(streams + 1) hidden, n_cols key_length]"),
+                p + "k_norm.weight": ((s, h), "[streams, hidden]"), p + "q_norm.weight": ((s, h), "[streams, hidden]")}
+    return out
 
 
 def stream_shapes(a: V4AttnShape, h: int, table: dict) -> dict:

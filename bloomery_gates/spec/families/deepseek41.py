@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...engram_hash import EngramHash
 from .deepseek4 import Deepseek4Spec
 
 
@@ -31,12 +32,14 @@ class Deepseek41Spec(Deepseek4Spec):
     window and a compressed stream, ``streams[l]``, None on a sliding layer). The layer state is (streams, lag):
     taps [T, S+1, H] (``reference.ops.mhc_lagged.pack_lag``). Tensors keep deepseek4's HF names (no
     ``model.hc_head.*``); a stream layer's own parts under ``self_attn.compressor.{kv_proj, gate_proj, kv_norm}``,
-    ``self_attn.indexer.{k_proj, k_norm, q_b_proj, weights_proj}``."""
+    ``self_attn.indexer.{k_proj, k_norm, q_b_proj, weights_proj}``. ``engram``: the engram sites' dimensions and
+    hash constants (None: no site); a site's tensors under ``engram.{embed, wkv, k_norm, q_norm}.weight``."""
 
     hc_mix: str = "lagged"
     collapse: str = "last_mix"
     q_head_norm: bool = False
     streams: tuple[V41Stream | None, ...] = ()
+    engram: EngramHash | None = None
 
     def stream(self, layer: int) -> V41Stream | None:
         return self.streams[layer] if self.streams else None

@@ -2,7 +2,8 @@
 ``kernels.families.deepseek4.model`` (docs/V41.md), written out in ``reference.families.deepseek41.model``: the
 lagged hyper-connection mixes and the LastMix collapse (``kernels.ops.mhc_lagged``), no per-head q norm, the
 compressed streams shared from source layers (``kernels.ops.v41_stream``: a kv source keeps its compressor's
-projections by position in a ``StreamCache`` and pools every pass; its readers attend its entries); V4's routing
+projections by position in a ``StreamCache`` and pools every pass; its readers attend its entries), the engram
+sites (``kernels.ops.engram``, the table rows hashed on the host from the committed ids and the pass's); V4's routing
 and MoE (MXFP4 experts included) are the deepseek4 engine's.
 
 Rows [R, ...] (one sequence). A layer's state is (streams x [R, S, H], lag [R, S] float32); the taps are its packed
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import Deepseek41Spec
 
+from ...ops import engram as keng
 from ...ops import mhc_lagged as klag
 from ...ops import v4_attention as kv4
 from ...ops import v41_stream as ks
@@ -63,6 +65,28 @@ class Deepseek41Target(Deepseek4Target):
         self.length = 0
         self.rows_run = 0
         self._ran: int | None = None
+        self.history: list[int] = []           # the committed ids (the engram sites hash each token's n-grams)
+        self._ids: list[int] = []
+
+    def reset(self) -> None:
+        super().reset()
+        self.history = []
+
+    def commit(self, kept: int) -> None:
+        super().commit(kept)
+        self.history = self.history[:self.length - kept] + self._ids[:kept]
+
+    def _engram(self, l: int, x: T, p0: int) -> T:
+        """Layer l's engram site on the streams x [R, S, H] (``kernels.ops.engram``); x itself off a site."""
+        e = self.spec.engram
+        site = e.site(l) if e is not None else None
+        if site is None:
+            return x
+        p = f"layers.{l}.engram."
+        idx = torch.tensor(e.rows(site, self.history[:p0] + self._ids, start=p0), device=self.device)
+        emb = F.embedding(idx.view(-1), self.t[p + "embed.weight"]).view(x.shape[0], -1)
+        return keng.engram(x, emb, self.t[p + "wkv.weight"], self.t[p + "k_norm.weight"], self.t[p + "q_norm.weight"],
+                           self.shape.rms_eps)
 
     def _prime(self, l: int, a: T, p0: int, ss: dict) -> None:
         """Layer l's source duties on its normed rows a [R, H] (``reference.families.deepseek41.model.prime``):
@@ -103,6 +127,7 @@ class Deepseek41Target(Deepseek4Target):
             return self._attention(l, a, p0, ss)
 
         x, lag = klag.unpack_lag(state)
+        x = self._engram(l, x, p0)
         x, pre = klag.lagged_sublayer(x, lag, t[p + "attn_hc.fn"], t[p + "attn_hc.base"], t[p + "attn_hc.scale"],
                                       hc.sinkhorn_iters, hc.eps, eps, attend)
         x, lag = klag.lagged_sublayer(x, pre, t[p + "ffn_hc.fn"], t[p + "ffn_hc.base"], t[p + "ffn_hc.scale"],
@@ -116,6 +141,7 @@ class Deepseek41Target(Deepseek4Target):
         if p0 + r > self.cap:
             raise ValueError(f"cache of {self.cap} positions is full (pass ends at {p0 + r})")
         spec, eps = self.spec, self.shape.rms_eps
+        self._ids = list(ids)
         tok = torch.tensor(ids, device=self.device)
         e = F.embedding(tok, self.embed)                                                    # [R, H]
         x = e[:, None, :].expand(r, spec.hc.count, -1).contiguous()                         # [R, S, H]

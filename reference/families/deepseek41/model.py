@@ -10,6 +10,8 @@ V4.1 deltas over ``reference.families.deepseek4.model`` (docs/V41.md), whose rou
              kv source that its query sees and its topk source chose (``reference.ops.v41_stream``). A layer first
              does its source duties on its own a (``prime``): pool (kv source), index keys (key owner), choose (topk
              source), each kept for the layers after it in the pass.
+    engram   on a site (``spec.engram``), before the attention sublayer: x = engram(x; the site's table rows of
+             each token's n-grams, ``bloomery_gates.engram_hash``) (``reference.ops.engram``)
     moe      sqrt-softplus + bias top-k, renormalised x routed_scale, clamped SwiGLU + the ungated shared expert
     final    rms(last_mix(x, lag), model.norm) = rms(sum_s pre_{2L-1}[s] x[s], model.norm); logits = final head^T
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from bloomery_gates.spec import Deepseek41Spec
 
+from ...ops import engram as reng
 from ...ops import mhc as rmhc
 from ...ops import mhc_lagged as rlag
 from ...ops import v41_stream as rs
@@ -92,15 +95,31 @@ def attention(spec: Deepseek41Spec, w: Weights, l: int, a: np.ndarray, ss: Strea
                                ss.chosen[s.topk_source] if s is not None else None)
 
 
-def input_rows(spec: Deepseek41Spec, w: Weights, l: int, state: np.ndarray) -> np.ndarray:
-    """Layer l's attention input from its input state [T, S+1, H]: rms(fold by the lag, input_layernorm)."""
+def input_rows(spec: Deepseek41Spec, w: Weights, l: int, state: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l's attention input from its input state [T, S+1, H]: rms(fold of the (engram-gated) streams by the
+    lag, input_layernorm)."""
     x, lag = rlag.unpack_lag(state)
+    x = engram_site(spec, w, l, x, ids)
     return rms_norm(rmhc.mhc_collapse(x, lag), w[P + f"layers.{l}.input_layernorm.weight"], spec.layer.rms_eps)
+
+
+def engram_site(spec: Deepseek41Spec, w: Weights, l: int, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Layer l's engram site on the streams x [T, S, H] (``reference.ops.engram``; x itself off a site)."""
+    e = spec.engram
+    site = e.site(l) if e is not None else None
+    if site is None:
+        return x
+    p = P + f"layers.{l}.engram."
+    idx = ns(x).asarray(e.rows(site, [int(i) for i in ids]), dtype=np.int64)
+    emb = w.rows(p + "embed.weight", idx.reshape(-1)).reshape(len(ids), -1)
+    return reng.engram(x, emb, w[p + "wkv.weight"], w[p + "k_norm.weight"], w[p + "q_norm.weight"],
+                       spec.layer.rms_eps)
 
 
 def decoder_layer(spec: Deepseek41Spec, w: Weights, l: int, state: np.ndarray, ids: np.ndarray,
                   ss: Streams) -> np.ndarray:
-    """Layer l over the whole sequence: state [T, S+1, H] (streams + lag) -> the next [T, S+1, H]."""
+    """Layer l over the whole sequence: state [T, S+1, H] (streams + lag) -> the next [T, S+1, H]; an engram site
+    gates the streams first (its attention's mixes and fold read the gated streams)."""
     hc, eps, p = spec.hc, spec.layer.rms_eps, P + f"layers.{l}."
 
     def attend(f: np.ndarray) -> np.ndarray:
@@ -109,6 +128,7 @@ def decoder_layer(spec: Deepseek41Spec, w: Weights, l: int, state: np.ndarray, i
         return attention(spec, w, l, a, ss)
 
     x, lag = rlag.unpack_lag(state)
+    x = engram_site(spec, w, l, x, ids)
     x, pre = rlag.lagged_sublayer(x, lag, w[p + "attn_hc.fn"], w[p + "attn_hc.base"], w[p + "attn_hc.scale"],
                                   hc.sinkhorn_iters, hc.eps, eps, attend)
     x, lag = rlag.lagged_sublayer(x, pre, w[p + "ffn_hc.fn"], w[p + "ffn_hc.base"], w[p + "ffn_hc.scale"],
@@ -130,15 +150,18 @@ def sources(spec: Deepseek41Spec, l: int) -> list[int]:
 
 def reference_layer(spec: Deepseek41Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
     """Layer l on its own: its input state h [T, S+1, H] at positions 0..T-1 -> [T, S+1, H]; a stream layer's
-    sources from their input states ``taps[src]`` (required there: a ValueError names the layer)."""
+    sources from their input states ``taps[src]``, an engram site's rows from the token ids (each required where
+    read: a ValueError names the layer)."""
     check_supported(spec)
     w, ss = as_f64(spec), Streams()
     need = sources(spec, l)
     if need and taps is None:
         raise ValueError(f"deepseek41 layer {l} reads the streams of layers {need}: pass the pass's taps")
-    for src in need:
-        prime(spec, w, ss, src, input_rows(spec, w, src, here(taps[src])))
+    if ids is None and spec.engram is not None and any(spec.engram.site(j) is not None for j in [*need, l]):
+        raise ValueError(f"deepseek41 layer {l} reads an engram site: pass the rows' token ids")
     tok = check_ids(spec, ids) if ids is not None else ns(here(h)).zeros(len(h), dtype=np.int64)
+    for src in need:
+        prime(spec, w, ss, src, input_rows(spec, w, src, here(taps[src]), tok))
     return decoder_layer(spec, w, l, here(h), tok, ss)
 
 
