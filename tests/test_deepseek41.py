@@ -352,7 +352,7 @@ def test_fixture_target_lines_pass_f32():
 
 def test_fixture_target_lines_pass_bf16_p0():
     """bf16, the first gate prompt (56 tokens): every (r) line passes. Not every prompt does (docs/V41.md 10):
-    on p3, p4, p5 and p7 a bf16 run flips a discrete choice at a near-tie (an expert of the router, whose scores
+    on p3, p6 and p7 a bf16 run flips a discrete choice at a near-tie (an expert of the router, whose scores
     differ by ~0.3% there, or a stream's top-4 among up to 64 entries scored by the untrained indexer) in a row the
     emulated reference does not flip, and that row's layer line exceeds its band; the gates' discrete choices need
     a choice-aware line (the kernel's choice replayed where the reference's margin is inside the band, as

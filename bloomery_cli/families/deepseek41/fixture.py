@@ -15,8 +15,8 @@ Shape: hidden 64, 5 layers (window 16): [window-only, a gated ratio-2 source wit
 reader of all three, a reader with its own query, an ungated ratio-1 source] (indexer 16 heads x 8, top-4), 4 heads
 x 32 over one K = V head, rope 8, q latent 24, 2 output groups x 16, 6 experts x 24 top-2 x1.5 with a shared expert,
 4 streams, untied head. At the gates' prompts (40..64 tokens) the window drops keys and both choices are sparse
-(ratio 2: 20..32 entries, ratio 1: 40..64, top-4). What it does not carry, and the seed would require: an engram site
-(docs/V41.md 10).
+(ratio 2: 20..32 entries, ratio 1: 40..64, top-4). One engram site, on layer 1 (the seed's served sites are 1 and 14),
+2 heads per order up to 3-grams, rows of 16, the hash constants ``fixture_gguf.engram_hash`` makes.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def dims(vocab: int) -> Dims:
     cap); an indexer of 16 heads x 8, as deepseek4's fixture (with 2 heads the ReLU scores of many entries are
     exactly 0 or nearly, ties at the top-k boundary that a bf16 run breaks otherwise than the reference)."""
     return Dims(h=64, v=vocab, layers=5, window=16, experts=6, ff=24, ratios=(0, 2, 2, 2, 1),
-                parts=("", "ckq", "", "q", "ckq"), index_heads=16, index_dim=8)
+                parts=("", "ckq", "", "q", "ckq"), index_heads=16, index_dim=8, engram_layers=(1,))
 
 
 @dataclass
