@@ -223,8 +223,8 @@ def test_reference_deltas_change_the_logits(spec, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- the engine
 
-def target_report(spec, tok, dtype: str) -> Report:
-    eng = kd.Deepseek41Target(spec, "cpu", TORCH[dtype], max_len=64, rows=4)
+def target_report(spec, tok, dtype: str, device: str = "cpu") -> Report:
+    eng = kd.Deepseek41Target(spec, device, TORCH[dtype], max_len=80, rows=4)
     p = eng.prefill(tok, logits=True)
     report = Report("t", emit=lambda line: None)
     check_target(report, FAMILIES["deepseek41"], spec, p, ref.forward(spec, tok), dtype, tok)
@@ -372,3 +372,20 @@ def test_fixture_fail_first_lagged_mix_applied_unlagged(monkeypatch):
     report = target_report(fspec, fixture_prompt(), "bf16")
     assert report.finish() == 1
     assert any(line.startswith("(r) target layer") and line.endswith("FAIL") for line in report.lines), report.lines
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine on CUDA: run on the device")
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_fixture_target_lines_cuda(dtype):
+    """The engine on CUDA against the host reference, every gate prompt: prints each prompt's verdict and failed
+    lines (the record), asserts f32 passes everywhere and bf16 on p0 (the CPU tests' claims, docs/V41.md 10)."""
+    from bloomery_cli.loading import load_target
+
+    fspec = load_target(FIXTURE)
+    verdicts = []
+    for i, p in enumerate(fixture_prompts()):
+        report = target_report(fspec, p, dtype, "cuda")
+        verdicts.append(report.finish())
+        print(f"cuda {dtype} p{i}: exit {verdicts[-1]}", *[line for line in report.lines if line.endswith("FAIL")],
+              sep="\n  ")
+    assert verdicts[0] == 0 and (dtype == "bf16" or not any(verdicts)), verdicts
