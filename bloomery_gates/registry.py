@@ -172,7 +172,8 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
            code={"read_gguf": C + "families.deepseek41.reader_gguf:deepseek41_from_gguf",
                  "engine": K + "deepseek41.model:Deepseek41Target", "reference": R + "deepseek41.model:forward",
                  "reference_layer": R + "deepseek41.model:reference_layer",
-                 "final_norm": R + "deepseek41.model:final_norm", "layer_ops": QWEN3_OPS}),
+                 "final_norm": R + "deepseek41.model:final_norm",
+                 "state": G + "state_decls_deepseek41:DEEPSEEK41_STATE", "layer_ops": QWEN3_OPS}),
     Family("nemotron", "NVIDIA Nemotron-H (Mamba-2 hybrid)", related_types=("nemotron_h", "nemotron_h_moe"),
            plan_as="nemotron"),
 )}

@@ -276,6 +276,54 @@ def test_engine_verify_commit_and_passes_agree(spec):
     assert torch.equal(torch.stack(one), torch.stack(four))
 
 
+def state_report(spec, dtype: str, plant=None) -> Report:
+    """The target's state lines (gates/state_decls_deepseek41.py) after a prompt of 16 and a verify of 4 with 2
+    committed, as a gate's state check reads them: the engine's caches against the reference's fresh run."""
+    from types import SimpleNamespace
+
+    from bloomery_cli.state_check import StateRun, compare
+    from bloomery_gates.gates.state_decls_deepseek41 import DEEPSEEK41_STATE
+    from bloomery_gates.reference.rounding import emulate
+
+    tok = ids(22, 3)
+    eng = kd.Deepseek41Target(spec, "cpu", TORCH[dtype], max_len=64, rows=4)
+    eng.prefill(tok[:16])
+    eng.verify(tok[16:20])
+    eng.commit(2)
+    if plant is not None:
+        plant(eng)
+    emitted = tok[16:19]                      # committed 16 + 2; the anchor tok[18]
+    seq = [*tok[:16], *emitted]
+    emu = StateRun(spec, None, dtype, tok[:16], emitted, SimpleNamespace(ids=[]), 1, ref.forward,
+                   ref=emulate(dtype, lambda: ref.forward(spec, seq)))
+    run = StateRun(spec, None, dtype, tok[:16], emitted, SimpleNamespace(ids=[]), 1, ref.forward,
+                   ref=ref.forward(spec, seq), emu=emu)
+    report = Report("s", emit=lambda line: None)
+    decl = DEEPSEEK41_STATE[0]
+    compare(report, run, decl, decl.read(eng, run))
+    return report
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_state_lines_pass(spec, dtype):
+    """One line per layer's window KV and per stream source's k|z (layers 1 and 4), each within its band."""
+    report = state_report(spec, dtype)
+    assert report.finish() == 0, report.lines
+    assert sum(1 for line in report.lines if "k_cache" in line) == D.layers
+    assert sum(1 for line in report.lines if "stream source" in line) == 2
+
+
+def test_fail_first_state_stream_cache_one_row_off_bf16(spec):
+    """A source's projections one position off (the pass's rows written at p0 + 1): its state line FAILs."""
+    def shift(eng):
+        c = eng.stream_cache[1]
+        c.k[1:] = c.k[:-1].clone()
+
+    report = state_report(spec, "bf16", shift)
+    assert report.finish() == 1
+    assert any("stream source" in line and line.endswith("FAIL") for line in report.lines), report.lines
+
+
 def _unlagged(x, lag, fn, base, scale, iters, eps, norm_eps, sublayer):
     """The defect: a V4.1 lagged mix applied unlagged (each sublayer folded by its own pre, V4's HcMix::Own)."""
     w = kmhc.mhc_weights(x, fn, base, scale, iters, eps, norm_eps)
