@@ -180,6 +180,26 @@ def test_reference_definitions(spec):
         ref.reference_layer(spec, 2, out.hidden[2], ids=tok)
 
 
+def test_reference_runs_on_the_strict_device_bit_for_bit(spec):
+    """forward, reference_layer (a reader of layer 1's stream, and the engram site of layer 3 with its ids and
+    taps) and final_norm on the strict fake device (NumPy that refuses a host array, as CuPy does) give the host's
+    bits: no host array is built mid-run by the lagged mixes, the streams or the engram."""
+    from fake_xp import fake_device
+
+    from bloomery_gates.reference import xp as rxp
+
+    tok = ids()
+    host = ref.forward(spec, tok)
+    with rxp.on(fake_device()):
+        dev = ref.forward(spec, tok)
+        taps = rxp.here(host.hidden)
+        got = [rxp.to_host(dev.hidden), rxp.to_host(dev.logits),
+               rxp.to_host(ref.reference_layer(spec, 3, taps[3], taps=taps, ids=tok)),
+               rxp.to_host(ref.final_norm(spec, taps[-1]))]
+    for a, b in zip(got, (host.hidden, host.logits, host.hidden[4], host.final), strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_reference_streams_are_shared_and_sparse(spec):
     """A reader's entries are its source's: layer 2 (no compressor) attends layer 1's pool; layer 3 chooses with
     its own query on layer 1's keys, so its choice differs from layer 1's; the ratio-2 choice keeps 4 of up to 8
