@@ -93,6 +93,10 @@ fixtures-ds4:
 fixtures-ds4-gguf:
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture_gguf --out fixtures
 
+# the deepseek41 fixture (DeepSeek V4.1 in the seed engine's GGUF layout, docs/V41.md), ~10 min on 2 busy CPU cores
+fixtures-ds41:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek41.fixture --out fixtures
+
 gate-qwen35moe-mtp *ARGS:
     bloomery gate run qwen35moe-mtp {{ARGS}}
 

@@ -118,11 +118,11 @@ def unweighted_rms(x: T, eps: float) -> T:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def q_heads(x: T, w: V4AttnWeights, num_heads: int, eps: float) -> tuple[T, T]:
-    """(q_res [R, ql], q [R, nh, d] before its rope)."""
+def q_heads(x: T, w: V4AttnWeights, num_heads: int, eps: float, q_head_norm: bool = True) -> tuple[T, T]:
+    """(q_res [R, ql], q [R, nh, d] before its rope; per-head RMS unless ``q_head_norm`` is False, V4.1)."""
     q_res = rms_norm(F.linear(x, w.q_a), w.q_a_norm, eps)
-    q = F.linear(q_res, w.q_b)
-    return q_res, unweighted_rms(q.view(q.shape[0], num_heads, -1), eps)
+    q = F.linear(q_res, w.q_b).view(x.shape[0], num_heads, -1)
+    return q_res, unweighted_rms(q, eps) if q_head_norm else q
 
 
 def kv_rows(x: T, w: V4AttnWeights, eps: float) -> T:
@@ -197,7 +197,7 @@ def grouped_output(o: T, o_a: T, o_b: T, groups: int) -> T:
 
 def v4_attention(x: T, w: V4AttnWeights, kind: str, num_heads: int, window: int, rope: Rope, eps: float,
                  rate: int = 0, index_heads: int = 0, index_topk: int = 0, groups: int = 1, p0: int = 0,
-                 cache: V4Cache | None = None) -> tuple[T, T | None]:
+                 cache: V4Cache | None = None, q_head_norm: bool = True) -> tuple[T, T | None]:
     """Rows x [R, H] at positions p0.. -> (y [R, H], chosen [R, k] or None). The rows' kv and projections are
     written into ``cache`` at p0.. (without one, a cache of the pass's own rows and p0 = 0); the keys are the
     cache's whole buffer [cap, d] and every entry slot [cap // m, d] with a mask (unwritten slots masked), so a
@@ -210,7 +210,7 @@ def v4_attention(x: T, w: V4AttnWeights, kind: str, num_heads: int, window: int,
         cache = V4Cache.empty(r, kind, w.kv.shape[0], di, x.device, x.dtype)
     cap = cache.kv.shape[0]
     pos = torch.arange(p0, end, device=x.device)
-    q_res, q = q_heads(x, w, num_heads, eps)
+    q_res, q = q_heads(x, w, num_heads, eps, q_head_norm)
     q = tail_rope(q, pos, rope)
     cache.kv[p0:end] = tail_rope(kv_rows(x, w, eps), pos, rope)
     keys, mask, chosen = cache.kv, sliding_mask(pos, torch.arange(cap, device=x.device), window), None

@@ -137,11 +137,13 @@ def unweighted_rms(x: np.ndarray, eps: float) -> np.ndarray:
     return st(x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
-def q_heads(x: np.ndarray, w: V4AttnWeights, num_heads: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """(q_res [T, ql], q [T, nh, d] normed per head, before its rope) from rows x [T, H]."""
+def q_heads(x: np.ndarray, w: V4AttnWeights, num_heads: int, eps: float, q_head_norm: bool = True
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(q_res [T, ql], q [T, nh, d] normed per head, before its rope) from rows x [T, H]; ``q_head_norm`` False
+    (DeepSeek V4.1, docs/V41.md section 5): q [T, nh, d] as projected, no per-head RMS."""
     q_res = rms_norm(linear(x, w.q_a), w.q_a_norm, eps)
-    q = linear(q_res, w.q_b)
-    return q_res, unweighted_rms(q.reshape(q.shape[0], num_heads, -1), eps)
+    q = linear(q_res, w.q_b).reshape(x.shape[0], num_heads, -1)
+    return q_res, unweighted_rms(q, eps) if q_head_norm else q
 
 
 def kv_rows(x: np.ndarray, w: V4AttnWeights, eps: float) -> np.ndarray:
@@ -229,14 +231,14 @@ def grouped_output(o: np.ndarray, o_a: np.ndarray, o_b: np.ndarray, groups: int)
 
 
 def v4_attention(x: np.ndarray, w: V4AttnWeights, kind: str, num_heads: int, window: int, rope: Rope,
-                 eps: float, rate: int = 0, index_heads: int = 0, index_topk: int = 0, groups: int = 1
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
+                 eps: float, rate: int = 0, index_heads: int = 0, index_topk: int = 0, groups: int = 1,
+                 q_head_norm: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """One V4 attention on rows x [T, H] at positions 0..T-1 -> (y [T, H], the CSA indexer's chosen [T, k] or
     None). ``kind`` "sliding" | "csa" | "hca"; ``rope`` the layer's (main on sliding, compress otherwise)."""
     xp, x = common(x)
     t = x.shape[0]
     pos = xp.arange(t)
-    q_res, q = q_heads(x, w, num_heads, eps)
+    q_res, q = q_heads(x, w, num_heads, eps, q_head_norm)
     q = tail_rope(q, pos, rope)
     kv = tail_rope(kv_rows(x, w, eps), pos, rope)
     keys, mask, chosen = kv, sliding_mask(pos, pos, window), None

@@ -1,0 +1,45 @@
+"""The deepseek41 family's spec (docs/ARCHITECTURE.md, "Adding a family", place 2; docs/V41.md): a relative of
+deepseek4 with its V4.1 slots named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...engram_hash import EngramHash
+from .deepseek4 import Deepseek4Spec
+
+
+@dataclass(frozen=True)
+class V41Stream:
+    """A compressed layer's stream (docs/V41.md 6, the seed's ``walk_streams``): ``ratio`` m tokens per entry, and
+    the layers it reads: ``kv_source`` (the compressor that pools the entries), ``key_source`` (the index keys),
+    ``topk_source`` (the indexer query whose choice it attends); each the last layer at or before it carrying that
+    part, itself when it carries it."""
+
+    ratio: int
+    kv_source: int
+    key_source: int
+    topk_source: int
+
+
+@dataclass(frozen=True)
+class Deepseek41Spec(Deepseek4Spec):
+    """A deepseek41 target (DeepSeek V4.1; the seed engine's ``deepseek41`` GGUF, docs/V41.md): V4's layers with
+    the V4.1 deltas as named slots. ``hc_mix`` "lagged" (a sublayer folds its input with the previous sublayer's
+    ``pre``, the first with a one-hot; the seed's ``HcMix::Lagged``), ``collapse`` "last_mix" (the streams collapse
+    before the output norm with the last FFN's ``pre``; no trained HC head, ``Collapse::LastMix``), ``q_head_norm``
+    False (no unweighted per-head RMS of q before its rope). ``layer_types`` "sliding" (window only) | "stream" (the
+    window and a compressed stream, ``streams[l]``, None on a sliding layer). The layer state is (streams, lag):
+    taps [T, S+1, H] (``reference.ops.mhc_lagged.pack_lag``). Tensors keep deepseek4's HF names (no
+    ``model.hc_head.*``); a stream layer's own parts under ``self_attn.compressor.{kv_proj, gate_proj, kv_norm}``,
+    ``self_attn.indexer.{k_proj, k_norm, q_b_proj, weights_proj}``. ``engram``: the engram sites' dimensions and
+    hash constants (None: no site); a site's tensors under ``engram.{embed, wkv, k_norm, q_norm}.weight``."""
+
+    hc_mix: str = "lagged"
+    collapse: str = "last_mix"
+    q_head_norm: bool = False
+    streams: tuple[V41Stream | None, ...] = ()
+    engram: EngramHash | None = None
+
+    def stream(self, layer: int) -> V41Stream | None:
+        return self.streams[layer] if self.streams else None
