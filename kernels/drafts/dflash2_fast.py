@@ -90,11 +90,8 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         """Context K/V at positions p0 + r from target taps [L+1, R, H] (graph-safe)."""
         s, ops = self.shape, self.ops
         nq, nkv, d, eps = s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps
-        last = taps.shape[0] - 1
-        feats = [taps[l + 1] if l + 1 < last else ops.rms(taps[last], self.target32, self.target_eps)
-                 for l in self.spec.target_layer_ids]
-        u = ops.proj(torch.cat(feats, dim=-1), self.fc, None, eps, rp=self.ext_rp)
-        u = ops.rms(u, self.hidden32, eps)
+        u = context_features(taps, self.spec.target_layer_ids, self.fc, self.hidden32, eps, self.target32,
+                             self.target_eps, ops, self.ext_rp)
         for i, w in enumerate(self.flayers):
             kv = ops.proj(u, w.wqkv[nq * d:], None, eps, rp=self.ext_rp)
             ops.qk_rope_store(kv, 0, nkv, d, None, w.k_norm, self.cos, self.sin, p0, self.k_ctx[i, 0],

@@ -1,13 +1,20 @@
-"""Fused selector scores + greedy walk (Triton): one launch for all B-1 slots of a block.
+"""Fused selector scores + greedy walk (Triton): two launches for all B-1 slots of a block.
 
-One program per block (leading batch index n), looping over the slots j in order:
+Scores: one program per slot (n, j), all slots at once (each slot's scores read only its own candidates and its
+predecessor's, never the walk):
 
     pred[p]  = anchor if j == 0 else cand[j-1, p]                      (P_1 = anchor, P_j = C_{j-1})
     S_j[p,c] = unary[j, c] + sum_r A[pred[p], r] * g[j, r] * Bs[cand[j, c], r]     float32, r in tiles of BR
+
+Walk: one program per block n, over the slots j in order, reading the stored scores:
+
     row      = S_j[prev, :] ;  idx_j = min{c : row[c] == max(row)} ;  ids_j = cand[j, idx_j] ;  prev = idx_j
 
 Same signature and results as ``kernels.ops.selector.scores_and_walk`` (the torch path); the walk
 breaks ties to the lowest candidate index, and the scores of every slot are written out (for checks).
+Why two launches: one program walking the slots and gathering the codebook rows of each in turn was latency-bound
+(0.115 ms for B-1 = 7 slots at K = 16, r = 256 on the H200: ``bloomery bench --profile``'s draft block); the
+gathers of the slots now run side by side and the walk reads 7 x K x K floats.
 """
 
 from __future__ import annotations
@@ -18,33 +25,41 @@ import triton.language as tl
 
 
 @triton.jit
-def _select_kernel(cand_ptr, unary_ptr, g_ptr, a_ptr, b_ptr, anchor_ptr, s_ptr, idx_ptr, ids_ptr,
-                   J, K, R, KP: tl.constexpr, BR: tl.constexpr):
-    n = tl.program_id(0)
+def _scores_kernel(cand_ptr, unary_ptr, g_ptr, a_ptr, b_ptr, anchor_ptr, s_ptr, J, K, R, KP: tl.constexpr,
+                   BR: tl.constexpr):
+    slot = tl.program_id(0)            # n * J + j
+    n = slot // J
+    j = slot % J
     kk = tl.arange(0, KP)
     km = kk < K
     rr = tl.arange(0, BR)
     anchor = tl.load(anchor_ptr + n).to(tl.int64)
+    cand = tl.load(cand_ptr + slot * K + kk, mask=km, other=0).to(tl.int64)
+    before = tl.load(cand_ptr + (slot - 1) * K + kk, mask=km & (j > 0), other=0).to(tl.int64)
+    pred = tl.where(j > 0, before, anchor)
+    acc = tl.zeros([KP, KP], dtype=tl.float32)
+    for r0 in range(0, R, BR):
+        rm = (r0 + rr) < R
+        gv = tl.load(g_ptr + slot * R + r0 + rr, mask=rm, other=0.0).to(tl.float32)
+        av = tl.load(a_ptr + pred[:, None] * R + r0 + rr[None, :], mask=km[:, None] & rm[None, :],
+                     other=0.0).to(tl.float32)
+        bv = tl.load(b_ptr + cand[:, None] * R + r0 + rr[None, :], mask=km[:, None] & rm[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum((av * gv[None, :])[:, None, :] * bv[None, :, :], axis=2)
+    u = tl.load(unary_ptr + slot * K + kk, mask=km, other=0.0).to(tl.float32)
+    tl.store(s_ptr + slot * K * K + kk[:, None] * K + kk[None, :], u[None, :] + acc, mask=km[:, None] & km[None, :])
+
+
+@triton.jit
+def _walk_kernel(cand_ptr, s_ptr, idx_ptr, ids_ptr, J, K, KP: tl.constexpr):
+    n = tl.program_id(0)
+    kk = tl.arange(0, KP)
+    km = kk < K
     prev = n * 0
     for j in range(0, J):
         slot = n * J + j
         cand = tl.load(cand_ptr + slot * K + kk, mask=km, other=0).to(tl.int64)
-        before = tl.load(cand_ptr + (slot - 1) * K + kk, mask=km & (j > 0), other=0).to(tl.int64)
-        pred = tl.where(j > 0, before, anchor)
-        acc = tl.zeros([KP, KP], dtype=tl.float32)
-        for r0 in range(0, R, BR):
-            rm = (r0 + rr) < R
-            gv = tl.load(g_ptr + slot * R + r0 + rr, mask=rm, other=0.0).to(tl.float32)
-            av = tl.load(a_ptr + pred[:, None] * R + r0 + rr[None, :], mask=km[:, None] & rm[None, :],
-                         other=0.0).to(tl.float32)
-            bv = tl.load(b_ptr + cand[:, None] * R + r0 + rr[None, :], mask=km[:, None] & rm[None, :],
-                         other=0.0).to(tl.float32)
-            acc += tl.sum((av * gv[None, :])[:, None, :] * bv[None, :, :], axis=2)
-        u = tl.load(unary_ptr + slot * K + kk, mask=km, other=0.0).to(tl.float32)
-        s = u[None, :] + acc
-        tl.store(s_ptr + slot * K * K + kk[:, None] * K + kk[None, :], s, mask=km[:, None] & km[None, :])
-        row = tl.sum(tl.where(kk[:, None] == prev, s, 0.0), axis=0)
-        row = tl.where(km, row, float("-inf"))
+        row = tl.load(s_ptr + slot * K * K + prev * K + kk, mask=km, other=float("-inf"))
         best = tl.max(row, axis=0)
         idx = tl.min(tl.where(km & (row == best), kk, KP), axis=0)
         tl.store(idx_ptr + slot, idx.to(tl.int64))
@@ -68,6 +83,8 @@ def scores_and_walk(cand: torch.Tensor, unary: torch.Tensor, g: torch.Tensor, a:
     kp = max(2, triton.next_power_of_2(k))
     br = max(2, min(triton.next_power_of_2(r), 8192 // (kp * kp)))
     anc = anchor.reshape(-1).to(device=dev, dtype=torch.int64).contiguous()
-    _select_kernel[(n,)](cand.contiguous().to(torch.int64), unary.float().contiguous(), g.contiguous(),
-                         a.contiguous(), bs.contiguous(), anc, s, idx, ids, j, k, r, KP=kp, BR=br)
+    cand = cand.contiguous().to(torch.int64)
+    _scores_kernel[(n * j,)](cand, unary.float().contiguous(), g.contiguous(), a.contiguous(), bs.contiguous(), anc,
+                             s, j, k, r, KP=kp, BR=br)
+    _walk_kernel[(n,)](cand, s, idx, ids, j, k, KP=kp)
     return s, idx, ids
