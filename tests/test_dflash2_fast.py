@@ -144,3 +144,19 @@ def test_fail_first_host_read_in_the_walk_is_caught(monkeypatch):
     fast.inp.put([fast.ctx_len, 5])
     with no_host_reads(), pytest.raises(HostRead):
         fast.propose_graph.run(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mult,cap", [(1.0, None), (0.5, None), (1.0, 3.0), (0.7, 2.5)])
+def test_head_logits_into_out_equals_the_returned_logits(mult, cap, dtype):
+    """The fast draft's head writes into its static logits buffer (``head_logits(..., out=)``): the same values, bit
+    for bit, as the eager draft's returned logits; FAIL-first: a buffer that skips the multiplier differs."""
+    from bloomery_gates.kernels.ops.selector import head_logits
+
+    gen = torch.Generator().manual_seed(3)
+    rows, head = (torch.randn(5, 32, generator=gen) * 2).to(dtype), torch.randn(50, 32, generator=gen).to(dtype)
+    want = head_logits(rows, head, mult, cap)
+    out = torch.full((5, 50), float("nan"))
+    assert head_logits(rows, head, mult, cap, out=out) is out and torch.equal(out, want)
+    if mult != 1.0:
+        assert not torch.equal(head_logits(rows, head, 1.0, cap, out=out), want)

@@ -32,8 +32,14 @@ class Selection:
 
 
 def head_logits(final: torch.Tensor, head: torch.Tensor, multiplier: float = 1.0,
-                softcap: float | None = None) -> torch.Tensor:
-    """final [..., H], head [V, H] -> float32 logits [..., V] (product in the storage dtype)."""
+                softcap: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """final [..., H], head [V, H] -> float32 logits [..., V] (product in the storage dtype); into ``out`` (float32,
+    the same values: the product cast into it, then scaled and capped in place) when given."""
+    if out is not None:
+        l = out.copy_(F.linear(final, head))
+        if multiplier != 1.0:
+            l.mul_(multiplier)
+        return l.div_(softcap).tanh_().mul_(softcap) if softcap else l
     l = F.linear(final, head).float()
     if multiplier != 1.0:
         l = l * multiplier
