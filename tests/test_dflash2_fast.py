@@ -14,6 +14,7 @@ from test_qwen38_fast import HostRead, no_host_reads
 from bloomery_cli import bands
 from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
 from bloomery_cli.speculative import generate
+from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.drafts.dflash2 import DFlash2Draft
 from bloomery_gates.kernels.drafts.dflash2_fast import FastDFlash2Draft
 from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
@@ -160,3 +161,41 @@ def test_head_logits_into_out_equals_the_returned_logits(mult, cap, dtype):
     assert head_logits(rows, head, mult, cap, out=out) is out and torch.equal(out, want)
     if mult != 1.0:
         assert not torch.equal(head_logits(rows, head, 1.0, cap, out=out), want)
+
+
+class _Graphed(Both):
+    """The fast draft's proposals from its graph replay (``propose`` without detail: what the bench and the device
+    loop run), each compared with the eager draft's: walked ids equal, logits (``logits_buf`` after the replay)
+    inside the band."""
+
+    def propose(self, anchor):
+        a, ids = self.eager.propose(anchor, detail=True), self.fast.propose(anchor).ids
+        self.ids_equal &= a.ids == ids
+        self.worst = max(self.worst, bands.worst_rel(self.fast.logits_buf.double().cpu().numpy(),
+                                                     a.logits.double().cpu().numpy()))
+        return a
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and ktriton.available("cuda")),
+                    reason="the Triton decode ops and CUDA graphs need CUDA and triton")
+def test_triton_graphed_fast_dflash2_matches_eager_on_cuda():
+    """impl="triton" with CUDA graphs (gemv ``proj``, the qk-rope store, the split attention, the conv and selector
+    kernels, one replay a propose and a graph per extension width) against the eager torch draft on the same
+    engine, f32: every proposal's ids equal, logits inside the derived band, the run lossless."""
+    dev = torch.device("cuda")
+    s = HYBRID_SHAPES["qwen38-tiny"]
+    tspec, _ = random_qwen38(s, dev, torch.float32)
+    dspec = random_dflash2(s, tspec, 4, dev, torch.float32)
+    for k in [k for k in dspec.tensors if k.endswith("self_attn.o_proj.weight")]:
+        dspec.tensors[k] = dspec.tensors[k] * ATTN_GAIN
+    eng = FastQwen38Target(tspec, dev, torch.float32, 96, 4, max_width=4, impl="triton")
+    fast = FastDFlash2Draft(dspec, eng, 96, impl="triton")
+    assert fast.ops.name == "triton" and fast.propose_graph.enabled
+    both = _Graphed(DFlash2Draft(dspec, eng, 96, impl="torch"), fast,
+                    bands.logits_band("f32", dspec.layer, dspec.num_layers, 64).value)
+    run = generate(eng, both, IDS[:10], 32)
+    plain = generate(FastQwen38Target(tspec, dev, torch.float32, 96, 4, max_width=4, impl="triton"), None,
+                     IDS[:10], 32).ids
+    assert both.ids_equal and both.worst < both.band, (both.worst, both.band)
+    assert run.ids == plain and run.tally.windows > 3 and fast.propose_graph.graphs
