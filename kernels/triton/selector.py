@@ -12,7 +12,8 @@ Walk: one program per block n, over the slots j in order, reading the stored sco
 
 Same signature and results as ``kernels.ops.selector.scores_and_walk`` (the torch path); the walk
 breaks ties to the lowest candidate index, and the scores of every slot are written out (for checks).
-Why two launches: one program walking the slots and gathering the codebook rows of each in turn was latency-bound
+The rank r and the slot count J are compile-time constants (fixed per draft; the loops over them unrolled
+or bounded at compile time, and the CPU interpreter runs them). Why two launches: one program walking the slots and gathering the codebook rows of each in turn was latency-bound
 (0.115 ms for B-1 = 7 slots at K = 16, r = 256 on the H200: ``bloomery bench --profile``'s draft block); the
 gathers of the slots now run side by side and the walk reads 7 x K x K floats.
 """
@@ -25,8 +26,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _scores_kernel(cand_ptr, unary_ptr, g_ptr, a_ptr, b_ptr, anchor_ptr, s_ptr, J, K, R, KP: tl.constexpr,
-                   BR: tl.constexpr):
+def _scores_kernel(cand_ptr, unary_ptr, g_ptr, a_ptr, b_ptr, anchor_ptr, s_ptr, J, K, R: tl.constexpr,
+                   KP: tl.constexpr, BR: tl.constexpr):
     slot = tl.program_id(0)            # n * J + j
     n = slot // J
     j = slot % J
@@ -51,7 +52,7 @@ def _scores_kernel(cand_ptr, unary_ptr, g_ptr, a_ptr, b_ptr, anchor_ptr, s_ptr, 
 
 
 @triton.jit
-def _walk_kernel(cand_ptr, s_ptr, idx_ptr, ids_ptr, J, K, KP: tl.constexpr):
+def _walk_kernel(cand_ptr, s_ptr, idx_ptr, ids_ptr, J: tl.constexpr, K, KP: tl.constexpr):
     n = tl.program_id(0)
     kk = tl.arange(0, KP)
     km = kk < K
