@@ -137,7 +137,7 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         rows = self.ops.rms(h[1:], self.norm32, self.shape.rms_eps)                           # [B-1, H]
         head_logits(rows, self.head, sp.output_multiplier, sp.final_logit_softcapping, out=self.logits_buf)
         g = self.ops.proj(rows, self.w_hp, None, self.shape.rms_eps, rp=self.rp)
-        sel = select(self.logits_buf, g, anchor[0], self.a, self.bs, sp.selector_top_k, self.fused)
+        sel = select(self.logits_buf, g, anchor[0], self.a, self.bs, sp.selector_top_k, self.fused, self.topk)
         self.ids_buf.copy_(sel.ids)
         if rec is not None:
             rec["sel"] = sel
