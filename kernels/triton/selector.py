@@ -113,7 +113,7 @@ def _topk_block_kernel(l_ptr, V, NB, key_ptr, K: tl.constexpr, KP: tl.constexpr,
     x = tl.load(l_ptr + row.to(tl.int64) * V + ids, mask=m, other=0.0).to(tl.float32)
     bits = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))                  # -0.0 -> +0.0
     okey = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-    key = tl.where(m, okey * 4294967296 + (4294967295 - ids.to(tl.int64)), NEG)
+    key = tl.where(m, okey * 4294967296 + ((4294967296 - ids.to(tl.int64)) - 1), NEG)      # int64 arithmetic
     out = tl.arange(0, KP)
     top = tl.full([KP], NEG, tl.int64)
     for t in tl.static_range(K):
@@ -130,7 +130,7 @@ def _topk_merge_kernel(key_ptr, l_ptr, V, NB, u_ptr, c_ptr, K: tl.constexpr, BM:
     key = tl.load(key_ptr + row.to(tl.int64) * NB * K + i, mask=i < NB * K, other=NEG)
     for t in tl.static_range(K):
         best = tl.max(key, axis=0)
-        c = 4294967295 - (best & 4294967295)
+        c = (4294967296 - (best - ((best >> 32) << 32))) - 1             # the low word: 2^32 - 1 - id
         tl.store(c_ptr + row * K + t, c)
         tl.store(u_ptr + row * K + t, tl.load(l_ptr + row.to(tl.int64) * V + c))
         key = tl.where(key == best, NEG, key)
