@@ -69,6 +69,8 @@ def test_fast_dflash2_matches_eager_along_a_drafted_run():
     assert eager.ctx_len == fast.ctx_len
     band = bands.layer_band("f32", fast.shape, 1, eager.ctx_len).value
     assert _store_worst(fast, eager) < band
+    for f, e in zip(fast.layers, eager.layers, strict=True):          # the unstacked names: views of the stacks
+        assert all(torch.equal(getattr(f, n), getattr(e, n)) for n in ("wq", "wk", "wv", "wg", "wu", "wo", "wd"))
 
 
 class _Ops:

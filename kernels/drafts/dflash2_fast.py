@@ -25,17 +25,27 @@ Nothing inside either pass reads a device value back; the ids are read once afte
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from ..dispatch import decode_ops
-from ..families.qwen3.model import FusedLayer
+from ..families.qwen3.model import FusedLayer, LayerWeights
 from ..graphs import GraphSet, Staged, rows_pad
 from ..ops.selector import head_logits, select
 from .dflash import GraphedPropose, context_features
 from .dflash2 import ConvWeights, DFlash2Draft, Proposal
 
 T = torch.Tensor
+
+
+def _views(w: LayerWeights, f: FusedLayer, s) -> LayerWeights:
+    """``w`` with q/k/v and gate/up as row views of the stacked copies (the separate device copies freed where
+    nothing else holds them)."""
+    nq, nkv, i = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, f.wgu.shape[0] // 2
+    return dataclasses.replace(w, wq=f.wqkv[:nq], wk=f.wqkv[nq:nq + nkv], wv=f.wqkv[nq + nkv:], wg=f.wgu[:i],
+                               wu=f.wgu[i:])
 
 
 class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
@@ -48,6 +58,7 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         self.target = target
         self.ops = decode_ops(self.impl, self.device)
         self.flayers = [FusedLayer.of(w) for w in self.layers]
+        self.layers = [_views(w, f, self.shape) for w, f in zip(self.layers, self.flayers, strict=True)]
         f32 = lambda x: x.float().contiguous()  # noqa: E731
         self.norm32, self.hidden32, self.target32 = f32(self.norm), f32(self.hidden_norm), f32(self.target_norm)
         self.rp = rows_pad(self.b)                                # the propose's projections pad to this
