@@ -176,7 +176,7 @@ def test_fail_first_conv_leaking_across_blocks(tiny_target, monkeypatch):
 def test_fail_first_selector_reduced_to_argmax(tiny_target, monkeypatch):
     d = make_dflash2(tiny_target)
     real = ksel.select
-    argmax = lambda l, g, an, a, bs, k, fused: real(l, g, an, a, torch.zeros_like(bs), k, fused)  # noqa: E731
+    argmax = lambda l, g, an, a, bs, k, *impls: real(l, g, an, a, torch.zeros_like(bs), k, *impls)  # noqa: E731
     monkeypatch.setattr(kd2, "select", argmax)
     got, anchor = propose(tiny_target, d)
     ref = rd2.forward(d, tiny_target, rq.forward(tiny_target, PROMPT), anchor)

@@ -87,7 +87,7 @@ def test_gate_passes_on_fixture():
 @needs_fixture
 def test_gate_red_when_selector_reduced_to_argmax(monkeypatch):
     real = ksel.select
-    argmax = lambda l, g, an, a, bs, k, fused: real(l, g, an, a, torch.zeros_like(bs), k, fused)  # noqa: E731
+    argmax = lambda l, g, an, a, bs, k, *impls: real(l, g, an, a, torch.zeros_like(bs), k, *impls)  # noqa: E731
     monkeypatch.setattr(kd2, "select", argmax)
     code, rep, lines = _run()
     assert code == 1, "\n".join(rep.lines)

@@ -28,8 +28,13 @@ import torch
 SHAPES = {
     "qwen3-8b": [(6144, 4096, True, False), (4096, 4096, False, True), (4096, 12288, False, True)],
     "qwen38-27b": [(5120, 6144, False, True), (5120, 17408, False, True)],
+    # the DFlash2 draft at the 27B width (kernels/drafts/dflash2_fast.py), its own narrow weights: the conv kernel
+    # projections W_kp (20 slabs of 64 at one split: few programs), the stacked q/k/v, the selector's W_hp; its
+    # extension's fc (5 taps) and stacked k/v. Its o_proj / down_proj are the target's shapes above.
+    "qwen38-27b-dflash2": [(1280, 5120, False, False), (8192, 5120, False, False), (256, 5120, False, False),
+                           (5120, 25600, False, False), (2048, 5120, False, False)],
 }
-WIDE = {"qwen3-8b": [(24576, 4096, True, False)],
+WIDE = {"qwen3-8b": [(24576, 4096, True, False)], "qwen38-27b-dflash2": [],
         "qwen38-27b": [(34816, 5120, True, False), (16480, 5120, True, False), (14336, 5120, True, False)]}
 # (BN, BK, warps, stages, splits): slabs of 32..128 features, K in 1..8 splits (the sweeps before split-K: BN 16 and
 # 8 warps never won, results/h200/speed/*/gemv-cuda-bf16.json)

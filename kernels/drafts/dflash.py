@@ -32,14 +32,18 @@ from ..ops.rope import rope_tables
 
 
 def context_features(taps: torch.Tensor | list[torch.Tensor], layer_ids, fc, hidden_norm, eps: float,
-                     final_norm: torch.Tensor, target_eps: float) -> torch.Tensor:
+                     final_norm: torch.Tensor, target_eps: float, ops=None, rp: int | None = None) -> torch.Tensor:
     """taps: L+1 tensors [..., H], taps[l+1] = output of layer l before the final norm -> u [..., H].
 
     Feature j is HF's hidden_states[l_j + 1], which for the last layer (l_j = L-1) is post-final-norm.
+    With ``ops`` (``kernels.dispatch.decode_ops``; taps rows [R, H], the gains float32) the norms are ``ops.rms`` and
+    the fc is ``ops.proj`` (rows padded to ``rp``): the fast drafts' layout, the same math.
     """
     last = len(taps) - 1
-    feats = [taps[l + 1] if l + 1 < last else rms_norm(taps[last], final_norm, target_eps) for l in layer_ids]
-    return rms_norm(F.linear(torch.cat(feats, dim=-1), fc), hidden_norm, eps)
+    norm = rms_norm if ops is None else ops.rms
+    feats = [taps[l + 1] if l + 1 < last else norm(taps[last], final_norm, target_eps) for l in layer_ids]
+    x = torch.cat(feats, dim=-1)
+    return norm(F.linear(x, fc) if ops is None else ops.proj(x, fc, None, eps, rp=rp), hidden_norm, eps)
 
 
 def block_ids(anchor: torch.Tensor, mask_id: int, b: int) -> torch.Tensor:

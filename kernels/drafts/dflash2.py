@@ -14,7 +14,7 @@ The DFlash draft (``kernels.drafts.dflash``: context features and context K/V ca
    The proposal is the walked path d_1..d_{B-1}.
 
 ``impl``: "torch" (plain torch ops), "triton" (the fused kernels: one launch per conv sublayer side,
-one launch for the scores and walk of all B-1 slots) or "auto" (triton on CUDA when it imports).
+two for the top-K of all B-1 slots, two for their scores and walk) or "auto" (triton on CUDA when it imports).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..ops.mlp import swiglu
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from ..ops.selector import first_argmax, head_logits, scores, select, topk_candidates
-from ..triton import conv_impl, resolve_impl, select_impl
+from ..triton import conv_impl, resolve_impl, select_impl, topk_impl
 from .dflash import DFlashDraft, block_ids, context_features
 
 SELECTOR = "candidate_selector."
@@ -97,7 +97,7 @@ class DFlash2Draft(DFlashDraft):
     def __init__(self, spec: DFlash2Spec, target: Qwen3Target | Qwen38Target, max_len: int, impl: str = "auto"):
         super().__init__(spec, target, max_len)
         self.impl = resolve_impl(impl, self.device)
-        self.conv, self.fused = conv_impl(self.impl), select_impl(self.impl)
+        self.conv, self.fused, self.topk = conv_impl(self.impl), select_impl(self.impl), topk_impl(self.impl)
         cast = lambda x: x.to(device=self.device, dtype=self.dtype)  # noqa: E731
         self.convs = [ConvWeights.gather(spec.tensors, f"layers.{i}.", cast) for i in range(spec.num_layers)]
         self.w_hp = cast(spec.tensors[SELECTOR + "hidden_projection.weight"])
@@ -120,7 +120,8 @@ class DFlash2Draft(DFlashDraft):
             outs.append(h[0])
         rows = draft_rows(rms_norm(h[0], self.norm, self.shape.rms_eps))                      # [B-1, H]
         logits = head_logits(rows, self.head, sp.output_multiplier, sp.final_logit_softcapping)
-        sel = select(logits, F.linear(rows, self.w_hp), anchor_t, self.a, self.bs, sp.selector_top_k, self.fused)
+        sel = select(logits, F.linear(rows, self.w_hp), anchor_t, self.a, self.bs, sp.selector_top_k, self.fused,
+                     self.topk)
         ids = sel.ids.tolist()
         if not detail:
             return Proposal(ids)

@@ -32,8 +32,14 @@ class Selection:
 
 
 def head_logits(final: torch.Tensor, head: torch.Tensor, multiplier: float = 1.0,
-                softcap: float | None = None) -> torch.Tensor:
-    """final [..., H], head [V, H] -> float32 logits [..., V] (product in the storage dtype)."""
+                softcap: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """final [..., H], head [V, H] -> float32 logits [..., V] (product in the storage dtype); into ``out`` (float32,
+    the same values: the product cast into it, then scaled and capped in place) when given."""
+    if out is not None:
+        l = out.copy_(F.linear(final, head))
+        if multiplier != 1.0:
+            l.mul_(multiplier)
+        return l.div_(softcap).tanh_().mul_(softcap) if softcap else l
     l = F.linear(final, head).float()
     if multiplier != 1.0:
         l = l * multiplier
@@ -97,9 +103,9 @@ def scores_and_walk(cand: torch.Tensor, unary: torch.Tensor, g: torch.Tensor, a:
 
 
 def select(l: torch.Tensor, g: torch.Tensor, anchor: torch.Tensor, a: torch.Tensor, bs: torch.Tensor, k: int,
-           fused=scores_and_walk) -> Selection:
+           fused=scores_and_walk, topk=topk_candidates) -> Selection:
     """l [..., J, V] float32 logits, g [..., J, r], anchor [...] -> the Selection (``fused``: the
-    scores-and-walk implementation, this torch path or the Triton kernel)."""
-    unary, cand = topk_candidates(l, k)
+    scores-and-walk implementation, this torch path or the Triton kernel; ``topk`` likewise the top-K)."""
+    unary, cand = topk(l, k)
     s, idx, ids = fused(cand, unary, g, a, bs, anchor)
     return Selection(unary, cand, s, idx, ids)

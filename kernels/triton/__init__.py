@@ -66,6 +66,15 @@ def select_impl(impl: str):
     return scores_and_walk
 
 
+def topk_impl(impl: str):
+    """The selector's top-K of a resolved impl (same signature as ``ops.selector.topk_candidates``)."""
+    if impl == "triton":
+        from .selector import topk_candidates
+    else:
+        from ..ops.selector import topk_candidates
+    return topk_candidates
+
+
 def delta_impl(impl: str):
     """The delta-rule recurrence of a resolved impl: (q, k, v, g, b, state, s_out=None) -> (o, state after the
     last row), the triton kernel or ``ops.gated_deltanet.delta_recurrent`` (the torch scan)."""
