@@ -23,10 +23,18 @@ Routed experts (SwiGLU per expert, each stored op output rounded by ``st``):
 
 Shared expert: s_t = swiglu(x_t), scaled by sigmoid(x_t Wsg^T) (Wsg [1, H], Qwen's shared_expert_gate) or not.
 The router logits are float32 on the device (not stored in the run dtype), so no ``st`` is applied to them.
+
+Pinned routing (``pinned``, the gates' teacher-forced choice; CONTRACT.md "Routing flips"): inside ``pinned(ids)``
+the one router call of the block records its choice scores c [T, E] and its own ids [T, k] on the ``Pin`` and routes
+with ``ids`` instead (weights recomputed from its own scores at those ids); ``pinned(None)`` only records. Every
+ranking router here (softmax_topk, sigmoid_group_topk, ``router_v4.sqrtsoftplus_topk``) goes through ``chosen``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +53,47 @@ class Routing:
     ids: np.ndarray
     weights: np.ndarray
     choice: np.ndarray
+
+
+@dataclass
+class Pin:
+    """A pinned routing: ``ids`` [T, k] to route with (None: the router's own), and what the router saw: its choice
+    scores ``choice`` [T, E] and its own ids ``own`` [T, k] (None until a router ran)."""
+
+    ids: np.ndarray | None = None
+    choice: np.ndarray | None = None
+    own: np.ndarray | None = None
+
+
+_PIN: ContextVar[Pin | None] = ContextVar("bloomery_reference_pinned_routing", default=None)
+
+
+@contextmanager
+def pinned(ids: np.ndarray | None = None) -> Iterator[Pin]:
+    """Within the block the (one) ranking router routes with ``ids`` [T, k] (None: its own) and records on the Pin."""
+    token = _PIN.set(Pin(ids))
+    try:
+        yield _PIN.get()
+    finally:
+        _PIN.reset(token)
+
+
+def chosen(choice: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ids a router routes with: its own ``ids`` [T, k] chosen on ``choice`` [T, E], or inside ``pinned`` the
+    pinned ones (recording both). A second router call inside one block raises (a pin covers one layer's router)."""
+    pin = _PIN.get()
+    if pin is None:
+        return ids
+    if pin.own is not None:
+        raise ValueError("a pinned routing covers one router call; a second router ran inside the block")
+    pin.choice, pin.own = choice, ids
+    if pin.ids is None:
+        return ids
+    forced = ns(ids).asarray(pin.ids).astype(np.int64)
+    if forced.shape != ids.shape or int(forced.min()) < 0 or int(forced.max()) >= choice.shape[-1]:
+        raise ValueError(f"pinned ids {tuple(forced.shape)} for a router of {tuple(ids.shape)} over "
+                         f"{choice.shape[-1]} experts")
+    return forced
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -69,9 +118,9 @@ def router_logits(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def softmax_topk(logits: np.ndarray, k: int) -> Routing:
     """Softmax over all experts, top-k, renormalised (see the module docstring); logits [T, E]."""
     xp = ns(logits)
-    ids = topk_stable(logits, k)
-    chosen = xp.take_along_axis(logits, ids, axis=-1).astype(np.float64)
-    e = xp.exp(chosen - chosen.max(axis=-1, keepdims=True))
+    ids = chosen(logits, topk_stable(logits, k))
+    top = xp.take_along_axis(logits, ids, axis=-1).astype(np.float64)
+    e = xp.exp(top - top.max(axis=-1, keepdims=True))
     return Routing(ids, e / e.sum(axis=-1, keepdims=True), logits)
 
 
@@ -104,7 +153,7 @@ def sigmoid_group_topk(logits: np.ndarray, bias: np.ndarray, k: int, n_group: in
     xp, logits, bias = common(logits, bias)
     s = sigmoid(logits)
     c = s + bias
-    ids = group_limited_choice(c, k, n_group, topk_group)
+    ids = chosen(c, group_limited_choice(c, k, n_group, topk_group))
     w = xp.take_along_axis(s, ids, axis=-1)
     if norm:
         w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)
