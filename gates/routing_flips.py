@@ -98,7 +98,7 @@ def routed_layer(report: Report, l: int, layer: Layer, got_ids: np.ndarray, dtyp
     report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
                  f"(inside 2 x band {band.value:.3g} x max|c| of the f64 choice scores)",
                  flips.differ == flips.excused)
-    report.facts.setdefault("bands", []).append(
+    report.facts.setdefault("routing_flips", []).append(
         {"what": f"{what} choice scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
          "derivation": band.derivation})
     return exact.out, emu.out
