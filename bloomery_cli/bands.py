@@ -193,12 +193,14 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
     The kernel chose the experts got_row, the reference own_row (k each). Every expert b only the kernel chose
     outranked, on the kernel's scores, every expert a only the reference chose; each score may move by
     band * max|c|, so that is possible only if max_a c_a - min_b c_b <= 2 * band * max|c| (for k = 1 the greedy
-    rule's top-2 margin). Equal sets are no flip (True); a kernel row that repeats an expert is never excused.
+    rule's top-2 margin). Equal sets are no flip (True); a kernel row that repeats an expert is never excused; -1
+    (an empty slot of a choice over fewer visible entries than k) is no entry.
     """
     c = np.asarray(choice_row, dtype=np.float64)
-    own, got = {int(e) for e in own_row}, {int(e) for e in got_row}
+    got_ids = [int(e) for e in got_row if e >= 0]
+    own, got = {int(e) for e in own_row if e >= 0}, set(got_ids)
     extra, displaced = sorted(got - own), sorted(own - got)
-    if len(got) != len(got_row) or len(extra) != len(displaced):
+    if len(got) != len(got_ids) or len(extra) != len(displaced):
         return False
     if not extra:
         return True

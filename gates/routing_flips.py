@@ -1,27 +1,29 @@
-"""A MoE layer's (r) line with the routing the kernel chose (CONTRACT.md "Routing flips on the layer lines"), as
-``targets.greedy_flips`` excuses an argmax flip.
+"""A layer's (r) line with the discrete choices the kernel made (CONTRACT.md "Routing flips on the layer lines"), as
+``targets.greedy_flips`` excuses an argmax flip: a MoE layer's router, and named choices such as deepseek41's stream
+top-k (``Pass.choices``; ``reference.ops.moe.pinned`` keys).
 
-For layer l with the kernel's chosen experts K [T, k] (``Pass.routing[l].ids``), on the kernel's input to layer l:
+For layer l, the kernel's picks K_key [T, k] of every choice the reference layer makes (its router: key ``ROUTER``,
+``Pass.routing[l].ids``; a named one: ``Pass.choices[key]``), on the kernel's input to layer l:
 
-    exact run    the f64 reference layer, recording its router's choice scores c [T, E] and own ids R [T, k]
-                 (``reference.ops.moe.pinned(None)``)
-    emulated run the same under the dtype's storage rounding, ROUTED WITH K (``pinned(K)``): its band measures
-                 rounding, not a flip of its own; its scores c_emu [T, E] give the router's band
-    band_c       ``bands.emulated_band`` of c_emu against c (the layer's ops for e_acc)
-    row t        differs when set(K_t) != set(R_t); excused when ``bands.routing_flip_excused``: the experts only the
+    exact run    the f64 reference layer, recording each choice's scores c [T, n] and own ids R [T, k]
+    emulated run the same under the dtype's storage rounding, CONTINUING WITH K for every key: its band measures
+                 rounding, not a flip of its own; its scores c_emu give the choice's band
+    band_c       ``bands.emulated_band`` of c_emu against c (entries not visible, -inf, left out; the layer's ops)
+    row t        differs when set(K_t) != set(R_t); excused when ``bands.routing_flip_excused``: the entries only the
                  kernel chose score on c within 2 * band_c * max|c_t| of those only the reference chose
-    use          K_t on excused rows, R_t elsewhere; where use != R the exact run is repeated routed with ``use``
-                 (``pinned(use)``), so the layer line compares like with like on excused rows and an unexcused row
-                 keeps the reference's own experts (its jump stays on the layer line)
+    use          K_t on excused rows, R_t elsewhere; where use != R the exact run is repeated continuing with ``use``
+                 (``pinned``), so the layer line compares like with like on excused rows and an unexcused row keeps
+                 the reference's own choice (its jump stays on the layer line)
 
-The routing line ``(r) target routing of layer l [T x k] vs host f64 choice: T checked, d differ, e excused ...``
-fails unless d == e. A layer whose reference ranks nothing (a hash layer: the table chose) gets no routing line and
-its layer line runs as before.
+One line per choice, at the layer that makes it: ``(r) target <name> [T x k] vs host f64 choice: T checked, d differ,
+e excused ...``, failing unless d == e (name: ``routing of layer l``, or the key). A later layer that re-makes an
+earlier layer's choice (deepseek41: a stream reader re-primes its sources from their input taps) reuses that layer's
+``use``. A choice the kernel does not report (a hash layer's table) runs unpinned and gets no line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,7 @@ import numpy as np
 from bloomery_cli.bands import Band, Op, emulated_band, routing_flip_excused
 from bloomery_cli.contract import Report
 
-from ..reference.ops.moe import pinned
+from ..reference.ops.moe import ROUTER, pinned
 from ..reference.rounding import emulate
 from ..reference.xp import run
 
@@ -37,68 +39,86 @@ Layer = Callable[[], np.ndarray]
 
 
 @dataclass
-class Routed:
-    """One run of a layer under a pin: its output, the router's choice scores [T, E] and own ids [T, k] (None when
-    no ranking router ran)."""
+class Chosen:
+    """One run of a layer under pins: its output and each choice's (scores [T, n], own ids [T, k])."""
 
     out: np.ndarray
-    choice: np.ndarray | None
-    own: np.ndarray | None
+    seen: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def routed_run(layer: Layer, ids: np.ndarray | None) -> Routed:
-    """layer() inside ``pinned(ids)`` (a fresh pin per run: ``reference.xp.run`` may run it twice to compare)."""
-    def compute() -> Routed:
-        with pinned(ids) as pin:
+def pinned_run(layer: Layer, pins: Mapping[str, np.ndarray]) -> Chosen:
+    """layer() inside ``pinned(pins)`` (a fresh pin per run: ``reference.xp.run`` may run it twice to compare)."""
+    def compute() -> Chosen:
+        with pinned(dict(pins)) as pin:
             out = layer()
-        return Routed(out, pin.choice, pin.own)
+        return Chosen(out, dict(pin.seen))
     return run(compute)
 
 
 @dataclass
 class Flips:
-    """Rows whose chosen set differs, the excused ones among them, and the ids the exact run routes with."""
+    """Rows whose chosen set differs, the excused ones among them, and the ids the exact run continues with."""
 
     differ: int
     excused: int
     use: np.ndarray
 
 
-def routing_flips(choice: np.ndarray, own: np.ndarray, got: np.ndarray, band: Band) -> Flips:
-    """choice c [T, E], own R [T, k], got K [T, k] -> Flips (module docstring)."""
+def routing_flips(scores: np.ndarray, own: np.ndarray, got: np.ndarray, band: Band) -> Flips:
+    """scores c [T, n], own R [T, k], got K [T, k] -> Flips (module docstring); -1 (an empty slot) is no entry."""
     own, got = np.asarray(own, dtype=np.int64), np.asarray(got, dtype=np.int64)
     if own.shape != got.shape:
-        raise ValueError(f"kernel routing {got.shape} against the reference's {own.shape}")
+        raise ValueError(f"kernel choice {got.shape} against the reference's {own.shape}")
     use, differ, excused = own.copy(), 0, 0
     for t in range(own.shape[0]):
-        if set(own[t].tolist()) == set(got[t].tolist()) and len(set(got[t].tolist())) == got.shape[1]:
+        g = got[t][got[t] >= 0].tolist()
+        if set(own[t][own[t] >= 0].tolist()) == set(g) and len(set(g)) == len(g):
             continue
         differ += 1
-        if routing_flip_excused(choice[t], own[t], got[t], band):
+        if routing_flip_excused(scores[t], own[t], got[t], band):
             excused += 1
             use[t] = got[t]
     return Flips(differ, excused, use)
 
 
-def routed_layer(report: Report, l: int, layer: Layer, got_ids: np.ndarray, dtype: str,
-                 ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
-    """(exact, emulated) layer outputs for layer l's line, routed as the module docstring says; prints the routing
-    line (when the reference ranked experts in this layer)."""
-    exact = routed_run(layer, None)
-    if exact.own is None:
-        return exact.out, emulate(dtype, lambda: routed_run(layer, None)).out
-    got = np.asarray(got_ids, dtype=np.int64)[: exact.own.shape[0]]
-    emu = emulate(dtype, lambda: routed_run(layer, got))
-    t, k = exact.own.shape
-    what = f"target routing of layer {l} [{t}x{k}]"
-    band = emulated_band(dtype, exact.choice, emu.choice, f"{what} choice scores", ops)
-    flips = routing_flips(exact.choice, exact.own, got, band)
-    if not np.array_equal(flips.use, exact.own):
-        exact = routed_run(layer, flips.use)
-    report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
-                 f"(inside 2 x band {band.value:.3g} x max|c| of the f64 choice scores)",
-                 flips.differ == flips.excused)
-    report.facts.setdefault("routing_flips", []).append(
-        {"what": f"{what} choice scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
-         "derivation": band.derivation})
+def visible(c: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """c with the entries where ``like`` (the exact scores) is not finite set to 0 (not visible: no error there)."""
+    return np.where(np.isfinite(like), c, 0.0)
+
+
+def kernel_picks(l: int, routing: Mapping, choices: Mapping) -> dict[str, np.ndarray]:
+    """The kernel's picks as ``pinned`` keys: layer l's router (``ROUTER``) and every named choice."""
+    picks = {key: v.detach().cpu().numpy() for key, v in choices.items()}
+    if l in routing:
+        picks[ROUTER] = routing[l].ids.detach().cpu().numpy()
+    return picks
+
+
+def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.ndarray], decided: dict,
+                 dtype: str, ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
+    """(exact, emulated) layer outputs for layer l's line (module docstring); prints a line per choice first made
+    here and records its ``use`` in ``decided`` (name -> ids) for the layers after it."""
+    exact = pinned_run(layer, {})
+    keys = [key for key in exact.seen if key in picks]
+    got = {key: np.asarray(picks[key], dtype=np.int64)[: exact.seen[key][1].shape[0]] for key in keys}
+    emu = emulate(dtype, lambda: pinned_run(layer, got))
+    use = {}
+    for key in keys:
+        name = f"routing of layer {l}" if key == ROUTER else key
+        scores, own = exact.seen[key]
+        if name in decided:
+            use[key] = decided[name]
+            continue
+        t, k = own.shape
+        what = f"target {name} [{t}x{k}]"
+        band = emulated_band(dtype, visible(scores, scores), visible(emu.seen[key][0], scores), f"{what} scores", ops)
+        flips = routing_flips(scores, own, got[key], band)
+        use[key] = decided[name] = flips.use
+        report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
+                     f"(inside 2 x band {band.value:.3g} x max|c| of the f64 scores)", flips.differ == flips.excused)
+        report.facts.setdefault("choice_flips", []).append(
+            {"what": f"{what} scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
+             "derivation": band.derivation})
+    if any(not np.array_equal(use[key], exact.seen[key][1]) for key in keys):
+        exact = pinned_run(layer, use)
     return exact.out, emu.out

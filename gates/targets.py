@@ -16,7 +16,7 @@ from bloomery_gates.spec import ModelSpec
 from ..reference.rounding import emulate
 from ..reference.xp import run
 from .close import close, exact_and_emulated
-from .routing_flips import routed_layer
+from .routing_flips import chosen_layer, kernel_picks
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -52,13 +52,15 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
     ops = family.layer_ops(shape, t)
-    routing = getattr(prefill, "routing", None) or {}
+    routing, choices = getattr(prefill, "routing", None) or {}, getattr(prefill, "choices", None) or {}
+    decided: dict = {}
     # every family's reference_layer takes the pass's layer inputs (glm5next's shared indexer reads its full layer's)
     # and the prompt ids (qwen4exp's PLE layer hashes them); the others ignore both
     for l in range(spec.num_layers):
         layer = lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps, ids=prompt)  # noqa: E731
-        if l in routing:
-            want, emu = routed_layer(report, l, layer, routing[l].ids.detach().cpu().numpy(), dtype, ops)
+        picks = kernel_picks(l, routing, choices)
+        if picks:
+            want, emu = chosen_layer(report, l, layer, picks, decided, dtype, ops)
         else:
             want, emu = exact_and_emulated(dtype, layer)
         close(report, f"target layer {l} out [{t}x{taps.shape[-1]}] from the kernel's input", taps[l + 1], want,

@@ -50,11 +50,12 @@ def test_pin_routes_with_the_given_experts():
     own = rrouter.sqrtsoftplus_topk(logits, bias, 2)
     forced = own.ids[:, ::-1].copy()
     forced[0] = [7, 6] if set(own.ids[0]) != {6, 7} else [0, 1]
-    with rmoe.pinned(forced) as pin:
+    with rmoe.pinned({rmoe.ROUTER: forced}) as pin:
         r = rrouter.sqrtsoftplus_topk(logits, bias, 2)
-        with pytest.raises(ValueError, match="second router"):
+        with pytest.raises(ValueError, match="twice"):
             rmoe.softmax_topk(logits, 2)
-    assert np.array_equal(pin.own, own.ids) and np.array_equal(pin.choice, own.choice)
+    scores, ids = pin.seen[rmoe.ROUTER]
+    assert np.array_equal(ids, own.ids) and np.array_equal(scores, own.choice)
     assert np.array_equal(r.ids, forced)
     assert np.allclose(r.weights, rrouter.renormalised(rrouter.sqrt_softplus(logits), forced, 1.0))
 

@@ -24,10 +24,12 @@ Routed experts (SwiGLU per expert, each stored op output rounded by ``st``):
 Shared expert: s_t = swiglu(x_t), scaled by sigmoid(x_t Wsg^T) (Wsg [1, H], Qwen's shared_expert_gate) or not.
 The router logits are float32 on the device (not stored in the run dtype), so no ``st`` is applied to them.
 
-Pinned routing (``pinned``, the gates' teacher-forced choice; CONTRACT.md "Routing flips"): inside ``pinned(ids)``
-the one router call of the block records its choice scores c [T, E] and its own ids [T, k] on the ``Pin`` and routes
-with ``ids`` instead (weights recomputed from its own scores at those ids); ``pinned(None)`` only records. Every
-ranking router here (softmax_topk, sigmoid_group_topk, ``router_v4.sqrtsoftplus_topk``) goes through ``chosen``.
+Pinned choices (``pinned``, the gates' teacher-forced choice; CONTRACT.md "Routing flips on the layer lines"):
+inside ``pinned({key: ids})`` each discrete choice of the block named ``key`` records its scores [T, n] and its own
+ids [T, k] on the ``Pin`` and continues with the pinned ids instead (a router's weights recomputed from its own
+scores at those ids); a key not pinned only records. Every ranking router here (softmax_topk, sigmoid_group_topk,
+``router_v4.sqrtsoftplus_topk``) goes through ``chosen`` under the key ``ROUTER`` (one router per block); other
+choices name their own key (V4.1's stream top-k: ``reference.ops.v4_attention.indexer_choice``'s ``key``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,44 +57,46 @@ class Routing:
     choice: np.ndarray
 
 
+ROUTER = "router"
+
+
 @dataclass
 class Pin:
-    """A pinned routing: ``ids`` [T, k] to route with (None: the router's own), and what the router saw: its choice
-    scores ``choice`` [T, E] and its own ids ``own`` [T, k] (None until a router ran)."""
+    """Pinned choices: ``pins`` key -> ids [T, k] to continue with; ``seen`` key -> (scores [T, n], own ids [T, k])
+    of each choice the block made."""
 
-    ids: np.ndarray | None = None
-    choice: np.ndarray | None = None
-    own: np.ndarray | None = None
+    pins: dict[str, np.ndarray] = field(default_factory=dict)
+    seen: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-_PIN: ContextVar[Pin | None] = ContextVar("bloomery_reference_pinned_routing", default=None)
+_PIN: ContextVar[Pin | None] = ContextVar("bloomery_reference_pinned_choices", default=None)
 
 
 @contextmanager
-def pinned(ids: np.ndarray | None = None) -> Iterator[Pin]:
-    """Within the block the (one) ranking router routes with ``ids`` [T, k] (None: its own) and records on the Pin."""
-    token = _PIN.set(Pin(ids))
+def pinned(pins: dict[str, np.ndarray] | None = None) -> Iterator[Pin]:
+    """Within the block each named choice continues with ``pins[key]`` (where given) and records on the Pin."""
+    token = _PIN.set(Pin(dict(pins or {})))
     try:
         yield _PIN.get()
     finally:
         _PIN.reset(token)
 
 
-def chosen(choice: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The ids a router routes with: its own ``ids`` [T, k] chosen on ``choice`` [T, E], or inside ``pinned`` the
-    pinned ones (recording both). A second router call inside one block raises (a pin covers one layer's router)."""
+def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray:
+    """The ids a choice continues with: its own ``ids`` [T, k] chosen on ``scores`` [T, n], or inside ``pinned`` the
+    pinned ones for ``key`` (recording both). A key made twice inside one block raises (a pin covers one choice)."""
     pin = _PIN.get()
     if pin is None:
         return ids
-    if pin.own is not None:
-        raise ValueError("a pinned routing covers one router call; a second router ran inside the block")
-    pin.choice, pin.own = choice, ids
-    if pin.ids is None:
+    if key in pin.seen:
+        raise ValueError(f"the choice {key!r} was made twice inside one pinned block")
+    pin.seen[key] = (scores, ids)
+    if key not in pin.pins:
         return ids
-    forced = ns(ids).asarray(pin.ids).astype(np.int64)
-    if forced.shape != ids.shape or int(forced.min()) < 0 or int(forced.max()) >= choice.shape[-1]:
-        raise ValueError(f"pinned ids {tuple(forced.shape)} for a router of {tuple(ids.shape)} over "
-                         f"{choice.shape[-1]} experts")
+    forced = ns(ids).asarray(pin.pins[key]).astype(np.int64)
+    if forced.shape != ids.shape or int(forced.max(initial=-1)) >= scores.shape[-1]:
+        raise ValueError(f"pinned ids {tuple(forced.shape)} for the choice {key!r} of {tuple(ids.shape)} over "
+                         f"{scores.shape[-1]} entries")
     return forced
 
 
