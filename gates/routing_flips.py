@@ -13,7 +13,9 @@ For layer l, the kernel's picks K_key [T, k] of every choice the reference layer
                  kernel chose score on c within 2 * band_c * max|c_t| of those only the reference chose
     use          K_t on excused rows, R_t elsewhere; where use != R the exact run is repeated continuing with ``use``
                  (``pinned``), so the layer line compares like with like on excused rows and an unexcused row keeps
-                 the reference's own choice (its jump stays on the layer line)
+                 the reference's own choice (its jump stays on the layer line). Choices are taken in the order the
+                 layer makes them (a stream top-k before the router): a later choice's exact scores come from a run
+                 that continued with the earlier ones' ``use``, as its emulated scores did with K
 
 One line per choice, at the layer that makes it: ``(r) target <name> [T x k] vs host f64 choice: T checked, d differ,
 e excused ...``, failing unless d == e (name: ``routing of layer l``, or the key). A later layer that re-makes an
@@ -99,26 +101,35 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
     """(exact, emulated) layer outputs for layer l's line (module docstring); prints a line per choice first made
     here and records its ``use`` in ``decided`` (name -> ids) for the layers after it."""
     exact = pinned_run(layer, {})
-    keys = [key for key in exact.seen if key in picks]
+    keys = [key for key in exact.seen if key in picks]         # in the order the layer makes them
     got = {key: np.asarray(picks[key], dtype=np.int64)[: exact.seen[key][1].shape[0]] for key in keys}
     emu = emulate(dtype, lambda: pinned_run(layer, got))
-    use = {}
+    use: dict[str, np.ndarray] = {}
+    stale = False                                              # exact ran with other upstream choices than ``use``
     for key in keys:
+        if stale:
+            exact, stale = pinned_run(layer, use), False
         name = f"routing of layer {l}" if key == ROUTER else key
         scores, own = exact.seen[key]
-        if name in decided:
-            use[key] = decided[name]
-            continue
-        t, k = own.shape
-        what = f"target {name} [{t}x{k}]"
-        band = emulated_band(dtype, visible(scores, scores), visible(emu.seen[key][0], scores), f"{what} scores", ops)
-        flips = routing_flips(scores, own, got[key], band)
-        use[key] = decided[name] = flips.use
-        report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
-                     f"(inside 2 x band {band.value:.3g} x max|c| of the f64 scores)", flips.differ == flips.excused)
-        report.facts.setdefault("choice_flips", []).append(
-            {"what": f"{what} scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
-             "derivation": band.derivation})
-    if any(not np.array_equal(use[key], exact.seen[key][1]) for key in keys):
+        if name not in decided:
+            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops)
+        use[key] = decided[name]
+        stale = not np.array_equal(use[key], own)
+    if stale:
         exact = pinned_run(layer, use)
     return exact.out, emu.out
+
+
+def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op]) -> np.ndarray:
+    """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``."""
+    t, k = own.shape
+    what = f"target {name} [{t}x{k}]"
+    band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
+    flips = routing_flips(scores, own, got, band)
+    report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
+                 f"(inside 2 x band {band.value:.3g} x max|c| of the f64 scores)", flips.differ == flips.excused)
+    report.facts.setdefault("choice_flips", []).append(
+        {"what": f"{what} scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
+         "derivation": band.derivation})
+    return flips.use

@@ -1,8 +1,9 @@
-"""Routing flips on the MoE layer lines (gates/routing_flips.py, CONTRACT.md "Routing flips on the layer lines"): the
-margin rule on planted scores, the pin in the f64 reference, and on the trained ds41-tiny fixture in bf16: the
-prompts whose router flipped at a near-tie pass with the flips counted, the emulation routes with the kernel's
-experts (its band no longer absorbs a flip of its own), and FAIL-first: the router bias applied to the weights, a
-row routed to its (k+1)-th expert where the margin is widest."""
+"""Choice flips on the layer lines (gates/routing_flips.py, CONTRACT.md "Routing flips on the layer lines"): the
+margin rule on planted scores, the pin in the f64 reference, and on the trained ds41-tiny fixture in bf16: every gate
+prompt passes (p3, p6, p7 failed before on a router or stream top-k flip at a near-tie) with the flips counted, the
+emulation continues with the kernel's choices (its band no longer absorbs a flip of its own), and FAIL-first: the
+router bias applied to the weights, a row routed to its (k+1)-th expert where the margin is widest, a stream row
+given its least-scored visible entry."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from bloomery_cli.bands import Band, emulated_band, routing_flip_excused
 from bloomery_gates.gates.close import exact_and_emulated
 from bloomery_gates.gates.routing_flips import routing_flips
 from bloomery_gates.kernels.ops import router_v4 as krouter
+from bloomery_gates.kernels.ops import v41_stream as ks
 from bloomery_gates.kernels.ops.moe import Routing, topk_stable
 from bloomery_gates.reference.ops import moe as rmoe
 from bloomery_gates.reference.ops import router_v4 as rrouter
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_deepseek41 import FIXTURE, fixture_prompts, kd, ref, target_report  # noqa: E402
 
 FLIP = re.compile(r"^\(r\) target routing of layer (\d+) .*: (\d+) checked, (\d+) differ, (\d+) excused")
+STREAM = re.compile(r"^\(r\) target stream choice of layer (\d+) .*: (\d+) checked, (\d+) differ, (\d+) excused")
 
 
 def test_margin_rule_on_planted_scores():
@@ -60,8 +63,8 @@ def test_pin_routes_with_the_given_experts():
     assert np.allclose(r.weights, rrouter.renormalised(rrouter.sqrt_softplus(logits), forced, 1.0))
 
 
-def routing_counts(report) -> list[tuple[int, int, int, int]]:
-    return [tuple(int(g) for g in m.groups()) for m in map(FLIP.match, report.lines) if m]
+def routing_counts(report, line: re.Pattern = FLIP) -> list[tuple[int, int, int, int]]:
+    return [tuple(int(g) for g in m.groups()) for m in map(line.match, report.lines) if m]
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +74,25 @@ def fspec():
     return load_target(FIXTURE)
 
 
-@pytest.mark.parametrize("prompt", [0, 6, 7])
+@pytest.mark.parametrize("prompt", range(8))
 def test_fixture_bf16_near_tie_flips_excused(fspec, prompt):
-    """bf16, ds41-tiny: p6 and p7 failed their layer lines on a router flip at a near-tie before the rule; now every
-    line passes, each MoE layer has its routing line, and the flips are counted (every one excused)."""
+    """bf16, ds41-tiny, every gate prompt: p3, p6 and p7 failed their layer lines on a router or stream top-k flip
+    at a near-tie before the rule; now every line passes, each MoE layer has its routing line and each topk source
+    (layers 1, 3, 4 of the fixture: ``spec.streams``) its stream line, and the flips are counted, every one excused."""
     report = target_report(fspec, fixture_prompts()[prompt], "bf16")
     assert report.finish() == 0, report.lines
-    counts = routing_counts(report)
+    counts, streams = routing_counts(report), routing_counts(report, STREAM)
     assert [c[0] for c in counts] == list(range(fspec.num_layers)), report.lines
-    assert sum(c[3] for c in counts) >= 1 and all(c[2] == c[3] for c in counts), counts
+    sources = sorted({s.topk_source for s in fspec.streams if s is not None})
+    assert [c[0] for c in streams] == sources and sources, report.lines
+    assert sum(c[3] for c in counts + streams) >= 1 and all(c[2] == c[3] for c in counts + streams), report.lines
+
+
+def test_fixture_f32_no_flips(fspec):
+    """f32, p3 (5 flips in bf16): no choice differs at all."""
+    report = target_report(fspec, fixture_prompts()[3], "f32")
+    assert report.finish() == 0, report.lines
+    assert all(c[2] == 0 for c in routing_counts(report) + routing_counts(report, STREAM)), report.lines
 
 
 def test_fixture_bf16_emulation_routed_with_the_kernel(fspec):
@@ -132,3 +145,24 @@ def test_fixture_fail_first_flip_outside_the_margin(fspec, monkeypatch):
     failed = [line for line in report.lines if FLIP.match(line) and line.endswith("FAIL")]
     assert len(failed) == fspec.num_layers, report.lines
     assert all(c[2] > c[3] for c in routing_counts(report)), report.lines
+
+
+REAL_STREAM = ks.stream_choice
+
+
+def _least_scored(keys, a, w, iw, num_heads, index_heads, topk, *rest, **kw):
+    """The defect: the last row (every entry visible) given its least-scored entry in its k-th slot."""
+    full = REAL_STREAM(keys, a, w, iw, num_heads, index_heads, 10 ** 6, *rest, **kw)
+    out = full[:, :topk].clone()
+    out[-1, -1] = full[-1, -1]
+    return out
+
+
+def test_fixture_fail_first_stream_flip_outside_the_margin(fspec, monkeypatch):
+    """bf16, p0: the last row's stream choice given its least-scored entry: every stream line counts it and does not
+    excuse it (FAIL), exit 1."""
+    monkeypatch.setattr(ks, "stream_choice", _least_scored)
+    report = target_report(fspec, fixture_prompts()[0], "bf16")
+    assert report.finish() == 1
+    failed = [line for line in report.lines if STREAM.match(line) and line.endswith("FAIL")]
+    assert len(failed) == len(routing_counts(report, STREAM)) > 0, report.lines
