@@ -88,9 +88,10 @@ def visible(c: np.ndarray, like: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(like), c, 0.0)
 
 
-def kernel_picks(l: int, routing: Mapping, choices: Mapping) -> dict[str, np.ndarray]:
-    """The kernel's picks as ``pinned`` keys: layer l's router (``ROUTER``) and every named choice."""
-    picks = {key: v.detach().cpu().numpy() for key, v in choices.items()}
+def kernel_picks(l: int, routing: Mapping, choices: Mapping) -> dict[str, np.ndarray | None]:
+    """The kernel's picks as ``pinned`` keys: layer l's router (``ROUTER``) and every named choice (None: the kernel
+    made none)."""
+    picks = {key: (None if v is None else v.detach().cpu().numpy()) for key, v in choices.items()}
     if l in routing:
         picks[ROUTER] = routing[l].ids.detach().cpu().numpy()
     return picks
@@ -102,6 +103,13 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
     here and records its ``use`` in ``decided`` (name -> ids) for the layers after it."""
     exact = pinned_run(layer, {})
     keys = [key for key in exact.seen if key in picks]         # in the order the layer makes them
+    for key in [key for key in keys if picks[key] is None]:   # the reference chose, the kernel did not: fail closed
+        t, k = exact.seen[key][1].shape
+        name = f"routing of layer {l}" if key == ROUTER else key
+        if name not in decided:
+            report.check(f"(r) target {name} [{t}x{k}] vs host f64 choice: the kernel made no choice", False)
+            decided[name] = exact.seen[key][1]
+        keys.remove(key)
     got = {key: np.asarray(picks[key], dtype=np.int64)[: exact.seen[key][1].shape[0]] for key in keys}
     emu = emulate(dtype, lambda: pinned_run(layer, got))
     use: dict[str, np.ndarray] = {}
