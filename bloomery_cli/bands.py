@@ -187,6 +187,26 @@ def flip_excused(ref_row: np.ndarray, band: Band) -> bool:
     return bool(top2[1] - top2[0] <= 2.0 * band.value * np.max(np.abs(r)))
 
 
+def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: np.ndarray, band: Band) -> bool:
+    """A routing flip is excused when it lies inside the band of the reference's choice scores c [E].
+
+    The kernel chose the experts got_row, the reference own_row (k each). Every expert b only the kernel chose
+    outranked, on the kernel's scores, every expert a only the reference chose; each score may move by
+    band * max|c|, so that is possible only if max_a c_a - min_b c_b <= 2 * band * max|c| (for k = 1 the greedy
+    rule's top-2 margin). Equal sets are no flip (True); a kernel row that repeats an expert is never excused; -1
+    (an empty slot of a choice over fewer visible entries than k) is no entry.
+    """
+    c = np.asarray(choice_row, dtype=np.float64)
+    got_ids = [int(e) for e in got_row if e >= 0]
+    own, got = {int(e) for e in own_row if e >= 0}, set(got_ids)
+    extra, displaced = sorted(got - own), sorted(own - got)
+    if len(got) != len(got_ids) or len(extra) != len(displaced):
+        return False
+    if not extra:
+        return True
+    return bool(c[displaced].max() - c[extra].min() <= 2.0 * band.value * np.max(np.abs(c)))
+
+
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
     """||got - ref||_F / ||ref||_F over the whole array, in float64 (inf on NaN/inf in ``got``)."""
     g, r, early = _pair(got, ref)

@@ -16,6 +16,7 @@ from bloomery_gates.spec import ModelSpec
 from ..reference.rounding import emulate
 from ..reference.xp import run
 from .close import close, exact_and_emulated
+from .routing_flips import chosen_layer, kernel_picks
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -45,15 +46,23 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     so a deep model's accumulated error cannot hide a broken layer), the head on its own (the kernel's
     last hidden through the reference's final norm and head), then the logits end to end and the greedy
     ids of the prompt rows. Every band is the emulated one (``gates.close``): the same reference
-    computation re-run with the dtype's storage rounding, on the same inputs."""
+    computation re-run with the dtype's storage rounding, on the same inputs. A MoE layer the kernel routed
+    (``prefill.routing``) runs through ``routing_flips.routed_layer``: its routing line, the emulation routed with
+    the kernel's experts, and the exact run routed with them where a flip is inside the router's margin band."""
     shape, t = spec.layer, prefill.taps.shape[1]
     taps = to_np(prefill.taps)
     ops = family.layer_ops(shape, t)
+    routing, choices = getattr(prefill, "routing", None) or {}, getattr(prefill, "choices", None) or {}
+    decided: dict = {}
     # every family's reference_layer takes the pass's layer inputs (glm5next's shared indexer reads its full layer's)
     # and the prompt ids (qwen4exp's PLE layer hashes them); the others ignore both
     for l in range(spec.num_layers):
-        want, emu = exact_and_emulated(dtype, lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps,
-                                                                                 ids=prompt))
+        layer = lambda l=l: family.reference_layer(spec, l, taps[l], taps=taps, ids=prompt)  # noqa: E731
+        picks = kernel_picks(l, routing, choices)
+        if picks:
+            want, emu = chosen_layer(report, l, layer, picks, decided, dtype, ops)
+        else:
+            want, emu = exact_and_emulated(dtype, layer)
         close(report, f"target layer {l} out [{t}x{taps.shape[-1]}] from the kernel's input", taps[l + 1], want,
               emu, dtype, ops)
     got = to_np(prefill.logits)

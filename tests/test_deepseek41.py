@@ -424,9 +424,8 @@ def test_fixture_target_lines_pass_bf16_p0():
     differ by ~0.3% there, or a stream's top-4 among up to 64 entries scored by the untrained indexer) in a row the
     emulated reference does not flip, and that row's layer line exceeds its band; the gates' discrete choices need
     a choice-aware line (the kernel's choice replayed where the reference's margin is inside the band, as
-    ``greedy_flips`` excuses an argmax flip), which gates/targets.py does not have yet. Where the bf16 emulation
-    flips a choice itself its band absorbs the jump: on p0 layer 0's band is 2.15 (docs/V41.md 10); the plants
-    below are caught on the other lines."""
+    ``greedy_flips`` excuses an argmax flip). Both choices now have one (gates/routing_flips.py,
+    tests/test_routing_flips.py: every prompt passes with the flips counted, p0 layer 0's band is 0.038, was 2.15)."""
     from bloomery_cli.loading import load_target
 
     report = target_report(load_target(FIXTURE), fixture_prompt(), "bf16")

@@ -23,11 +23,21 @@ Routed experts (SwiGLU per expert, each stored op output rounded by ``st``):
 
 Shared expert: s_t = swiglu(x_t), scaled by sigmoid(x_t Wsg^T) (Wsg [1, H], Qwen's shared_expert_gate) or not.
 The router logits are float32 on the device (not stored in the run dtype), so no ``st`` is applied to them.
+
+Pinned choices (``pinned``, the gates' teacher-forced choice; CONTRACT.md "Routing flips on the layer lines"):
+inside ``pinned({key: ids})`` each discrete choice of the block named ``key`` records its scores [T, n] and its own
+ids [T, k] on the ``Pin`` and continues with the pinned ids instead (a router's weights recomputed from its own
+scores at those ids); a key not pinned only records. Every ranking router here (softmax_topk, sigmoid_group_topk,
+``router_v4.sqrtsoftplus_topk``) goes through ``chosen`` under the key ``ROUTER`` (one router per block); other
+choices name their own key (V4.1's stream top-k: ``reference.ops.v4_attention.indexer_choice``'s ``key``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +55,49 @@ class Routing:
     ids: np.ndarray
     weights: np.ndarray
     choice: np.ndarray
+
+
+ROUTER = "router"
+
+
+@dataclass
+class Pin:
+    """Pinned choices: ``pins`` key -> ids [T, k] to continue with; ``seen`` key -> (scores [T, n], own ids [T, k])
+    of each choice the block made."""
+
+    pins: dict[str, np.ndarray] = field(default_factory=dict)
+    seen: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+_PIN: ContextVar[Pin | None] = ContextVar("bloomery_reference_pinned_choices", default=None)
+
+
+@contextmanager
+def pinned(pins: dict[str, np.ndarray] | None = None) -> Iterator[Pin]:
+    """Within the block each named choice continues with ``pins[key]`` (where given) and records on the Pin."""
+    token = _PIN.set(Pin(dict(pins or {})))
+    try:
+        yield _PIN.get()
+    finally:
+        _PIN.reset(token)
+
+
+def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray:
+    """The ids a choice continues with: its own ``ids`` [T, k] chosen on ``scores`` [T, n], or inside ``pinned`` the
+    pinned ones for ``key`` (recording both). A key made twice inside one block raises (a pin covers one choice)."""
+    pin = _PIN.get()
+    if pin is None:
+        return ids
+    if key in pin.seen:
+        raise ValueError(f"the choice {key!r} was made twice inside one pinned block")
+    pin.seen[key] = (scores, ids)
+    if key not in pin.pins:
+        return ids
+    forced = ns(ids).asarray(pin.pins[key]).astype(np.int64)
+    if forced.shape != ids.shape or int(forced.max(initial=-1)) >= scores.shape[-1]:
+        raise ValueError(f"pinned ids {tuple(forced.shape)} for the choice {key!r} of {tuple(ids.shape)} over "
+                         f"{scores.shape[-1]} entries")
+    return forced
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -69,9 +122,9 @@ def router_logits(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def softmax_topk(logits: np.ndarray, k: int) -> Routing:
     """Softmax over all experts, top-k, renormalised (see the module docstring); logits [T, E]."""
     xp = ns(logits)
-    ids = topk_stable(logits, k)
-    chosen = xp.take_along_axis(logits, ids, axis=-1).astype(np.float64)
-    e = xp.exp(chosen - chosen.max(axis=-1, keepdims=True))
+    ids = chosen(logits, topk_stable(logits, k))
+    top = xp.take_along_axis(logits, ids, axis=-1).astype(np.float64)
+    e = xp.exp(top - top.max(axis=-1, keepdims=True))
     return Routing(ids, e / e.sum(axis=-1, keepdims=True), logits)
 
 
@@ -104,7 +157,7 @@ def sigmoid_group_topk(logits: np.ndarray, bias: np.ndarray, k: int, n_group: in
     xp, logits, bias = common(logits, bias)
     s = sigmoid(logits)
     c = s + bias
-    ids = group_limited_choice(c, k, n_group, topk_group)
+    ids = chosen(c, group_limited_choice(c, k, n_group, topk_group))
     w = xp.take_along_axis(s, ids, axis=-1)
     if norm:
         w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)

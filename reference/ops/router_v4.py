@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..xp import common, ns
-from .moe import Routing, topk_stable
+from .moe import Routing, chosen, topk_stable
 
 
 def sqrt_softplus(logits: np.ndarray) -> np.ndarray:
@@ -45,7 +45,7 @@ def sqrtsoftplus_topk(logits: np.ndarray, bias: np.ndarray, k: int, scale: float
     _, logits, bias = common(logits, bias)
     s = sqrt_softplus(logits)
     c = s + bias
-    ids = topk_stable(c, k)
+    ids = chosen(c, topk_stable(c, k))
     return Routing(ids, renormalised(s, ids, scale), c)
 
 

@@ -89,11 +89,12 @@ def index_keys(pre: np.ndarray, w: IndexKeyWeights, rate: int, rope: Rope, eps: 
 
 
 def stream_choice(keys: np.ndarray, a: np.ndarray, w: V4AttnWeights, iw: IndexerWeights, num_heads: int,
-                  index_heads: int, topk: int, rate: int, rope: Rope, eps: float) -> np.ndarray:
-    """A topk source's choice [T, min(topk, n)] (-1: no visible entry) on the keys [n, di] from its own rows a."""
+                  index_heads: int, topk: int, rate: int, rope: Rope, eps: float, key: str | None = None) -> np.ndarray:
+    """A topk source's choice [T, min(topk, n)] (-1: no visible entry) on the keys [n, di] from its own rows a
+    (``key``: its name for ``moe.pinned``)."""
     xp, a = common(a)
     q_res, _ = q_heads(a, w, num_heads, eps, False)
-    return indexer_choice(keys, a, q_res, xp.arange(a.shape[0]), iw, index_heads, topk, rate, rope)
+    return indexer_choice(keys, a, q_res, xp.arange(a.shape[0]), iw, index_heads, topk, rate, rope, key)
 
 
 def stream_attention(x: np.ndarray, w: V4AttnWeights, num_heads: int, window: int, rope: Rope, eps: float,

@@ -58,7 +58,7 @@ from bloomery_gates.spec import RopeScaling
 from ..rounding import linear, st
 from ..xp import common, ns
 from .attention import sink_attention, sliding_mask, softmax
-from .moe import topk_stable
+from .moe import chosen, topk_stable
 from .norm import rms_norm
 from .rope import inv_freq
 
@@ -198,9 +198,10 @@ def indexer_scores(qi: np.ndarray, keys: np.ndarray, hw: np.ndarray) -> np.ndarr
 
 
 def indexer_choice(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights,
-                   num_heads: int, topk: int, rate: int, rope: Rope) -> np.ndarray:
+                   num_heads: int, topk: int, rate: int, rope: Rope, key: str | None = None) -> np.ndarray:
     """chosen [T, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
-    weights; module docstring; -1 marks a slot with no visible entry)."""
+    weights; module docstring; -1 marks a slot with no visible entry). With a ``key`` the choice is a named one of
+    ``moe.pinned`` (its scores, -inf where not visible, recorded; the pinned ids used where given)."""
     xp, keys, x, q_res, positions = common(keys, x, q_res, positions)
     n = keys.shape[0]
     if n == 0:
@@ -211,7 +212,8 @@ def indexer_choice(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions
     vis = visible(positions, n, rate)
     scores = xp.where(vis, indexer_scores(qi, keys, hw), -np.inf)
     ids = topk_stable(scores, min(topk, n))
-    return xp.where(xp.take_along_axis(vis, ids, axis=1), ids, -1)
+    ids = xp.where(xp.take_along_axis(vis, ids, axis=1), ids, -1)
+    return ids if key is None else chosen(scores, ids, key)
 
 
 def chosen_mask(chosen: np.ndarray, n: int) -> np.ndarray:

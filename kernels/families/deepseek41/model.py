@@ -31,6 +31,12 @@ from ..qwen38.model import Qwen38Pass
 T = torch.Tensor
 
 
+def stream_key(l: int) -> str:
+    """The name of topk source l's stream choice (``reference.families.deepseek41.model.stream_key``: the gates pin
+    the kernel's choice under it)."""
+    return f"stream choice of layer {l}"
+
+
 class Deepseek41Target(Deepseek4Target):
     """The V4.1 target engine: prefill / verify / commit / kv_rows as deepseek4's; passes are ``Qwen38Pass`` with
     taps [L+1, R, S+1, H] (module docstring) and ``final`` [R, H] = norm(last_mix(streams, lag))."""
@@ -156,4 +162,4 @@ class Deepseek41Target(Deepseek4Target):
         final = rms_norm(klag.last_mix(x, lag), self.final_w, eps)
         logits = F.linear(final, self.head)
         return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final,
-                          dict(self.routings))
+                          dict(self.routings), {stream_key(l): c for l, c in self.chosen.items()})

@@ -174,4 +174,5 @@ class Mimo2Target(RowPasses):
         self.rows_run += r
         final = rms_norm(h[0], self.final_norm, self.shape.rms_eps)
         logits = F.linear(final, self.head)
-        return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final)
+        return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final,
+                          routing=dict(self.routings))

@@ -70,10 +70,12 @@ def norm_gain(w: T) -> T:
 @dataclass
 class Qwen38Pass(Pass):
     """``Pass`` plus ``final`` [R, H]: the post-final-norm rows n1(taps[L], model.norm), the vectors that
-    enter the head (what an MTP draft reads as the target hidden); ``routing`` (MoE families, else None)."""
+    enter the head (what an MTP draft reads as the target hidden); ``routing`` (MoE families, else None);
+    ``choices`` (named as the reference's ``moe.pinned`` keys: deepseek41's stream choices, else None)."""
 
     final: T | None = field(default=None)
     routing: dict | None = field(default=None)     # MoE families: layer -> the pass's chosen experts
+    choices: dict | None = field(default=None)     # other discrete choices: name -> the pass's chosen ids [R, k]
 
 
 def _mlp(h: T, t: Mapping[str, T], p: str, eps: float, spec: Qwen38Spec | None = None, train: bool = False) -> T:

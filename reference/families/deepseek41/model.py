@@ -67,6 +67,11 @@ def _a(spec: Deepseek41Spec, l: int) -> str:
     return P + f"layers.{l}.self_attn."
 
 
+def stream_key(l: int) -> str:
+    """The name of topk source l's stream choice for ``reference.ops.moe.pinned`` (the gates pin the kernel's)."""
+    return f"stream choice of layer {l}"
+
+
 def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) -> None:
     """Layer l's source duties on its normed rows a [T, H] (module docstring)."""
     s, p, eps = spec.stream(l), _a(spec, l), spec.layer.rms_eps
@@ -83,7 +88,8 @@ def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) 
     if s.topk_source == l:
         iw = rs.IndexerWeights(None, w[p + "indexer.q_b_proj.weight"], w[p + "indexer.weights_proj.weight"])
         ss.chosen[l] = rs.stream_choice(ss.keys[s.key_source], a, attn_weights_at(w, p, "sliding"), iw,
-                                        at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps)
+                                        at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps,
+                                        stream_key(l))
 
 
 def attention(spec: Deepseek41Spec, w: Weights, l: int, a: np.ndarray, ss: Streams) -> np.ndarray:

@@ -1,0 +1,143 @@
+"""A layer's (r) line with the discrete choices the kernel made (CONTRACT.md "Routing flips on the layer lines"), as
+``targets.greedy_flips`` excuses an argmax flip: a MoE layer's router, and named choices such as deepseek41's stream
+top-k (``Pass.choices``; ``reference.ops.moe.pinned`` keys).
+
+For layer l, the kernel's picks K_key [T, k] of every choice the reference layer makes (its router: key ``ROUTER``,
+``Pass.routing[l].ids``; a named one: ``Pass.choices[key]``), on the kernel's input to layer l:
+
+    exact run    the f64 reference layer, recording each choice's scores c [T, n] and own ids R [T, k]
+    emulated run the same under the dtype's storage rounding, CONTINUING WITH K for every key: its band measures
+                 rounding, not a flip of its own; its scores c_emu give the choice's band
+    band_c       ``bands.emulated_band`` of c_emu against c (entries not visible, -inf, left out; the layer's ops)
+    row t        differs when set(K_t) != set(R_t); excused when ``bands.routing_flip_excused``: the entries only the
+                 kernel chose score on c within 2 * band_c * max|c_t| of those only the reference chose
+    use          K_t on excused rows, R_t elsewhere; where use != R the exact run is repeated continuing with ``use``
+                 (``pinned``), so the layer line compares like with like on excused rows and an unexcused row keeps
+                 the reference's own choice (its jump stays on the layer line). Choices are taken in the order the
+                 layer makes them (a stream top-k before the router): a later choice's exact scores come from a run
+                 that continued with the earlier ones' ``use``, as its emulated scores did with K
+
+One line per choice, at the layer that makes it: ``(r) target <name> [T x k] vs host f64 choice: T checked, d differ,
+e excused ...``, failing unless d == e (name: ``routing of layer l``, or the key). A later layer that re-makes an
+earlier layer's choice (deepseek41: a stream reader re-primes its sources from their input taps) reuses that layer's
+``use``. A choice the kernel does not report (a hash layer's table) runs unpinned and gets no line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bloomery_cli.bands import Band, Op, emulated_band, routing_flip_excused
+from bloomery_cli.contract import Report
+
+from ..reference.ops.moe import ROUTER, pinned
+from ..reference.rounding import emulate
+from ..reference.xp import run
+
+Layer = Callable[[], np.ndarray]
+
+
+@dataclass
+class Chosen:
+    """One run of a layer under pins: its output and each choice's (scores [T, n], own ids [T, k])."""
+
+    out: np.ndarray
+    seen: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def pinned_run(layer: Layer, pins: Mapping[str, np.ndarray]) -> Chosen:
+    """layer() inside ``pinned(pins)`` (a fresh pin per run: ``reference.xp.run`` may run it twice to compare)."""
+    def compute() -> Chosen:
+        with pinned(dict(pins)) as pin:
+            out = layer()
+        return Chosen(out, dict(pin.seen))
+    return run(compute)
+
+
+@dataclass
+class Flips:
+    """Rows whose chosen set differs, the excused ones among them, and the ids the exact run continues with."""
+
+    differ: int
+    excused: int
+    use: np.ndarray
+
+
+def routing_flips(scores: np.ndarray, own: np.ndarray, got: np.ndarray, band: Band) -> Flips:
+    """scores c [T, n], own R [T, k], got K [T, k] -> Flips (module docstring); -1 (an empty slot) is no entry."""
+    own, got = np.asarray(own, dtype=np.int64), np.asarray(got, dtype=np.int64)
+    if own.shape != got.shape:
+        raise ValueError(f"kernel choice {got.shape} against the reference's {own.shape}")
+    use, differ, excused = own.copy(), 0, 0
+    for t in range(own.shape[0]):
+        g = got[t][got[t] >= 0].tolist()
+        if set(own[t][own[t] >= 0].tolist()) == set(g) and len(set(g)) == len(g):
+            continue
+        differ += 1
+        if routing_flip_excused(scores[t], own[t], got[t], band):
+            excused += 1
+            use[t] = got[t]
+    return Flips(differ, excused, use)
+
+
+def visible(c: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """c with the entries where ``like`` (the exact scores) is not finite set to 0 (not visible: no error there)."""
+    return np.where(np.isfinite(like), c, 0.0)
+
+
+def kernel_picks(l: int, routing: Mapping, choices: Mapping) -> dict[str, np.ndarray | None]:
+    """The kernel's picks as ``pinned`` keys: layer l's router (``ROUTER``) and every named choice (None: the kernel
+    made none)."""
+    picks = {key: (None if v is None else v.detach().cpu().numpy()) for key, v in choices.items()}
+    if l in routing:
+        picks[ROUTER] = routing[l].ids.detach().cpu().numpy()
+    return picks
+
+
+def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.ndarray], decided: dict,
+                 dtype: str, ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
+    """(exact, emulated) layer outputs for layer l's line (module docstring); prints a line per choice first made
+    here and records its ``use`` in ``decided`` (name -> ids) for the layers after it."""
+    exact = pinned_run(layer, {})
+    keys = [key for key in exact.seen if key in picks]         # in the order the layer makes them
+    for key in [key for key in keys if picks[key] is None]:   # the reference chose, the kernel did not: fail closed
+        t, k = exact.seen[key][1].shape
+        name = f"routing of layer {l}" if key == ROUTER else key
+        if name not in decided:
+            report.check(f"(r) target {name} [{t}x{k}] vs host f64 choice: the kernel made no choice", False)
+            decided[name] = exact.seen[key][1]
+        keys.remove(key)
+    got = {key: np.asarray(picks[key], dtype=np.int64)[: exact.seen[key][1].shape[0]] for key in keys}
+    emu = emulate(dtype, lambda: pinned_run(layer, got))
+    use: dict[str, np.ndarray] = {}
+    stale = False                                              # exact ran with other upstream choices than ``use``
+    for key in keys:
+        if stale:
+            exact, stale = pinned_run(layer, use), False
+        name = f"routing of layer {l}" if key == ROUTER else key
+        scores, own = exact.seen[key]
+        if name not in decided:
+            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops)
+        use[key] = decided[name]
+        stale = not np.array_equal(use[key], own)
+    if stale:
+        exact = pinned_run(layer, use)
+    return exact.out, emu.out
+
+
+def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op]) -> np.ndarray:
+    """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``."""
+    t, k = own.shape
+    what = f"target {name} [{t}x{k}]"
+    band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
+    flips = routing_flips(scores, own, got, band)
+    report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
+                 f"(inside 2 x band {band.value:.3g} x max|c| of the f64 scores)", flips.differ == flips.excused)
+    report.facts.setdefault("choice_flips", []).append(
+        {"what": f"{what} scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
+         "derivation": band.derivation})
+    return flips.use
