@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from . import (
                deepseek4_dspark,
-               deepseek41_dspark,
                deepseek4_mtp,
+               deepseek41_dspark,
                glm5next_mtp,
                mimo2_mtp,
                qwen3_dflash,

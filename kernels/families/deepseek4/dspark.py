@@ -251,9 +251,9 @@ class Deepseek4DSparkDraft:
 
 def forward_train(t: Mapping[str, T], spec: Deepseek4DSparkSpec, embed: T, head: T, feats: T, ids: T, anchors: T,
                   prev: T) -> tuple[T, T | None]:
-    """Differentiable blocks of one sequence: feats [T, n H] (``features`` of its ``target_streams``), ids [T], anchors [A]
-    (1 <= s <= T - B), prev [A, B] the teacher-forced Markov inputs -> (logits [A, B, V], conf_logits [A, B] or
-    None). Block a reads context positions < s_a and its own B rows, as at inference."""
+    """Differentiable blocks of one sequence: feats [T, n H] (``features`` of its ``target_streams``), ids [T],
+    anchors [A] (1 <= s <= T - B), prev [A, B] the teacher-forced Markov inputs -> (logits [A, B, V], conf_logits
+    [A, B] or None). Block a reads context positions < s_a and its own B rows, as at inference."""
     b, n = spec.block_size, ids.shape[0]
     a = anchors.shape[0]
     u = encode(t, feats, spec.layer.rms_eps)

@@ -16,7 +16,8 @@ Block (the "token batch") y = [x_s, m x (B-1)] at positions s..s+B-1 (m = tokeni
         [B, S+1, H] = (streams, lag) (``pack_lag``, stored): x_0 = S copies, lag_0 = e_0 (``streams_in``), the
         attention folds by the lag, the MoE by the attention's pre, the state carries the MoE's pre out:
         attention (``window_attention``): V4's shared-KV MQA of the normed rows a (``reference.ops.v4_attention``:
-            q_heads (the per-head q norm iff q_head_norm; V4.1 none), the interleaved tail rope, sinks, the conjugate rope on the output, the grouped output) over
+            q_heads (the per-head q norm iff q_head_norm; V4.1 none), the interleaved tail rope, sinks, the
+            conjugate rope on the output, the grouped output) over
             keys [ctx_i[j] for j < s ; the block rows' own K = V], a key at p_k seen by the query at p_q iff
             p_q - p_k < W (llama.cpp's non-causal SWA: block keys ahead of the query are seen)
         MoE: sqrt-softplus + bias top-k (never hashed), renormalised x routed_scale, + the ungated shared expert
