@@ -174,7 +174,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "final_norm": R + "deepseek4.model:final_norm", "oracle": DS + "oracle:hf_deepseek4_logits",
                  "state": G + "state_decls_deepseek4:DEEPSEEK4_STATE", "layer_ops": QWEN3_OPS}),
     Family("deepseek41", "DeepSeek V4.1 (docs/V41.md; window-only layers, lagged HC; gate ds41-dspark)",
-           gguf_archs=("deepseek41",), runs=True,
+           gguf_archs=("deepseek41",), runs=True, draft_device=True,
            code={"read_hf": C + "families.deepseek41.reader_hf:deepseek41_from_hf",
                  "read_gguf": C + "families.deepseek41.reader_gguf:deepseek41_from_gguf",
                  "engine": K + "deepseek41.model:Deepseek41Target", "reference": R + "deepseek41.model:forward",
