@@ -160,7 +160,7 @@ def test_gate_dspark_lines_pass(tmp_path):
     assert code == 0 and len(rows) >= 8 and all(x.endswith("PASS") for x in rows), "\n".join(lines)
 
 
-PLANT_DTYPE = "f32"      # the dtype the gate passes cleanly on this fixture (bf16: a trunk state line, see results)
+PLANT_DTYPE = "f32"   # bf16 on this fixture fails trunk lines of prompt 0 (a layer-0 expert near-tie, docs/V41.md 10)
 
 
 def unlagged(monkeypatch) -> None:
@@ -207,3 +207,16 @@ def test_fail_first_gate_exits_1(tmp_path, monkeypatch, plant):
     code, lines = gate_lines(tmp_path, dtype=PLANT_DTYPE)
     assert code == 1, "\n".join(lines)
     assert any(x.endswith("FAIL") for x in dspark_lines(lines)), "\n".join(lines)
+
+
+@needs_fixture
+@pytest.mark.parametrize("plant", [unlagged, mean_collapse, q_head_norm], ids=["mix-unlagged", "last-mix-mean",
+                                                                               "q-head-norm"])
+def test_fail_first_dspark_line_fails_in_bf16(tmp_path, monkeypatch, plant):
+    """In bf16 the gate exits 1 on this fixture anyway (the trunk's lines, PLANT_DTYPE), so the plant must FAIL a
+    dspark line itself. (The lag-row plant is caught in f32 only: enc_norm's RMS cancels the 4/5 scale of a mean
+    over S+1 rows, and what is left, the lag row's S channels, is inside the bf16 band.)"""
+    plant(monkeypatch)
+    code, lines = gate_lines(tmp_path, dtype="bf16")
+    assert code == 1, "\n".join(lines)
+    assert any(x.endswith("FAIL") for x in dspark_lines(lines) if "state after" not in x), "\n".join(lines)
