@@ -83,13 +83,13 @@ def rewrite(dst: Path, drop: str | None = None, value=None, extra: dict | None =
     def put_bad(wr, name, x):
         if name == bad_type:
             return wr.add_tensor(name, np.ascontiguousarray(x, dtype=np.float16))
-        if name.startswith(("token_embd", "output_hc_")):             # not in the 5.2 table: planted as F32
+        if name.startswith(("token_embd", "output_hc_", "conf_proj.bias")):   # not in the 5.2 table: as F32
             return wr.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
         return put(wr, name, x)
 
     gguf.GGUFWriter.add_key_value = add
     try:
-        fx.write_gguf(dst, d, dict(d.tensors) | (extra or {}), put=put_bad, extra=(("hash_layer_count", 0),))
+        fx.write_gguf(dst, d, dict(d.tensors) | (extra or {}), put=put_bad, extra=fx.extra_keys(d))
     finally:
         gguf.GGUFWriter.add_key_value = real
     return dst
@@ -113,7 +113,9 @@ def gate_lines(tmp_path, draft: Path | None = None, n: int = 8, dtype: str = "bf
     ("dflash.hash_layer_count", None, "hash_layer_count"), ("dflash.hash_layer_count", 2, "hash_layer_count"),
     ("dflash.block_size", None, "block_size"), ("dflash.attention.value_length", None, "value_length"),
     ("dflash.context_length", None, "context_length"), ("dflash.hyper_connection.count", None, "count"),
-    ("dflash.target_layers", [2, 9], "target_layers"), ("dflash.expert_gating_func", 1, "expert_gating_func")])
+    ("dflash.target_layers", [2, 9], "target_layers"), ("dflash.target_layers", [4, 2], "target_layers"),
+    ("dflash.vocab_size", None, "vocab_size"), ("dflash.vocab_size", 4000, "vocab_size"),
+    ("dflash.expert_gating_func", 1, "expert_gating_func")])
 def test_reader_names_every_bad_key_exit_2(tmp_path, key, value, named):
     code, lines = gate_lines(tmp_path, rewrite(tmp_path / "bad.gguf", key, value))
     out = "\n".join(lines)
@@ -124,6 +126,7 @@ def test_reader_names_every_bad_key_exit_2(tmp_path, key, value, named):
 @pytest.mark.parametrize("how,named", [
     ({"extra": {"hc_head.hc_fn": torch.zeros(4, 256)}}, "output_hc_fn"),
     ({"extra": {"embed_tokens.weight": torch.zeros(4096, 64)}}, "token_embd"),
+    ({"extra": {"confidence_head.proj.bias": torch.zeros(1)}}, "conf_proj.bias"),
     ({"bad_type": "fc.weight"}, "fc.weight"), ({"bad_type": "blk.0.ffn_norm.weight"}, "ffn_norm")])
 def test_reader_refuses_foreign_tensors_and_types_exit_2(tmp_path, how, named):
     code, lines = gate_lines(tmp_path, rewrite(tmp_path / "bad.gguf", **how))
@@ -136,6 +139,7 @@ def test_reader_reads_back_the_fixture_exactly(tmp_path):
     _, d = specs(rewrite(tmp_path / "same.gguf"))
     _, want = specs()
     assert d.target_layer_ids == (1, 3) and d.block_size == 7 and d.markov_rank == 4 and d.collapse == "last_mix"
+    assert d.confidence and "confidence_head.proj.bias" not in d.tensors       # the seed's conf_proj: no bias
     assert set(d.tensors) == set(want.tensors) and all(torch.equal(d.tensors[k], v) for k, v in want.tensors.items())
 
 

@@ -6,8 +6,9 @@ ds41-tiny target, written as ``fixtures/ds41-tiny-dspark-b7.gguf``.
 Draft: 1 V4.1 stage (window-only attention W 16 without the per-head q norm, lagged HC mixes over 4 streams,
 6 experts top-2 sqrt-softplus + the shared expert: the trunk's shapes), the LastMix collapse (no ``output_hc_*``),
 B 7 (anchor-first), features the hc-stream mean of the S streams ENTERING target layers 2 and 4 (the taps' lag
-row dropped; ``dflash.target_layers`` [2, 4]), Markov rank 4, a confidence head; no token_embd / output (the
-target's). Keys: the 5.1 set written by ``deepseek4.fixture_dspark.write_gguf`` plus ``hash_layer_count`` 0.
+row dropped; ``dflash.target_layers`` [2, 4]), Markov rank 4, a confidence head without a bias (the seed's
+``conf_proj``); no token_embd / output (the target's). Keys: the 5.1 set written by
+``deepseek4.fixture_dspark.write_gguf`` plus ``hash_layer_count`` 0 and ``vocab_size``.
 Types (``reader_dspark.type_of``): the F32 group F32, every other matrix BF16 (the Q8_0 / MXFP4 ones widened: the
 tiny shapes' rows of 24 are not Q8_0 / MXFP4 blocks of 32). Size: ~0.2 MB (the fixtures cap leaves ~0.4 MB).
 
@@ -93,8 +94,7 @@ def init_params(target, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out["markov_head.markov_w1.weight"] = 0.02 * torch.randn(target.vocab_size, RANK, generator=g)
     out["markov_head.markov_w2.weight"] = torch.zeros(target.vocab_size, RANK)
-    out["confidence_head.proj.weight"] = torch.zeros(1, h + RANK)
-    out["confidence_head.proj.bias"] = torch.zeros(1)
+    out["confidence_head.proj.weight"] = torch.zeros(1, h + RANK)        # no bias: the seed's conf_proj has none
     return out
 
 
@@ -108,8 +108,13 @@ def put(wr: gguf.GGUFWriter, name: str, x: np.ndarray) -> None:
     wr.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
 
 
+def extra_keys(spec) -> tuple[tuple[str, int], ...]:
+    """The 5.2 keys beyond the 5.1 set ``write_gguf`` writes."""
+    return ("hash_layer_count", 0), ("vocab_size", spec.vocab_size)
+
+
 def write_ds41_dspark(path: Path, spec, w: dict[str, torch.Tensor]) -> None:
-    write_gguf(path, spec, w, put=put, extra=(("hash_layer_count", 0),))
+    write_gguf(path, spec, w, put=put, extra=extra_keys(spec))
 
 
 def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtureConfig | None = None) -> Path:

@@ -8,8 +8,13 @@ The layout is llama.cpp's DSV4 DSpark (5.1, ``bloomery_cli.families.deepseek4.re
 * keys: every key is required, none defaulted (``block_size``, ``attention.value_length`` (= key_length),
   ``hyper_connection.count`` included), plus ``context_length`` and ``hash_layer_count`` == 0;
   ``rope.scaling.*`` and ``attention.indexer.*`` are ignored;
-* tensors: no ``output_hc_*`` (the collapse is LastMix), no ``token_embd`` / ``output`` (the target's are used);
-  the Markov rank is the length of a ``markov_w1`` row;
+* keys read as the seed's ``DraftHparams::read`` (``crates/model/src/arch/dspark.rs``): the vocabulary is
+  ``vocab_size`` or the length of ``tokenizer.ggml.tokens`` (= the target's and ``markov_w1``'s rows),
+  ``target_layers`` strictly increasing;
+* tensors (the seed's ``tensors``; any other name is refused, as its ``inventory`` refuses unread names):
+  ``conf_proj.weight`` [1, H + r] required and no ``conf_proj.bias`` (the spec has no bias: z = proj . [g ; e]),
+  ``markov_w1`` / ``markov_w2`` required; no ``output_hc_*`` (the collapse is LastMix), no ``token_embd`` /
+  ``output`` (the target's are used); the Markov rank is the length of a ``markov_w1`` row;
 * types (``TYPES``): the norms, sinks, hc mixes, router bias F32; the attention projections, the shared expert
   and ``fc`` Q8_0; the router, ``markov_w1/w2`` and ``conf_proj`` BF16; the routed experts MXFP4. A fixture may
   store a wider float (``WIDER``: BF16 or F32 for Q8_0 / MXFP4, F32 for BF16); any other type is refused.
@@ -34,14 +39,15 @@ from ..deepseek4 import reader_dspark as r4
 
 A = r4.A
 F32_PARTS = ("attn_norm.", "attn_q_a_norm.", "attn_kv_a_norm.", "attn_sinks.", "hc_", "exp_probs_b.", "ffn_norm.",
-             "enc.output_norm.", "output_norm.", "conf_proj.bias")
+             "enc.output_norm.", "output_norm.")
 Q8_PARTS = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.", "fc.")
 BF16_PARTS = ("ffn_gate_inp.", "markov_w1.", "markov_w2.", "conf_proj.weight")
 MXFP4_PARTS = ("_exps.",)
 WIDER = {"Q8_0": ("BF16", "F32"), "MXFP4": ("BF16", "F32"), "BF16": ("F32",), "F32": ()}
 NOT_IN_52 = {"output_hc_fn.weight": "a trained HC head (output_hc_*): the V4.1 DSpark collapses by LastMix",
              "token_embd.weight": "its own token_embd: the V4.1 DSpark uses the target's",
-             "output.weight": "its own output head: the V4.1 DSpark uses the target's"}
+             "output.weight": "its own output head: the V4.1 DSpark uses the target's",
+             "conf_proj.bias": "a confidence bias: the V4.1 DSpark's conf_proj has none"}
 
 
 def type_of(gname: str) -> str:
@@ -66,6 +72,15 @@ class Keys52(r4.Keys):
 def read_keys(k: Keys52, target: Deepseek41Spec) -> dict[str, Any]:
     fields = r4.read_keys(k, target)
     k.int(A + "context_length", 1)
+    layers = k.ints(A + "target_layers")
+    if any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
+        raise k.bad(A + "target_layers", f"{layers}; expected strictly increasing (the seed's target_layers)")
+    tokens = k.f.meta("tokenizer.ggml.tokens", None)
+    vocab = k.f.meta(A + "vocab_size", None) if tokens is None else len(tokens)
+    if vocab is None:
+        raise k.bad(A + "vocab_size", "missing, and no tokenizer.ggml.tokens: the V4.1 DSpark states its vocabulary")
+    if vocab != target.vocab_size:
+        raise Mismatch(f"{k.f.path}: key {A}vocab_size", f"{vocab} vs the target's vocab {target.vocab_size}")
     if k.int(A + "hash_layer_count") != 0:
         raise k.bad(A + "hash_layer_count", f"{k.get(A + 'hash_layer_count')}; the DSpark stages are never hashed "
                                             "(expected 0)")
@@ -101,9 +116,9 @@ def deepseek41_dspark_from_gguf(path: Path, target: Deepseek41Spec) -> Deepseek4
     vocab, rank = lazy.shape_of("markov_w1.weight")
     if vocab != target.vocab_size:
         raise Mismatch(f"{path}: tensor markov_w1.weight", f"{vocab} rows vs the target's vocab {target.vocab_size}")
-    own = {n for n in ("conf_proj.weight", "conf_proj.bias") if n in names}
-    if len(own) == 1:
-        raise BadTensor(f"{path}: tensor conf_proj", "weight and bias come together (one of them is missing)")
+    if "conf_proj.weight" not in names:
+        raise BadTensor(f"{path}: tensor conf_proj.weight", "missing; the V4.1 DSpark carries its confidence head")
+    own = {"conf_proj.weight"}
     table = {g: v for g, v in r4.shapes(fields, vocab, rank, own).items() if not g.startswith("output_hc_")}
     check_shapes(lazy, table, path)
     extra = sorted(names - set(table))
@@ -126,7 +141,7 @@ def deepseek41_dspark_from_gguf(path: Path, target: Deepseek41Spec) -> Deepseek4
                                                                lazy[f"blk.{i}.ffn_up_exps.weight"]], dim=1)
     return Deepseek41DSparkSpec(kind="deepseek41-dspark", source=Path(path), source_format="gguf",
                                 num_layers=fields["n"], block_size=fields["block"], target_layer_ids=fields["ids"],
-                                mask_token_id=fields["mask"], markov_rank=rank, confidence=bool(own),
+                                mask_token_id=fields["mask"], markov_rank=rank, confidence=True,
                                 collapse="last_mix", vocab_size=vocab, layer=fields["layer"], attn=fields["attn"],
                                 moe=fields["moe"], hc=fields["hc"], swiglu_limit=fields["clamp"], tensors=t)
 

@@ -16,7 +16,8 @@ residual is S streams [B, S, H]; ``spec`` is a ``Deepseek4DSparkSpec`` (its tens
     g      = COLLAPSE[spec.collapse](x)     "hc_head": V4's trained hyper_head(x; hc_head)             [B, H]
                                             "last_mix": sum_s lag[s] x[s] (V4.1: the last FFN's pre)
     logits = markov_decode(rms(g, norm) head^T, anchor)       serial greedy chain, prev_0 = the anchor  [B, V]
-    conf_k = sigmoid(proj . [g_k ; W1[prev_k]] + b)           the PRE-norm collapse (llama.cpp's t_embd)
+    conf_k = sigmoid(proj . [g_k ; W1[prev_k]] + b)           the PRE-norm collapse (llama.cpp's t_embd); b = 0
+                                                              when the file has none (the V4.1 DSpark's conf_proj)
 
 State: the context K = V of every stage [n_layers, cap, d] by position (prompt / accept write the kept rows); the
 block's own K = V is transient (never stored), so a rejected draft leaves nothing to roll back.
@@ -177,7 +178,7 @@ class Deepseek4DSparkDraft:
         self.embed = self.t.get("embed_tokens.weight", target.embed)
         self.head = self.t.get("lm_head.weight", target.head)
         self.w1, self.w2 = (self.t[W1], self.t[W2]) if spec.markov_rank else (None, None)
-        self.proj = (self.t[PROJ], self.t[PROJ_B]) if spec.confidence else None
+        self.proj = (self.t[PROJ], self.t.get(PROJ_B)) if spec.confidence else None   # V4.1: no bias
         self.max_len, self.cap = max_len, max_len + spec.block_size + 2
         self.kv_ctx = torch.zeros(spec.num_layers, self.cap, spec.attn.head_dim, device=self.device,
                                   dtype=self.dtype)
@@ -276,5 +277,5 @@ def forward_train(t: Mapping[str, T], spec: Deepseek4DSparkSpec, embed: T, head:
         logits = logits + F.linear(e, t[W2])
     if not spec.confidence:
         return logits, None
-    z = F.linear(torch.cat([g.view(a, b, -1), e], -1), t[PROJ], t[PROJ_B])
+    z = F.linear(torch.cat([g.view(a, b, -1), e], -1), t[PROJ], t.get(PROJ_B))
     return logits, z[..., 0]

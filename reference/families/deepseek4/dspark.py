@@ -25,7 +25,8 @@ Block (the "token batch") y = [x_s, m x (B-1)] at positions s..s+B-1 (m = tokeni
                                         "last_mix": sum_s lag[s] x[s] of the packed state (V4.1, no head)
     base   = rms(g, norm) head^T        head: the file's ``output`` if any, else the target's               [B, V]
     logits_k = st(base_k + st(W2 W1[prev_k])), prev_0 = x_s, prev_k = argmax logits_{k-1} (greedy chain)  [B, V]
-    z_k    = proj . [g_k ; W1[prev_k]] + b,  c_k = sigmoid(z_k)        the PRE-norm collapse g (t_embd)
+    z_k    = proj . [g_k ; W1[prev_k]] + b,  c_k = sigmoid(z_k)        the PRE-norm collapse g (t_embd); b = 0
+                                                                       when the file has none (V4.1's conf_proj)
 
 Row k predicts the token at s+k+1 (anchor-first: B drafts). The Markov / cut helpers are the dense DSpark's
 (``reference.drafts.dspark``): ``markov_rows``, ``markov_term``, ``markov_logits``, ``cut_length``.
@@ -227,7 +228,8 @@ def forward(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, taps, anchor_id: 
     conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
         z = xp.concatenate([g, e], axis=-1) @ w["confidence_head.proj.weight"][0]
-        conf_logits = st(z + w["confidence_head.proj.bias"][0])
+        b0 = w["confidence_head.proj.bias"][0] if "confidence_head.proj.bias" in draft.tensors else 0.0
+        conf_logits = st(z + b0)                                  # the V4.1 DSpark's conf_proj has no bias
         confidence = 1.0 / (1.0 + xp.exp(-conf_logits))
     return DSparkRefOut(logits=logits, base=base, layer_out=layer_out, ids=xp.argmax(logits, axis=-1), prev=prev,
                         confidence=confidence, conf_logits=conf_logits, u=ctx[0], final=g)
