@@ -61,6 +61,9 @@ gate-ds4-mtp *ARGS:
 gate-ds4-dspark *ARGS:
     bloomery gate run ds4-dspark {{ARGS}}
 
+gate-ds41-dspark *ARGS:
+    bloomery gate run ds41-dspark {{ARGS}}
+
 gate-qwen4exp-mtp *ARGS:
     bloomery gate run qwen4exp-mtp {{ARGS}}
 
@@ -96,6 +99,10 @@ fixtures-ds4-gguf:
 # the deepseek41 fixture (DeepSeek V4.1 in the seed engine's GGUF layout, docs/V41.md), ~10 min on 2 busy CPU cores
 fixtures-ds41:
     OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek41.fixture --out fixtures
+
+# the ds41-dspark draft (the seed's V4.1 DSpark, FAMILIES_MOE.md 5.2) distilled from ds41-tiny, ~1 min
+fixtures-ds41-dspark:
+    OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek41.fixture_dspark --out fixtures
 
 gate-qwen35moe-mtp *ARGS:
     bloomery gate run qwen35moe-mtp {{ARGS}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import (
                deepseek4_dspark,
                deepseek4_mtp,
+               deepseek41_dspark,
                glm5next_mtp,
                mimo2_mtp,
                qwen3_dflash,
@@ -31,4 +32,5 @@ GATES[mimo2_mtp.GATE.name] = mimo2_mtp.GATE
 GATES[glm5next_mtp.GATE.name] = glm5next_mtp.GATE
 GATES[deepseek4_mtp.GATE.name] = deepseek4_mtp.GATE
 GATES[deepseek4_dspark.GATE.name] = deepseek4_dspark.GATE
+GATES[deepseek41_dspark.GATE.name] = deepseek41_dspark.GATE
 GATES[qwen4exp_mtp.GATE.name] = qwen4exp_mtp.GATE

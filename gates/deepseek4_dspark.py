@@ -36,25 +36,25 @@ from .draft_checks import draft_ops, kernel_taps
 from .dspark_cut import check_cut_windows
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dspark import CONFIDENCE_CUT
-from .state_decls_deepseek4 import DEEPSEEK4_DSPARK_STATE
+from .state_decls_deepseek4 import DEEPSEEK4_DSPARK_STATE, collapse_op
 from .targets import greedy_flips, to_np
 
 
 def stage_ops(c: DraftCheck, stages: int, logits: bool) -> list[Op]:
-    """fc + enc_norm (one layer's worth) and ``stages`` DSV4 stages; logits add the HC head, the final norm, the
+    """fc + enc_norm (one layer's worth) and ``stages`` DSV4 stages; logits add the HC collapse, the final norm, the
     head and the Markov term's two ops."""
     d: Deepseek4DSparkSpec = c.draft_spec
     h = d.hidden_size
     ops = draft_ops(c, stages, logits=False)
     if logits:
-        ops += [Op("hc_head", d.hc.count * h), Op("final norm", h), Op("lm head", h),
+        ops += [collapse_op(d), Op("final norm", h), Op("lm head", h),
                 Op("markov W2 . W1[prev]", max(d.markov_rank, 1)), Op("markov add", 1)]
     return ops
 
 
 def check_block(report: Report, c: DraftCheck, got, ref, emu, anchor: int) -> None:
     """got: the kernel's DSparkProposal (detail=True); ref / emu the reference teacher-forced with got.prev."""
-    out = to_np(got.layer_out)                                             # [n_layers, B, S, H]
+    out = to_np(got.layer_out)                             # [n_layers, B, S, H] (S+1: the lag row, V4.1)
     _, b, s, h = out.shape
     for i in range(out.shape[0]):
         close(report, f"dspark stage {i} out streams [{b}x{s}x{h}]", out[i], ref.layer_out[i], emu.layer_out[i],
@@ -73,7 +73,7 @@ def check_block(report: Report, c: DraftCheck, got, ref, emu, anchor: int) -> No
     z = to_np(got.conf_logits)
     d = c.draft_spec
     close(report, f"dspark confidence logits (pre-norm collapse) [{len(z)}]", z, ref.conf_logits, emu.conf_logits,
-          c.dtype, stage_ops(c, out.shape[0], False) + [Op("hc_head", d.hc.count * d.hidden_size),
+          c.dtype, stage_ops(c, out.shape[0], False) + [collapse_op(d),
                                                         Op("confidence proj", d.hidden_size + d.markov_rank)])
     t = c.draft.confidence_cut
     keep = cut_length(to_np(got.confidence), t)

@@ -117,6 +117,13 @@ DEEPSEEK4_MTP_STATE = (StateDecl(_m_read, _m_reference, _m_ops),)
 # confidence logits (the reference teacher-forced with the kernel's Markov chain). Band depths: the target's layers
 # up to the deepest feature, fc + enc_norm, kv proj + kv_norm + rope; the block adds the stages and the HC head.
 
+def collapse_op(d) -> Op:
+    """The draft's HC collapse as one op: V4's trained head reads S x H (its rms over the flattened streams);
+    V4.1's LastMix is a weighted sum over the S streams."""
+    h = d.hidden_size
+    return Op("hc_head", d.hc.count * h) if d.collapse == "hc_head" else Op(d.collapse, d.hc.count)
+
+
 def _ds_names(spec) -> list[str]:
     return [f"dspark context layer {i} k = v (window, stage {i})" for i in range(spec.num_layers)]
 
@@ -164,7 +171,7 @@ def _ds_conf_ops(run: StateRun) -> dict[str, list[Op]]:
     h = d.hidden_size
     return {DS_CONF: _ds_feature_ops(run, run.length + d.block_size)
             + layer_ops(d.layer, run.length + d.block_size) * d.num_layers
-            + [Op("hc_head", d.hc.count * h), Op("confidence proj", h + d.markov_rank)]}
+            + [collapse_op(d), Op("confidence proj", h + d.markov_rank)]}
 
 
 DEEPSEEK4_DSPARK_STATE = (StateDecl(_ds_read, _ds_reference, _ds_ops),

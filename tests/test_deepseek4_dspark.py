@@ -178,7 +178,7 @@ def test_collapse_variants_are_named_alike_and_the_replay_is_the_family_one():
     from bloomery_gates.reference.families.deepseek4 import dspark as rd
     from bloomery_gates.spec.families.deepseek4 import COLLAPSES
 
-    assert set(kd.COLLAPSE) == set(rd.COLLAPSE) == set(COLLAPSES) == {"hc_head"}
+    assert set(kd.COLLAPSE) == set(rd.COLLAPSE) == set(COLLAPSES) == {"hc_head", "last_mix"}
     assert lookup(PROPOSE, "deepseek4", "dspark") is PROPOSE["deepseek4/dspark"] is not PROPOSE["dspark"]
     assert PROPOSE["deepseek4/dspark"].__closure__[0].cell_contents is rd and rd is not dense
 

@@ -97,42 +97,47 @@ def init_params(target, seed: int) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def rows_data(eng, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per row: (ids [T], features [T, n H], the target's argmax [T]) from the engine's f32 taps."""
-    from bloomery_gates.kernels.families.deepseek4.dspark import features
+def rows_data(eng, rows: torch.Tensor, layer_ids: tuple[int, ...] = TARGET_IDS
+              ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per row: (ids [T], features [T, n H], the target's argmax [T]) from the engine's f32 taps (their S hc
+    streams: a deepseek41 tap's lag row dropped)."""
+    from bloomery_gates.kernels.families.deepseek4.dspark import features, target_streams
 
     out = []
     for r in rows:
         p = eng.prefill(r.tolist())
-        out.append((r, features(p.taps.float(), TARGET_IDS), torch.tensor(p.argmax)))
+        out.append((r, features(target_streams(p.taps.float(), eng.spec.hc.count), layer_ids),
+                    torch.tensor(p.argmax)))
     return out
 
 
 def block_loss(params: dict, spec, eng, data: list, pick: list[int], anchors: int, gen) -> tuple[torch.Tensor, float]:
     from bloomery_gates.kernels.families.deepseek4.dspark import forward_train
 
-    gamma = (B + 1) / 2
-    wk = torch.exp(-torch.arange(B) / gamma)
+    b = spec.block_size
+    gamma = (b + 1) / 2
+    wk = torch.exp(-torch.arange(b) / gamma)
     wk = wk / wk.sum()
     loss, hits, n = 0.0, 0, 0
     for j in pick:
         ids, feats, lab = data[j]
-        s = torch.randint(1, ids.shape[0] - B, (anchors,), generator=gen)
-        labels = lab[s[:, None] + torch.arange(B)]                                          # [A, B]
+        s = torch.randint(1, ids.shape[0] - b, (anchors,), generator=gen)
+        labels = lab[s[:, None] + torch.arange(b)]                                          # [A, B]
         prev = torch.cat([ids[s][:, None], labels[:, :-1]], 1)
         logits, z = forward_train(params, spec, eng.embed.float(), eng.head.float(), feats, ids, s, prev)
         ce = (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-              .view(anchors, B) * wk).sum(-1).mean()
+              .view(anchors, b) * wk).sum(-1).mean()
         hit = (logits.argmax(-1) == labels).float()
         loss = loss + ce + 0.5 * F.binary_cross_entropy_with_logits(z, hit)
         hits, n = hits + int(hit.sum()), n + hit.numel()
     return loss / len(pick), hits / n
 
 
-def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
-    """The llama.cpp converter's DSV4 DSpark layout (keys and names as ``reader_dspark`` reads them), F32 tensors;
-    with ``tok`` the target's tokenizer keys (the converter's ``set_vocab`` from ``--target-model-dir``: llama.cpp
-    loads a vocabulary for every model, the draft included)."""
+def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None, put=None, extra=()) -> None:
+    """The llama.cpp converter's DSV4 DSpark layout (keys and names as ``reader_dspark`` reads them), F32 tensors
+    (or as ``put(writer, gguf_name, array)`` stores them); with ``tok`` the target's tokenizer keys (the
+    converter's ``set_vocab`` from ``--target-model-dir``: llama.cpp loads a vocabulary for every model, the draft
+    included); ``extra`` more (key, uint32) pairs under ``dflash.`` (the V4.1 DSpark's, FAMILIES_MOE.md 5.2)."""
     import gguf
 
     from ...fixturegen.export_gguf import write_tokenizer
@@ -150,7 +155,8 @@ def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
                  ("expert_count", m.num_experts), ("expert_used_count", m.top_k),
                  ("expert_feed_forward_length", m.expert_ff), ("expert_shared_count", 1), ("expert_gating_func", 4),
                  ("hyper_connection.count", spec.hc.count),
-                 ("hyper_connection.sinkhorn_iterations", spec.hc.sinkhorn_iters), ("block_size", spec.block_size)):
+                 ("hyper_connection.sinkhorn_iterations", spec.hc.sinkhorn_iters), ("block_size", spec.block_size),
+                 *extra):
         wr.add_uint32(A + k, v)
     for k, v in (("rope.freq_base", a.rope_theta), ("attention.layer_norm_rms_epsilon", spec.layer.rms_eps),
                  ("expert_weights_scale", m.routed_scale), ("hyper_connection.epsilon", spec.hc.eps)):
@@ -163,6 +169,7 @@ def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
     if tok is not None:
         write_tokenizer(wr, tok, pad=False)
     wr.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
+    put = put or (lambda wr, g, x: wr.add_tensor(g, np.ascontiguousarray(x)))
     back = {v: k for k, v in ROOT.items()}
     blk = {v: k for k, v in BLOCK.items()}
     for name, x in w.items():
@@ -171,14 +178,14 @@ def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None) -> None:
             _, i, rest = name.split(".", 2)
             if rest == "mlp.experts.gate_up_proj":
                 ff = x.shape[1] // 2
-                wr.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(x[:, :ff]))
-                wr.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(x[:, ff:]))
+                put(wr, f"blk.{i}.ffn_gate_exps.weight", x[:, :ff])
+                put(wr, f"blk.{i}.ffn_up_exps.weight", x[:, ff:])
                 continue
             if rest == "self_attn.o_a_proj.weight":
                 x = x.reshape(a.o_groups, a.o_lora_rank, -1)
-            wr.add_tensor(f"blk.{i}.{blk[rest]}", np.ascontiguousarray(x))
+            put(wr, f"blk.{i}.{blk[rest]}", x)
         else:
-            wr.add_tensor(back[name], np.ascontiguousarray(x))
+            put(wr, back[name], x)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

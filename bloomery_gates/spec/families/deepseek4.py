@@ -71,7 +71,8 @@ class Deepseek4MTPSpec:
     tensors: Tensors = field(repr=False)
 
 
-COLLAPSES = ("hc_head",)          # the HC collapse variants a DSV4 DSpark draft may name (V4.1 adds "last_mix")
+COLLAPSES = ("hc_head", "last_mix")   # the HC collapse variants of a DSpark draft ("last_mix": V4.1, no trained head)
+HC_MIXES = ("own", "lagged")          # a stage folds its input by its own pre (V4) or the previous sublayer's (V4.1)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class Deepseek4DSparkSpec:
     hc: HCShape
     swiglu_limit: float
     tensors: Tensors = field(repr=False)
+    hc_mix: str = "own"            # one of HC_MIXES
+    q_head_norm: bool = True       # the per-head unweighted RMS of q before its rope (V4: yes, V4.1: no)
 
     @property
     def hidden_size(self) -> int:

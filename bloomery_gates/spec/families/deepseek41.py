@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...engram_hash import EngramHash
-from .deepseek4 import Deepseek4Spec
+from .deepseek4 import Deepseek4DSparkSpec, Deepseek4Spec
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,16 @@ class Deepseek41Spec(Deepseek4Spec):
 
     def stream(self, layer: int) -> V41Stream | None:
         return self.streams[layer] if self.streams else None
+
+
+@dataclass(frozen=True)
+class Deepseek41DSparkSpec(Deepseek4DSparkSpec):
+    """The seed engine's V4.1 DSpark draft (docs/FAMILIES_MOE.md 5.2; ``spec.rs`` ``draft_of``), read by
+    ``bloomery_cli.families.deepseek41.reader_dspark``: the DSV4 DSpark's stages and heads with the V4.1 deltas,
+    ``hc_mix`` "lagged" (each stage's sublayers fold by the previous sublayer's ``pre``, the first by a one-hot;
+    the stage state travels packed [R, S+1, H] as the trunk's taps), ``collapse`` "last_mix" (no ``hc_head.*``),
+    ``q_head_norm`` False. The file has no ``token_embd`` / ``output``: the target's are used. The features are
+    the hc-stream mean of the first S rows of the target's taps (the lag row dropped)."""
+
+    hc_mix: str = "lagged"
+    q_head_norm: bool = False
