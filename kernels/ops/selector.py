@@ -103,9 +103,9 @@ def scores_and_walk(cand: torch.Tensor, unary: torch.Tensor, g: torch.Tensor, a:
 
 
 def select(l: torch.Tensor, g: torch.Tensor, anchor: torch.Tensor, a: torch.Tensor, bs: torch.Tensor, k: int,
-           fused=scores_and_walk, topk=topk_candidates) -> Selection:
+           fused=scores_and_walk, topk=None) -> Selection:
     """l [..., J, V] float32 logits, g [..., J, r], anchor [...] -> the Selection (``fused``: the
     scores-and-walk implementation, this torch path or the Triton kernel; ``topk`` likewise the top-K)."""
-    unary, cand = topk(l, k)
+    unary, cand = (topk or topk_candidates)(l, k)        # None: this module's top-K, looked up at the call
     s, idx, ids = fused(cand, unary, g, a, bs, anchor)
     return Selection(unary, cand, s, idx, ids)
