@@ -23,12 +23,18 @@ MIMO = FIX / "mimo2-tiny"
 runner = CliRunner()
 
 
+NOT_PLANNED = {"ds41-tiny-dspark-b7.gguf": "plan has no deepseek41 (V4.1) model yet: its target is GGUF-only, "
+                                           "fixtures/ds41-tiny/ds41-tiny.gguf"}
+
+
 def _entries() -> tuple[list[Path], list[Path]]:
     """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
     (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel); an mtp-X.gguf is X.gguf's draft,
     a dflash-arch GGUF a block draft."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
+        if p.name in NOT_PLANNED:
+            continue
         if p.suffix == ".gguf" and (p.name.startswith("mtp-") or header_model(p).arch == "dflash"):
             drafts.append(p)             # a separate MTP GGUF (deepseek4's converter sidecar) or a DSpark draft
         elif p.suffix == ".gguf":
@@ -67,6 +73,7 @@ def test_the_loop_covers_every_fixture():
     targets, drafts = _entries()
     named = {n for pair in PAIRS for n in pair if n}
     assert named == {p.name for p in targets + drafts}
+    assert {p.name for p in FIX.iterdir() if p.suffix == ".gguf"} - named - {"nemotron-h-tiny.gguf"} <= set(NOT_PLANNED)
     assert ("mimo2-tiny", "mimo2-tiny") in PAIRS and ("nemotron-h-tiny.gguf", None) in PAIRS
     assert len(drafts) >= 12 and len(targets) >= 9
 
