@@ -331,7 +331,8 @@ def gates_all(device: Device = "cpu", dtype: Dtype = "f32", n: N = None,
             out.print(f"{g.name}: the draft stays on {device} (no --draft-device support for a {g.family} "
                       f"{g.draft_kind} pair)", highlight=False, soft_wrap=True)
         opts = GateOptions(device=device, dtype=dtype, n=n, json=(results / names[g.name]) if results else None,
-                           oracle=oracle, sampling=sampling, reference_device=reference_device,
+                           oracle=oracle, oracle_where_exists=True, sampling=sampling,
+                           reference_device=reference_device,
                            reference_compare=reference_compare, draft_device=moved, engine=engine)
         try:
             code, rep = run_gate(g, opts)
