@@ -14,7 +14,10 @@ that kept some but not all of them are behind it (at the latest after n ids), an
 with length = len(prompt) + len(emitted) - 1 the committed positions (the cache holds prompt + emitted[:-1];
 the anchor emitted[-1] is the next verify's first row). The reference is causal, so the rows of ``ref`` cut at
 ``length`` are what a fresh run over the committed ids leaves behind, and its rows length..length+R-1 are the
-next verify's. One line per state item:
+next verify's. The fresh runs make the discrete choices (MoE routers, V4.1's stream top-k) the kernel's cache
+holds where the contract excuses a flip (``gates.routing_flips.state_choices``: the engine's passes are logged per
+position by ``ChoiceLog``; one line per choice), else a near-tie flip of the emulation or the kernel would stand
+in the band or the statistic of every later layer. One line per state item:
 
     (r) state after <W> windows: <what> [shape] vs host f64: <count> checked, worst rel <x> (band <y>),
         rms rel <z> (band <v>) PASS|FAIL
@@ -107,6 +110,40 @@ class StateDecl:
     integers: Callable[[Any, StateRun], list[IntCheck]] | None = None
 
 
+class ChoiceLog:
+    """The engine, its prefill / verify passes' choices (``Pass.routing``, ``Pass.choices``) logged per position:
+    the last pass to run a position wins, as its cache rows do. Everything else is the engine's."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.routing: dict[int, dict[int, np.ndarray]] = {}       # layer -> position -> ids [k]
+        self.choices: dict[str, dict[int, np.ndarray]] = {}       # name -> position -> ids [k]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def _log(self, p0: int, real: int, out: Any) -> Any:
+        for table, got in ((self.routing, {l: r.ids for l, r in (getattr(out, "routing", None) or {}).items()}),
+                           (self.choices, getattr(out, "choices", None) or {})):
+            for key, ids in got.items():
+                rows = ids.detach().cpu().numpy()
+                table.setdefault(key, {}).update({p0 + i: rows[i] for i in range(min(real, len(rows)))})
+        return out
+
+    def prefill(self, ids: list[int], *args, **kwargs) -> Any:
+        return self._log(0, len(ids), self.engine.prefill(ids, *args, **kwargs))
+
+    def verify(self, ids: list[int], *args, **kwargs) -> Any:
+        p0 = self.engine.length
+        return self._log(p0, len(ids), self.engine.verify(ids, *args, **kwargs))
+
+    def ids(self, t: int) -> tuple[dict[int, np.ndarray | None], dict[str, np.ndarray | None]]:
+        """(layer -> [t, k], name -> [t, k]) over positions 0..t-1; None where a position was never run."""
+        def stack(rows: dict[int, np.ndarray]) -> np.ndarray | None:
+            return np.stack([rows[p] for p in range(t)]) if all(p in rows for p in range(t)) else None
+        return ({l: stack(r) for l, r in self.routing.items()}, {n: stack(r) for n, r in self.choices.items()})
+
+
 def emulated(dtype: str, compute: Callable[[], Any]) -> Any:
     """``compute()`` under the dtype's storage rounding (``reference.rounding``; imported late: the harness
     imports reference/ only through the gates)."""
@@ -187,12 +224,13 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
     """The (r) state lines for one gate (called by ``run_gate`` after the (w) / (b) lines)."""
     target_decls = tuple(family.state or ())
     draft_decls = tuple(gate.draft_state or ())
+    log = ChoiceLog(engine)
     try:
-        r = generate(engine, draft, prompt, n, width=width, stop=stop_rule())
+        r = generate(log, draft, prompt, n, width=width, stop=stop_rule())
         proposal = draft.propose(r.emitted[-1], detail=True)
         run = StateRun(target_spec, draft_spec, dtype, prompt, r.emitted, proposal, r.tally.windows, family.reference)
         got = [decl.read(engine, run) for decl in target_decls] + [decl.read(draft, run) for decl in draft_decls]
-        verify = engine.verify(run.verify_ids, logits=True)
+        verify = log.verify(run.verify_ids, logits=True)
     except BROKE as e:
         report.state_broken(None, "the drafted run of prompt 0", f"broke: {type(e).__name__}: {e}")
         return
@@ -204,8 +242,18 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
     if not rollbacks_seen(r.tally):
         report.note("state run: it ended (n ids) before both a window that rejected every proposal and one that kept "
                     "some proposals but not all had run; the state lines below check what it did run")
-    run = run.fresh()
-    run = replace(run, emu=emulated(dtype, run.fresh))
+    routing, choices = log.ids(len(run.seq))
+    if routing or choices:
+        from bloomery_gates.gates.routing_flips import state_choices
+
+        one = family.layer_ops(target_spec.layer, len(run.seq))
+        exact, emu = state_choices(report, run.windows, lambda: family.reference(target_spec, run.seq), routing,
+                                   choices, dtype, lambda l: one * (l + 1))
+        run = replace(run, ref=exact)
+        run = replace(run, emu=replace(run, ref=emu))
+    else:
+        run = run.fresh()
+        run = replace(run, emu=emulated(dtype, run.fresh))
     nv = next_verify(target_spec)
     compare(report, run, nv, nv.read(verify, run))
     for decl, arrays in zip(target_decls + draft_decls, got, strict=True):

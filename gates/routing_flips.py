@@ -21,12 +21,19 @@ One line per choice, at the layer that makes it: ``(r) target <name> [T x k] vs 
 e excused ...``, failing unless d == e (name: ``routing of layer l``, or the key). A later layer that re-makes an
 earlier layer's choice (deepseek41: a stream reader re-primes its sources from their input taps) reuses that layer's
 ``use``. A choice the kernel does not report (a hash layer's table) runs unpinned and gets no line.
+
+The state after the loop (``state_choices``; ``bloomery_cli.state_check``): the fresh run over the whole sequence
+T = prompt + emitted + proposal follows the same rule with a ``layered`` pin, each choice keyed (key, layer), K the
+ids the kernel's cache holds at each position (the last pass that ran the position), the band of layer l's scores
+from ``ops_of(l)``: the emulated run continues with K everywhere, the exact run with ``use``, layer by layer.
+One line per choice: ``(r) state after <W> windows: target <name> [T x k] vs host f64 choice: ...``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -129,10 +136,11 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
 
 
 def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
-                emulated: np.ndarray, dtype: str, ops: Sequence[Op]) -> np.ndarray:
-    """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``."""
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "") -> np.ndarray:
+    """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``;
+    ``where`` prefixes the checked thing ("state after W windows: ")."""
     t, k = own.shape
-    what = f"target {name} [{t}x{k}]"
+    what = f"{where}target {name} [{t}x{k}]"
     band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
     flips = routing_flips(scores, own, got, band)
     report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
@@ -141,3 +149,45 @@ def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, 
         {"what": f"{what} scores", "band": band.value, "differ": flips.differ, "excused": flips.excused,
          "derivation": band.derivation})
     return flips.use
+
+
+def state_choices(report: Report, windows: int, forward: Callable[[], Any], routing: Mapping[int, np.ndarray | None],
+                  choices: Mapping[str, np.ndarray | None], dtype: str,
+                  ops_of: Callable[[int], Sequence[Op]]) -> tuple[Any, Any]:
+    """The fresh runs of the state check with the kernel's choices (module docstring): ``forward()`` the family's
+    reference over the sequence (its RefOut); ``routing`` layer -> the ids [T, k] the kernel's cache holds per
+    position (None: a position the kernel's passes did not report), ``choices`` name -> the same for a named
+    choice. -> (exact RefOut continuing with ``use``, emulated RefOut continuing with K)."""
+    def layered(pins: Mapping) -> Chosen:
+        def compute() -> Chosen:
+            with pinned(dict(pins), layered=True) as pin:
+                out = forward()
+            return Chosen(out, dict(pin.seen))
+        return run(compute)
+
+    first = layered({})
+    got: dict = {}
+    where = f"state after {windows} windows: "
+    for key in first.seen:
+        kind, l = key
+        ids = routing.get(l) if kind == ROUTER else choices.get(kind)
+        if ids is None:                      # the reference chose, the kernel reported no choice: fail closed
+            t, k = first.seen[key][1].shape
+            name = f"routing of layer {l}" if kind == ROUTER else kind
+            report.check(f"(r) {where}target {name} [{t}x{k}] vs host f64 choice: the kernel's passes did not "
+                         "report it", False)
+            continue
+        got[key] = np.asarray(ids, dtype=np.int64)
+    emu = emulate(dtype, lambda: layered(got))
+    exact, use, stale = first, {}, False
+    for key in got:
+        if stale:
+            exact, stale = layered(use), False
+        kind, l = key
+        scores, own = exact.seen[key]
+        name = f"routing of layer {l}" if kind == ROUTER else kind
+        use[key] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops_of(l), where)
+        stale = not np.array_equal(use[key], own)
+    if stale:
+        exact = layered(use)
+    return exact.out, emu.out

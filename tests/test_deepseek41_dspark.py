@@ -159,12 +159,12 @@ def dspark_lines(lines: list[str]) -> list[str]:
 
 @needs_fixture
 def test_gate_dspark_lines_pass(tmp_path):
-    code, lines = gate_lines(tmp_path, dtype=PLANT_DTYPE)
+    code, lines = gate_lines(tmp_path, dtype="bf16")
     rows = dspark_lines(lines)
     assert code == 0 and len(rows) >= 8 and all(x.endswith("PASS") for x in rows), "\n".join(lines)
 
 
-PLANT_DTYPE = "f32"   # bf16 on this fixture fails trunk lines of prompt 0 (a layer-0 expert near-tie, docs/V41.md 10)
+PLANT_DTYPE = "f32"   # every plant FAILs the gate in f32; in bf16 all but the lag-row one (the test after)
 
 
 def unlagged(monkeypatch) -> None:
@@ -217,8 +217,8 @@ def test_fail_first_gate_exits_1(tmp_path, monkeypatch, plant):
 @pytest.mark.parametrize("plant", [unlagged, mean_collapse, q_head_norm], ids=["mix-unlagged", "last-mix-mean",
                                                                                "q-head-norm"])
 def test_fail_first_dspark_line_fails_in_bf16(tmp_path, monkeypatch, plant):
-    """In bf16 the gate exits 1 on this fixture anyway (the trunk's lines, PLANT_DTYPE), so the plant must FAIL a
-    dspark line itself. (The lag-row plant is caught in f32 only: enc_norm's RMS cancels the 4/5 scale of a mean
+    """In bf16 (the records' dtype) the plant must FAIL a dspark line itself, not only a state line. (The lag-row
+    plant is caught in f32 only: enc_norm's RMS cancels the 4/5 scale of a mean
     over S+1 rows, and what is left, the lag row's S channels, is inside the bf16 band.)"""
     plant(monkeypatch)
     code, lines = gate_lines(tmp_path, dtype="bf16")

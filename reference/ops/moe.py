@@ -30,6 +30,10 @@ ids [T, k] on the ``Pin`` and continues with the pinned ids instead (a router's 
 scores at those ids); a key not pinned only records. Every ranking router here (softmax_topk, sigmoid_group_topk,
 ``router_v4.sqrtsoftplus_topk``) goes through ``chosen`` under the key ``ROUTER`` (one router per block); other
 choices name their own key (V4.1's stream top-k: ``reference.ops.v4_attention.indexer_choice``'s ``key``).
+
+A whole forward under ``pinned(pins, layered=True)`` (the state after the loop: ``gates.routing_flips.state_choices``)
+keys each choice by (key, l), l the layer the forward runs it in (``at_layer``, set by each family's ``forward``), so
+one pin covers every layer's router.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,21 +70,34 @@ class Pin:
     """Pinned choices: ``pins`` key -> ids [T, k] to continue with; ``seen`` key -> (scores [T, n], own ids [T, k])
     of each choice the block made."""
 
-    pins: dict[str, np.ndarray] = field(default_factory=dict)
-    seen: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    pins: dict[Any, np.ndarray] = field(default_factory=dict)
+    seen: dict[Any, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    layered: bool = False                     # keys are (key, layer): a whole forward
 
 
 _PIN: ContextVar[Pin | None] = ContextVar("bloomery_reference_pinned_choices", default=None)
+_LAYER: ContextVar[int | None] = ContextVar("bloomery_reference_layer", default=None)
 
 
 @contextmanager
-def pinned(pins: dict[str, np.ndarray] | None = None) -> Iterator[Pin]:
-    """Within the block each named choice continues with ``pins[key]`` (where given) and records on the Pin."""
-    token = _PIN.set(Pin(dict(pins or {})))
+def pinned(pins: dict | None = None, layered: bool = False) -> Iterator[Pin]:
+    """Within the block each named choice continues with ``pins[key]`` (where given) and records on the Pin;
+    ``layered``: the keys are (key, layer) (module docstring)."""
+    token = _PIN.set(Pin(dict(pins or {}), layered=layered))
     try:
         yield _PIN.get()
     finally:
         _PIN.reset(token)
+
+
+@contextmanager
+def at_layer(l: int) -> Iterator[None]:
+    """The choices made inside are layer l's (a forward's layer loop; a ``layered`` pin keys them by it)."""
+    token = _LAYER.set(l)
+    try:
+        yield
+    finally:
+        _LAYER.reset(token)
 
 
 def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray:
@@ -88,6 +106,8 @@ def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray
     pin = _PIN.get()
     if pin is None:
         return ids
+    if pin.layered:
+        key = (key, _LAYER.get())
     if key in pin.seen:
         raise ValueError(f"the choice {key!r} was made twice inside one pinned block")
     pin.seen[key] = (scores, ids)

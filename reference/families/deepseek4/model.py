@@ -40,7 +40,7 @@ from ...ops import mhc as rmhc
 from ...ops import mxfp4 as rmx
 from ...ops import router_v4 as rrouter
 from ...ops import v4_attention as rv4
-from ...ops.moe import Routing, router_logits
+from ...ops.moe import Routing, at_layer, router_logits
 from ...ops.norm import rms_norm
 from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
 from ...rounding import st
@@ -196,7 +196,8 @@ def forward(spec: Deepseek4Spec, ids: Sequence[int]) -> RefOut:
     x = embed_streams(spec, tok)
     hidden = [x]
     for l in range(spec.num_layers):
-        x = decoder_layer(spec, w, l, x, tok)
+        with at_layer(l):
+            x = decoder_layer(spec, w, l, x, tok)
         hidden.append(x)
     final = final_norm(spec, x)
     return RefOut(logits=w.project(head_name(spec), final), hidden=ns(x).stack(hidden), final=final)

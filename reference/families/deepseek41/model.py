@@ -34,6 +34,7 @@ from ...ops import engram as reng
 from ...ops import mhc as rmhc
 from ...ops import mhc_lagged as rlag
 from ...ops import v41_stream as rs
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...weights import as_f64
 from ...xp import here, ns
@@ -185,7 +186,8 @@ def forward(spec: Deepseek41Spec, ids: Sequence[int]) -> RefOut:
     state = rlag.pack_lag(x, rlag.lag_init(x))
     hidden = [state]
     for l in range(spec.num_layers):
-        state = decoder_layer(spec, w, l, state, tok, ss)
+        with at_layer(l):
+            state = decoder_layer(spec, w, l, state, tok, ss)
         hidden.append(state)
     final = final_norm(spec, state)
     return RefOut(logits=w.project(head_name(spec), final), hidden=ns(state).stack(hidden), final=final)

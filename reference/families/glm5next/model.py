@@ -36,6 +36,7 @@ from ...ops import dsa as rdsa
 from ...ops import kda as rkda
 from ...ops import mhc as rmhc
 from ...ops import mla as rmla
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
 from ...rounding import st
@@ -211,7 +212,8 @@ def forward(spec: Glm5NextSpec, ids: Sequence[int]) -> RefOut:
     x = embed_streams(spec, ids)
     hidden, mask = [x], None
     for l in range(spec.num_layers):
-        x, used = decoder_layer(spec, w, l, x, mask)
+        with at_layer(l):
+            x, used = decoder_layer(spec, w, l, x, mask)
         mask = used if used is not None else mask
         hidden.append(x)
     final = final_norm(spec, x)

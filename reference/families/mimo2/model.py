@@ -26,7 +26,7 @@ import numpy as np
 from bloomery_gates.spec import AttnShape, Mimo2Spec
 
 from ...ops.attention import sink_attention, window_mask
-from ...ops.moe import routed_experts
+from ...ops.moe import at_layer, routed_experts
 from ...ops.norm import rms_norm
 from ...ops.rope import partial_rope
 from ...rounding import linear, st
@@ -98,7 +98,8 @@ def forward(spec: Mimo2Spec, ids: Sequence[int]) -> RefOut:
     positions = xp.arange(len(h))
     hidden = [h]
     for l in range(spec.num_layers):
-        h = decoder_layer(spec, w, l, h, positions)
+        with at_layer(l):
+            h = decoder_layer(spec, w, l, h, positions)
         hidden.append(h)
     final = rms_norm(h, w["model.norm.weight"], spec.layer.rms_eps)
     return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)

@@ -35,6 +35,7 @@ from ...ops.attention import attention, causal_mask
 from ...ops.causal_conv import causal_conv, conv_tail
 from ...ops.gated_deltanet import delta_rule, gated_rms_norm, gates, l2norm, sigmoid
 from ...ops.mlp import silu
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...ops.rope import partial_rope
 from ...rounding import linear, st
@@ -146,7 +147,8 @@ def forward(spec: Qwen38Spec, ids: Sequence[int]) -> RefOut:
     positions, mask = xp.arange(t), causal_mask(t, xp)
     hidden = [h]
     for l in range(spec.num_layers):
-        h = decoder_layer(spec, w, l, h, positions, mask)
+        with at_layer(l):
+            h = decoder_layer(spec, w, l, h, positions, mask)
         hidden.append(h)
     final = norm1p(h, w["model.norm.weight"], spec.layer.rms_eps)
     return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)

@@ -45,6 +45,7 @@ from ...ops.attention import causal_mask
 from ...ops.causal_conv import conv_tail
 from ...ops.gated_deltanet import delta_rule, sigmoid
 from ...ops.mlp import silu
+from ...ops.moe import at_layer
 from ...rounding import linear, st
 from ...weights import as_f64
 from ...xp import here, ns
@@ -173,7 +174,8 @@ def forward(spec: Qwen4ExpSpec, ids: Sequence[int]) -> RefOut:
     x = hc.repeat_streams(e, spec.hc.count)
     hidden = [x]
     for l in range(spec.num_layers):
-        x = decoder_layer(spec, w, l, x, tok, positions, causal)
+        with at_layer(l):
+            x = decoder_layer(spec, w, l, x, tok, positions, causal)
         hidden.append(x)
     final = final_norm(spec, x)
     return RefOut(logits=head(spec, final), hidden=xp.stack(hidden), final=final)
