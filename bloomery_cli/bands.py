@@ -41,7 +41,7 @@ entry a little, far above the RMS of rounding noise and below its worst entry.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -187,14 +187,18 @@ def flip_excused(ref_row: np.ndarray, band: Band) -> bool:
     return bool(top2[1] - top2[0] <= 2.0 * band.value * np.max(np.abs(r)))
 
 
-def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: np.ndarray, band: Band) -> bool:
+def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: np.ndarray, band: Band,
+                         rule: Callable[[np.ndarray], np.ndarray] | None = None) -> bool:
     """A routing flip is excused when it lies inside the band of the reference's choice scores c [E].
 
-    The kernel chose the experts got_row, the reference own_row (k each). Every expert b only the kernel chose
-    outranked, on the kernel's scores, every expert a only the reference chose; each score may move by
-    band * max|c|, so that is possible only if max_a c_a - min_b c_b <= 2 * band * max|c| (for k = 1 the greedy
-    rule's top-2 margin). Equal sets are no flip (True); a kernel row that repeats an expert is never excused; -1
-    (an empty slot of a choice over fewer visible entries than k) is no entry.
+    The kernel chose the experts got_row, the reference own_row (k each); each score may move by
+    eps = band * max|c|. A plain top-k (``rule`` None): every expert b only the kernel chose outranked, on the
+    kernel's scores, every expert a only the reference chose, possible only if max_a c_a - min_b c_b <= 2 * eps
+    (for k = 1 the greedy rule's top-2 margin). A choice with a rule of its own (``rule``: c [1, E] -> ids [1, k],
+    e.g. a group-limited router, whose flip may sit in the group decision): excused when the rule picks the
+    kernel's set on c moved by eps towards it (+eps on the kernel's experts, -eps on all others). Equal sets are
+    no flip (True); a kernel row that repeats an expert is never excused; -1 (an empty slot of a choice over fewer
+    visible entries than k) is no entry.
     """
     c = np.asarray(choice_row, dtype=np.float64)
     got_ids = [int(e) for e in got_row if e >= 0]
@@ -204,7 +208,11 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
         return False
     if not extra:
         return True
-    return bool(c[displaced].max() - c[extra].min() <= 2.0 * band.value * np.max(np.abs(c)))
+    eps = band.value * np.max(np.abs(c[np.isfinite(c)]))
+    if rule is None:
+        return bool(c[displaced].max() - c[extra].min() <= 2.0 * eps)
+    toward = np.where(np.isin(np.arange(c.size), got_ids), c + eps, c - eps)
+    return {int(e) for e in np.asarray(rule(np.where(np.isfinite(c), toward, c)[None]))[0] if e >= 0} == got
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:

@@ -32,7 +32,7 @@ One line per choice: ``(r) state after <W> windows: target <name> [T x k] vs hos
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ class Chosen:
 
     out: np.ndarray
     seen: dict[str, tuple[np.ndarray, np.ndarray]]
+    rules: dict = field(default_factory=dict)       # key -> the choice's own rule (``moe.chosen``), where it has one
 
 
 def pinned_run(layer: Layer, pins: Mapping[str, np.ndarray]) -> Chosen:
@@ -60,7 +61,7 @@ def pinned_run(layer: Layer, pins: Mapping[str, np.ndarray]) -> Chosen:
     def compute() -> Chosen:
         with pinned(dict(pins)) as pin:
             out = layer()
-        return Chosen(out, dict(pin.seen))
+        return Chosen(out, dict(pin.seen), dict(pin.rules))
     return run(compute)
 
 
@@ -73,8 +74,9 @@ class Flips:
     use: np.ndarray
 
 
-def routing_flips(scores: np.ndarray, own: np.ndarray, got: np.ndarray, band: Band) -> Flips:
-    """scores c [T, n], own R [T, k], got K [T, k] -> Flips (module docstring); -1 (an empty slot) is no entry."""
+def routing_flips(scores: np.ndarray, own: np.ndarray, got: np.ndarray, band: Band, rule=None) -> Flips:
+    """scores c [T, n], own R [T, k], got K [T, k] -> Flips (module docstring); -1 (an empty slot) is no entry;
+    ``rule`` the choice's own (``bands.routing_flip_excused``)."""
     own, got = np.asarray(own, dtype=np.int64), np.asarray(got, dtype=np.int64)
     if own.shape != got.shape:
         raise ValueError(f"kernel choice {got.shape} against the reference's {own.shape}")
@@ -84,7 +86,7 @@ def routing_flips(scores: np.ndarray, own: np.ndarray, got: np.ndarray, band: Ba
         if set(own[t][own[t] >= 0].tolist()) == set(g) and len(set(g)) == len(g):
             continue
         differ += 1
-        if routing_flip_excused(scores[t], own[t], got[t], band):
+        if routing_flip_excused(scores[t], own[t], got[t], band, rule):
             excused += 1
             use[t] = got[t]
     return Flips(differ, excused, use)
@@ -127,7 +129,8 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
         name = f"routing of layer {l}" if key == ROUTER else key
         scores, own = exact.seen[key]
         if name not in decided:
-            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops)
+            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops,
+                                        rule=exact.rules.get(key))
         use[key] = decided[name]
         stale = not np.array_equal(use[key], own)
     if stale:
@@ -136,13 +139,13 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
 
 
 def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
-                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "") -> np.ndarray:
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "", rule=None) -> np.ndarray:
     """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``;
     ``where`` prefixes the checked thing ("state after W windows: ")."""
     t, k = own.shape
     what = f"{where}target {name} [{t}x{k}]"
     band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
-    flips = routing_flips(scores, own, got, band)
+    flips = routing_flips(scores, own, got, band, rule)
     report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
                  f"(inside 2 x band {band.value:.3g} x max|c| of the f64 scores)", flips.differ == flips.excused)
     report.facts.setdefault("choice_flips", []).append(
@@ -162,7 +165,7 @@ def state_choices(report: Report, windows: int, forward: Callable[[], Any], rout
         def compute() -> Chosen:
             with pinned(dict(pins), layered=True) as pin:
                 out = forward()
-            return Chosen(out, dict(pin.seen))
+            return Chosen(out, dict(pin.seen), dict(pin.rules))
         return run(compute)
 
     first = layered({})
@@ -186,7 +189,8 @@ def state_choices(report: Report, windows: int, forward: Callable[[], Any], rout
         kind, l = key
         scores, own = exact.seen[key]
         name = f"routing of layer {l}" if kind == ROUTER else kind
-        use[key] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops_of(l), where)
+        use[key] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops_of(l), where,
+                               exact.rules.get(key))
         stale = not np.array_equal(use[key], own)
     if stale:
         exact = layered(use)

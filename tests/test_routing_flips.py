@@ -45,6 +45,36 @@ def test_margin_rule_on_planted_scores():
     assert flips.use.tolist() == [[0, 1], [0, 2], [0, 1]]        # the kernel's experts only where excused
 
 
+def test_margin_rule_ignores_entries_not_visible():
+    """-inf (an entry not visible to the row, the stream top-k's) does not enter max|c|: before, it made the bound
+    infinite and excused every stream flip."""
+    band = Band(0.01, "planted")
+    c = np.array([1.0, 0.9, 0.5, -np.inf])
+    assert not routing_flip_excused(c, [0, 1], [0, 2], band)     # 0.4 > 0.02, however many entries are hidden
+    assert routing_flip_excused(c, [0, 1], [1, 0], band)
+
+
+def test_group_limited_rule_sees_a_tie_of_groups():
+    """glm5next's router (2 groups of 4, the best 1 kept, top-2 in it): the kernel taking the other group where the
+    groups' pair sums tie within the band is excused; the same experts where the groups are far apart are not, and
+    the plain top-k margin would have refused the tie (its experts 0.10 apart)."""
+    def rule(x):
+        return rmoe.group_limited_choice(x, 2, 2, 1)
+
+    band = Band(0.01, "planted")                                 # eps = 0.01 * 0.671
+    tie = np.array([0.671, 0.503, 0.447, 0.520, 0.569, 0.453, 0.501, 0.621])     # pair sums 1.191 vs 1.190
+    far = tie.copy()
+    far[0] = 0.9                                                 # pair sums 1.42 vs 1.19
+    assert rule(tie[None])[0].tolist() == [0, 3]
+    assert routing_flip_excused(tie, [0, 3], [7, 4], band, rule)
+    assert not routing_flip_excused(tie, [0, 3], [7, 4], band)   # the top-k margin: 0.671 - 0.569 > 2 eps
+    assert not routing_flip_excused(far, [0, 3], [7, 4], band, rule)
+    assert not routing_flip_excused(tie, [0, 3], [7, 5], band, rule)             # not the other group's best pair
+    with rmoe.pinned() as pin:                                   # the router hands its rule to the pin
+        rmoe.sigmoid_group_topk(np.log(tie / (1 - tie))[None], np.zeros(8), 2, 2, 1)
+    assert pin.rules[rmoe.ROUTER](tie[None])[0].tolist() == [0, 3]
+
+
 def test_pin_routes_with_the_given_experts():
     """Inside ``pinned`` the router records its own choice and routes with the pinned ids (weights from its own
     scores at them); a second router call in one block raises."""

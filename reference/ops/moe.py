@@ -38,7 +38,7 @@ one pin covers every layer's router.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -72,6 +72,7 @@ class Pin:
 
     pins: dict[Any, np.ndarray] = field(default_factory=dict)
     seen: dict[Any, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    rules: dict[Any, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)   # a choice's own rule
     layered: bool = False                     # keys are (key, layer): a whole forward
 
 
@@ -100,9 +101,11 @@ def at_layer(l: int) -> Iterator[None]:
         _LAYER.reset(token)
 
 
-def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray:
+def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER,
+           rule: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The ids a choice continues with: its own ``ids`` [T, k] chosen on ``scores`` [T, n], or inside ``pinned`` the
-    pinned ones for ``key`` (recording both). A key made twice inside one block raises (a pin covers one choice)."""
+    pinned ones for ``key`` (recording both, and ``rule``: scores -> ids, where the choice is not a plain top-k,
+    for ``bands.routing_flip_excused``). A key made twice inside one block raises (a pin covers one choice)."""
     pin = _PIN.get()
     if pin is None:
         return ids
@@ -111,6 +114,8 @@ def chosen(scores: np.ndarray, ids: np.ndarray, key: str = ROUTER) -> np.ndarray
     if key in pin.seen:
         raise ValueError(f"the choice {key!r} was made twice inside one pinned block")
     pin.seen[key] = (scores, ids)
+    if rule is not None:
+        pin.rules[key] = rule
     if key not in pin.pins:
         return ids
     forced = ns(ids).asarray(pin.pins[key]).astype(np.int64)
@@ -177,7 +182,8 @@ def sigmoid_group_topk(logits: np.ndarray, bias: np.ndarray, k: int, n_group: in
     xp, logits, bias = common(logits, bias)
     s = sigmoid(logits)
     c = s + bias
-    ids = chosen(c, group_limited_choice(c, k, n_group, topk_group))
+    ids = chosen(c, group_limited_choice(c, k, n_group, topk_group),
+                 rule=lambda x: group_limited_choice(x, k, n_group, topk_group))
     w = xp.take_along_axis(s, ids, axis=-1)
     if norm:
         w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)
