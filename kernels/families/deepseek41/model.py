@@ -96,7 +96,8 @@ class Deepseek41Target(Deepseek4Target):
 
     def _prime(self, l: int, a: T, p0: int, ss: dict) -> None:
         """Layer l's source duties on its normed rows a [R, H] (``reference.families.deepseek41.model.prime``):
-        the pass's pre / keys / chosen in ``ss``."""
+        the pass's pre / keys / chosen in ``ss``; the candidate source's mask [R, n] too (per row of this pass,
+        read by the later masked layers of the same pass; not kept across passes)."""
         s, t, p, eps = self.spec.stream(l), self.t, f"layers.{l}.self_attn.", self.shape.rms_eps
         if s is None:
             return
@@ -110,9 +111,15 @@ class Deepseek41Target(Deepseek4Target):
             ss[("keys", l)] = ks.index_keys(ss[("pre", l)], kw, s.ratio, rope, eps)
         if s.topk_source == l:
             iw = ks.IndexerWeights(None, t[p + "indexer.q_b_proj.weight"], t[p + "indexer.weights_proj.weight"])
-            chosen = ks.stream_choice(ss[("keys", s.key_source)], a, attn_weights_at(t, p, "sliding"), iw,
-                                      at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps, p0)
+            keys, aw, cm = ss[("keys", s.key_source)], attn_weights_at(t, p, "sliding"), self.spec.candidates
+            allow = ss[("candidates", cm.source_layer)] if self.spec.masked(l) else None
+            chosen = ks.stream_choice(keys, a, aw, iw, at.num_heads, at.index_heads, at.index_topk, s.ratio, rope,
+                                      eps, p0, allow)
             ss[("chosen", l)] = self.chosen[l] = chosen
+            if cm is not None and cm.source_layer == l:
+                scores = ks.stream_scores(keys, a, aw, iw, at.num_heads, at.index_heads, s.ratio, rope, eps, p0)
+                lens = ks.entries_seen(p0, a.shape[0], keys.shape[0], s.ratio, a.device)
+                ss[("candidates", l)] = ks.candidate_blocks(scores, lens, cm.block_size, cm.topk_blocks)
 
     def _attention(self, l: int, a: T, p0: int, ss: dict) -> T:
         s, at, rope = self.spec.stream(l), self.spec.attn, layer_rope(self.spec, l)
