@@ -5,7 +5,7 @@ Rows [R, ...] at positions p0..; a kv source keeps its compressor's projections 
 (``StreamCache``) and pools the complete windows of the committed prefix and this pass each pass, so its entries
 and keys [n, d] / [n, di] (n = end // m) never read a position past the pass; readers attend the entry slots
 [cap // m, d] (unwritten slots masked) as ``kernels.ops.v4_attention`` does. The candidate mask
-(``candidate_blocks``) is per row of the pass: the source layer's, from its own scores, for the later layers of the
+(``block_scores``, ``candidate_blocks``, ``candidate_mask``) is per row of the pass: the source layer's, from its own scores, for the later layers of the
 same pass; nothing of it is kept across passes (a row's mask reads only its scores and its count of entries).
 """
 
@@ -36,7 +36,8 @@ from .v4_attention import (
 
 T = torch.Tensor
 __all__ = ["IndexerWeights", "StreamWeights", "IndexKeyWeights", "StreamCache", "pooled", "stream_entries",
-           "index_keys", "stream_scores", "entries_seen", "candidate_blocks", "stream_choice", "stream_attention"]
+           "index_keys", "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask", "stream_choice",
+           "stream_attention"]
 
 
 @dataclass
@@ -109,18 +110,29 @@ def entries_seen(p0: int, rows: int, n: int, rate: int, device: torch.device | s
     return ((torch.arange(p0, p0 + rows, device=device) + 1) // rate).clamp(max=n)
 
 
-def candidate_blocks(scores: T, lens: T, block_size: int, topk_blocks: int) -> T:
-    """keep [R, n] bool, the candidate mask (``reference.ops.v41_stream.candidate_blocks``) of the source's scores
-    [R, n] (-inf: not visible), lens [R] the entries each row sees."""
+def block_scores(scores: T, lens: T, block_size: int) -> T:
+    """b [R, nb] float32, nb = ceil(n / B): the block maxima of the source's scores [R, n] (-inf: not visible; the
+    last block padded with -inf), +inf at the newest visible entry's block (lens [R]: the entries each row sees)."""
     r, n = scores.shape
     nb = -(-n // block_size)
     pad = scores.new_full((r, nb * block_size - n), float("-inf"))
-    b = torch.cat([scores.float(), pad.float()], dim=1).view(r, nb, block_size).amax(-1)            # [R, nb]
+    b = torch.cat([scores, pad], dim=1).float().view(r, nb, block_size).amax(-1)
     newest = torch.div(lens - 1, block_size, rounding_mode="floor")                                  # -1: none
-    b = b.masked_fill(torch.arange(nb, device=b.device)[None, :] == newest[:, None], float("inf"))
+    return b.masked_fill(torch.arange(nb, device=b.device)[None, :] == newest[:, None], float("inf"))
+
+
+def candidate_blocks(b: T, topk_blocks: int) -> T:
+    """The kept blocks [R, K] int64 of the block scores b [R, nb]: the top min(K, nb) (equal scores: the lower
+    block), -1 for one at -inf and for the columns past nb."""
+    r, nb = b.shape
     top = topk_stable(b, min(topk_blocks, nb))
-    keep = torch.zeros(r, nb, dtype=torch.bool, device=b.device).scatter(1, top, b.gather(1, top) > float("-inf"))
-    return keep.repeat_interleave(block_size, dim=1)[:, :n]
+    top = torch.where(b.gather(1, top) > float("-inf"), top, torch.full_like(top, -1))
+    return torch.cat([top, top.new_full((r, topk_blocks - top.shape[1]), -1)], dim=1)
+
+
+def candidate_mask(blocks: T, n: int, block_size: int) -> T:
+    """allow [R, n] bool: entry i where its block i // B is among ``blocks`` [R, K] (-1: none)."""
+    return chosen_mask(blocks, -(-n // block_size)).repeat_interleave(block_size, dim=1)[:, :n]
 
 
 def stream_choice(keys: T, a: T, w: V4AttnWeights, iw: IndexerWeights, num_heads: int, index_heads: int, topk: int,

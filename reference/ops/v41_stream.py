@@ -21,13 +21,14 @@ its query sees AND its topk source chose, V4's way (K = V, sinks, the conjugate 
 
 The candidate mask (docs/V41.md 8; ``spec.candidates``): the candidate source layer c, an index source, keeps per
 query row t the best blocks of its own index scores I_c [T, n] (-inf where not visible), and every later index
-source l > c at the same ratio chooses only inside them (``candidate_blocks``, ``stream_choice``'s ``allow``):
+source l > c at the same ratio chooses only inside them (``block_scores``, ``candidate_blocks`` (a named choice, as
+the stream top-k: the gates pin the kernel's blocks), ``candidate_mask``, ``stream_choice``'s ``allow``):
 
     len_t  = min((t + 1) // m, n)                          the entries row t sees (0: nothing kept)        [T]
     b_tj   = max_{i in [j B, (j+1) B)} I_c[t, i]           block scores, the last block padded with -inf  [T, nb]
     b_tj   = +inf for j = (len_t - 1) // B                 the newest visible entry's block, always kept
-    keep_t = the top min(K_b, nb) blocks of b_t (equal scores: the lower block), less any at -inf          [T, nb]
-    allow  = keep repeated B times per block, cut to n                                                     [T, n]
+    keep_t = the top min(K_b, nb) blocks of b_t (equal scores: the lower block), -1 for any at -inf       [T, K_b]
+    allow  = [i // B in keep_t]                                                                            [T, n]
     I_l    = where(allow, I_l, -inf)  before l's top-k (its choice still the named ``moe.chosen`` one)
 
 (B ``block_size``, K_b ``topk_blocks``; the source's own top-k is unmasked). The form is the public transformers-style
@@ -47,7 +48,7 @@ import numpy as np
 from ..rounding import linear
 from ..xp import common, ns
 from .attention import sink_attention, sliding_mask
-from .moe import topk_stable
+from .moe import chosen, topk_stable
 from .norm import rms_norm
 from .v4_attention import (
     IndexerWeights,
@@ -65,7 +66,8 @@ from .v4_attention import (
 )
 
 __all__ = ["IndexerWeights", "StreamWeights", "IndexKeyWeights", "pooled", "stream_entries", "index_keys",
-           "stream_scores", "entries_seen", "candidate_blocks", "stream_choice", "stream_attention"]
+           "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask", "stream_choice",
+           "stream_attention"]
 
 
 @dataclass
@@ -118,20 +120,34 @@ def entries_seen(t: int, n: int, rate: int) -> np.ndarray:
     return np.minimum((np.arange(t) + 1) // rate, n)
 
 
-def candidate_blocks(scores: np.ndarray, lens: np.ndarray, block_size: int, topk_blocks: int) -> np.ndarray:
-    """The candidate mask keep [T, n] bool (module docstring) of the source's scores [T, n] (-inf: not visible),
-    lens [T] the entries each row sees."""
+def block_scores(scores: np.ndarray, lens: np.ndarray, block_size: int) -> np.ndarray:
+    """b [T, nb], nb = ceil(n / B): the block maxima of the source's scores [T, n] (-inf: not visible; the last
+    block padded with -inf), +inf at the newest visible entry's block (lens [T]; module docstring)."""
     xp, scores = common(scores)
     lens = xp.asarray(lens)
     t, n = scores.shape
     nb = -(-n // block_size)
     padded = xp.concatenate([scores, xp.full((t, nb * block_size - n), -np.inf)], axis=1)
-    b = padded.reshape(t, nb, block_size).max(axis=2)                                               # [T, nb]
-    b = xp.where(xp.arange(nb)[None, :] == ((lens - 1) // block_size)[:, None], np.inf, b)
+    b = padded.reshape(t, nb, block_size).max(axis=2)
+    return xp.where(xp.arange(nb)[None, :] == ((lens - 1) // block_size)[:, None], np.inf, b)
+
+
+def candidate_blocks(b: np.ndarray, topk_blocks: int, key: str | None = None) -> np.ndarray:
+    """The kept blocks [T, K] int64 of the block scores b [T, nb]: the top min(K, nb) (equal scores: the lower
+    block), -1 for one at -inf and for the columns past nb. With a ``key`` a named choice of ``moe.pinned`` (b
+    recorded; the pinned blocks used where given), as the stream choices are."""
+    xp, b = common(b)
+    t, nb = b.shape
     top = topk_stable(b, min(topk_blocks, nb))
-    kept = xp.take_along_axis(b, top, axis=1) > -np.inf                                             # [T, k]
-    keep = ((top[:, :, None] == xp.arange(nb)[None, None, :]) & kept[:, :, None]).any(axis=1)        # [T, nb]
-    return xp.repeat(keep, block_size, axis=1)[:, :n]
+    top = xp.where(xp.take_along_axis(b, top, axis=1) > -np.inf, top, -1)
+    top = xp.concatenate([top, xp.full((t, topk_blocks - top.shape[1]), -1, dtype=np.int64)], axis=1)
+    return top if key is None else chosen(b, top, key)
+
+
+def candidate_mask(blocks: np.ndarray, n: int, block_size: int) -> np.ndarray:
+    """allow [T, n] bool: entry i where its block i // B is among ``blocks`` [T, K] (-1: none)."""
+    xp = ns(blocks)
+    return xp.repeat(chosen_mask(blocks, -(-n // block_size)), block_size, axis=1)[:, :n]
 
 
 def stream_choice(keys: np.ndarray, a: np.ndarray, w: V4AttnWeights, iw: IndexerWeights, num_heads: int,

@@ -37,6 +37,11 @@ def stream_key(l: int) -> str:
     return f"stream choice of layer {l}"
 
 
+def candidate_key(l: int) -> str:
+    """The name of candidate source l's kept blocks (``reference.families.deepseek41.model.candidate_key``)."""
+    return f"candidate blocks of layer {l}"
+
+
 class Deepseek41Target(Deepseek4Target):
     """The V4.1 target engine: prefill / verify / commit / kv_rows as deepseek4's; passes are ``Qwen38Pass`` with
     taps [L+1, R, S+1, H] (module docstring) and ``final`` [R, H] = norm(last_mix(streams, lag))."""
@@ -68,6 +73,7 @@ class Deepseek41Target(Deepseek4Target):
                              for l in range(spec.num_layers) if (s := spec.stream(l)) and s.kv_source == l}
         self.routings: dict[int, Routing] = {}
         self.chosen: dict[int, T] = {}
+        self.blocks: dict[int, T] = {}         # the candidate source's kept blocks [R, K] of the last pass
         self.length = 0
         self.rows_run = 0
         self._ran: int | None = None
@@ -119,7 +125,9 @@ class Deepseek41Target(Deepseek4Target):
             if cm is not None and cm.source_layer == l:
                 scores = ks.stream_scores(keys, a, aw, iw, at.num_heads, at.index_heads, s.ratio, rope, eps, p0)
                 lens = ks.entries_seen(p0, a.shape[0], keys.shape[0], s.ratio, a.device)
-                ss[("candidates", l)] = ks.candidate_blocks(scores, lens, cm.block_size, cm.topk_blocks)
+                blocks = ks.candidate_blocks(ks.block_scores(scores, lens, cm.block_size), cm.topk_blocks)
+                self.blocks[l] = blocks
+                ss[("candidates", l)] = ks.candidate_mask(blocks, keys.shape[0], cm.block_size)
 
     def _attention(self, l: int, a: T, p0: int, ss: dict) -> T:
         s, at, rope = self.spec.stream(l), self.spec.attn, layer_rope(self.spec, l)
@@ -169,4 +177,5 @@ class Deepseek41Target(Deepseek4Target):
         final = rms_norm(klag.last_mix(x, lag), self.final_w, eps)
         logits = F.linear(final, self.head)
         return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final,
-                          dict(self.routings), {stream_key(l): c for l, c in self.chosen.items()})
+                          dict(self.routings), {stream_key(l): c for l, c in self.chosen.items()} |
+                          {candidate_key(l): b for l, b in self.blocks.items()})

@@ -75,6 +75,11 @@ def stream_key(l: int) -> str:
     return f"stream choice of layer {l}"
 
 
+def candidate_key(l: int) -> str:
+    """The name of candidate source l's kept blocks for ``reference.ops.moe.pinned`` (the gates pin the kernel's)."""
+    return f"candidate blocks of layer {l}"
+
+
 def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) -> None:
     """Layer l's source duties on its normed rows a [T, H] (module docstring)."""
     s, p, eps = spec.stream(l), _a(spec, l), spec.layer.rms_eps
@@ -96,8 +101,9 @@ def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) 
                                         eps, stream_key(l), allow)
         if cm is not None and cm.source_layer == l:
             scores = rs.stream_scores(keys, a, aw, iw, at.num_heads, at.index_heads, s.ratio, rope, eps)
-            ss.candidates[l] = rs.candidate_blocks(scores, rs.entries_seen(len(a), keys.shape[0], s.ratio),
-                                                   cm.block_size, cm.topk_blocks)
+            b = rs.block_scores(scores, rs.entries_seen(len(a), keys.shape[0], s.ratio), cm.block_size)
+            blocks = rs.candidate_blocks(b, cm.topk_blocks, candidate_key(l))
+            ss.candidates[l] = rs.candidate_mask(blocks, keys.shape[0], cm.block_size)
 
 
 def attention(spec: Deepseek41Spec, w: Weights, l: int, a: np.ndarray, ss: Streams) -> np.ndarray:
