@@ -194,7 +194,9 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
     outranked, on the kernel's scores, every expert a only the reference chose; each score may move by
     band * max|c|, so that is possible only if max_a c_a - min_b c_b <= 2 * band * max|c| (for k = 1 the greedy
     rule's top-2 margin). Equal sets are no flip (True); a kernel row that repeats an expert is never excused; -1
-    (an empty slot of a choice over fewer visible entries than k) is no entry.
+    (an empty slot of a choice over fewer visible entries than k) is no entry. Scores that are not finite (-inf:
+    an entry the row does not see or a mask left out; +inf: one always kept) are no scale: max|c| is over the finite
+    ones, and a flip to or from a non-finite score is never excused (no rounding moves an entry across infinity).
     """
     c = np.asarray(choice_row, dtype=np.float64)
     got_ids = [int(e) for e in got_row if e >= 0]
@@ -204,7 +206,10 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
         return False
     if not extra:
         return True
-    return bool(c[displaced].max() - c[extra].min() <= 2.0 * band.value * np.max(np.abs(c)))
+    finite = c[np.isfinite(c)]
+    if not (np.isfinite(c[extra]).all() and np.isfinite(c[displaced]).all()) or not finite.size:
+        return False
+    return bool(c[displaced].max() - c[extra].min() <= 2.0 * band.value * np.max(np.abs(finite)))
 
 
 def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
