@@ -4,9 +4,10 @@ shapes and storage points are in ``reference.ops.v41_stream`` (name for name; do
 Rows [R, ...] at positions p0..; a kv source keeps its compressor's projections k, z [cap, d] by position
 (``StreamCache``) and pools the complete windows of the committed prefix and this pass each pass, so its entries
 and keys [n, d] / [n, di] (n = end // m) never read a position past the pass; readers attend the entry slots
-[cap // m, d] (unwritten slots masked) as ``kernels.ops.v4_attention`` does. The candidate mask
-(``block_scores``, ``candidate_blocks``, ``candidate_mask``) is per row of the pass: the source layer's, from its own scores, for the later layers of the
-same pass; nothing of it is kept across passes (a row's mask reads only its scores and its count of entries).
+[cap // m, d] (unwritten slots masked) as ``kernels.ops.v4_attention`` does. The candidate mask (``block_scores``,
+``candidate_blocks``, ``candidate_mask``; docs/V41.md 8) is per row of the pass: the source layer's, from its own
+scores, for the later layers of the same pass; nothing of it is kept across passes (a row's mask reads only its
+scores and its count of entries).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from .v4_attention import (
 
 T = torch.Tensor
 __all__ = ["IndexerWeights", "StreamWeights", "IndexKeyWeights", "StreamCache", "pooled", "stream_entries",
-           "index_keys", "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask", "stream_choice",
-           "stream_attention"]
+           "index_keys", "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask",
+           "stream_choice", "stream_attention"]
 
 
 @dataclass
