@@ -192,13 +192,15 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
     """A routing flip is excused when it lies inside the band of the reference's choice scores c [E].
 
     The kernel chose the experts got_row, the reference own_row (k each); each score may move by
-    eps = band * max|c|. A plain top-k (``rule`` None): every expert b only the kernel chose outranked, on the
+    eps = band * max|c|, max|c| over the finite scores (-inf: an entry the row does not see or a mask left out;
+    +inf: one always kept). A plain top-k (``rule`` None): every expert b only the kernel chose outranked, on the
     kernel's scores, every expert a only the reference chose, possible only if max_a c_a - min_b c_b <= 2 * eps
     (for k = 1 the greedy rule's top-2 margin). A choice with a rule of its own (``rule``: c [1, E] -> ids [1, k],
     e.g. a group-limited router, whose flip may sit in the group decision): excused when the rule picks the
     kernel's set on c moved by eps towards it (+eps on the kernel's experts, -eps on all others). Equal sets are
-    no flip (True); a kernel row that repeats an expert is never excused; -1 (an empty slot of a choice over fewer
-    visible entries than k) is no entry.
+    no flip (True); a kernel row that repeats an expert, or a flip to or from a non-finite score (no rounding moves
+    an entry across infinity), is never excused; -1 (an empty slot of a choice over fewer visible entries than k)
+    is no entry.
     """
     c = np.asarray(choice_row, dtype=np.float64)
     got_ids = [int(e) for e in got_row if e >= 0]
@@ -208,7 +210,10 @@ def routing_flip_excused(choice_row: np.ndarray, own_row: np.ndarray, got_row: n
         return False
     if not extra:
         return True
-    eps = band.value * np.max(np.abs(c[np.isfinite(c)]))
+    finite = c[np.isfinite(c)]
+    if not (np.isfinite(c[extra]).all() and np.isfinite(c[displaced]).all()) or not finite.size:
+        return False
+    eps = band.value * np.max(np.abs(finite))
     if rule is None:
         return bool(c[displaced].max() - c[extra].min() <= 2.0 * eps)
     toward = np.where(np.isin(np.arange(c.size), got_ids), c + eps, c - eps)

@@ -103,8 +103,8 @@ REFUSALS = {
                                              "blk.3.engram_embd"),
     "engram offsets not the primes' prefix sums": (dict(edit_keys=lambda w: w.add_array(
         "deepseek41.engram.offsets", [0, 1, 2, 3, 0, 1, 2, 3])), BadConfig, "engram.offsets"),
-    "candidate mask": (dict(edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size", 8)),
-                       Refused, "candidate"),
+    "candidate mask half given": (dict(edit_keys=lambda w: w.add_uint32("deepseek41.attention.candidate_block_size",
+                                                                        8)), BadConfig, "candidate_source_layer_id"),
     "trained HC head": (dict(extra={"output_hc_fn.weight": torch.zeros(4, 256)}), BadTensor, "output_hc_fn"),
     "a position table": (dict(extra={"blk.1.attn_compressor_ape.weight": torch.zeros(2, 32)}), Refused,
                          "attn_compressor_ape"),

@@ -79,8 +79,9 @@ def test_layered_pin_keys_each_layer_and_pins_it():
 def test_fail_first_verify_routed_elsewhere_fails_the_state_line_in_bf16(tmp_path, monkeypatch):
     """Layer 2's router sends every row of a verify pass (R <= 8; the prompt's prefill is longer) to the next
     expert over: the prefill's lines pass, the state line of layer 2's routing fails."""
-    from bloomery_gates.kernels.families.deepseek4 import model as kdm
     from test_deepseek41_dspark import gate_lines
+
+    from bloomery_gates.kernels.families.deepseek4 import model as kdm
 
     real = kdm.route
 

@@ -4,7 +4,10 @@ shapes and storage points are in ``reference.ops.v41_stream`` (name for name; do
 Rows [R, ...] at positions p0..; a kv source keeps its compressor's projections k, z [cap, d] by position
 (``StreamCache``) and pools the complete windows of the committed prefix and this pass each pass, so its entries
 and keys [n, d] / [n, di] (n = end // m) never read a position past the pass; readers attend the entry slots
-[cap // m, d] (unwritten slots masked) as ``kernels.ops.v4_attention`` does.
+[cap // m, d] (unwritten slots masked) as ``kernels.ops.v4_attention`` does. The candidate mask (``block_scores``,
+``candidate_blocks``, ``candidate_mask``; docs/V41.md 8) is per row of the pass: the source layer's, from its own
+scores, for the later layers of the same pass; nothing of it is kept across passes (a row's mask reads only its
+scores and its count of entries).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import sink_attention, sliding_mask
+from .moe import topk_stable
 from .norm import rms_norm
 from .v4_attention import (
     IndexerWeights,
@@ -23,6 +27,7 @@ from .v4_attention import (
     chosen_mask,
     grouped_output,
     indexer_choice,
+    indexer_logits,
     kv_rows,
     pool_windows,
     q_heads,
@@ -32,7 +37,8 @@ from .v4_attention import (
 
 T = torch.Tensor
 __all__ = ["IndexerWeights", "StreamWeights", "IndexKeyWeights", "StreamCache", "pooled", "stream_entries",
-           "index_keys", "stream_choice", "stream_attention"]
+           "index_keys", "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask",
+           "stream_choice", "stream_attention"]
 
 
 @dataclass
@@ -92,12 +98,51 @@ def index_keys(pre: T, w: IndexKeyWeights, rate: int, rope: Rope, eps: float) ->
     return tail_rope(keys, torch.arange(pre.shape[0], device=pre.device) * rate, rope)
 
 
-def stream_choice(keys: T, a: T, w: V4AttnWeights, iw: IndexerWeights, num_heads: int, index_heads: int, topk: int,
-                  rate: int, rope: Rope, eps: float, p0: int = 0) -> T:
-    """A topk source's choice [R, min(topk, n)] int64 (-1: no visible entry) for rows a at positions p0.."""
+def stream_scores(keys: T, a: T, w: V4AttnWeights, iw: IndexerWeights, num_heads: int, index_heads: int, rate: int,
+                  rope: Rope, eps: float, p0: int = 0) -> T:
+    """A topk source's index scores [R, n] float32 (-inf: not visible) for rows a at positions p0.."""
     q_res, _ = q_heads(a, w, num_heads, eps, False)
     pos = torch.arange(p0, p0 + a.shape[0], device=a.device)
-    return indexer_choice(keys, a, q_res, pos, iw, index_heads, topk, rate, rope)
+    return indexer_logits(keys, a, q_res, pos, iw, index_heads, rate, rope)
+
+
+def entries_seen(p0: int, rows: int, n: int, rate: int, device: torch.device | str) -> T:
+    """compress_len [R] int64: the entries row p0 + t sees, min((p + 1) // m, n)."""
+    return ((torch.arange(p0, p0 + rows, device=device) + 1) // rate).clamp(max=n)
+
+
+def block_scores(scores: T, lens: T, block_size: int) -> T:
+    """b [R, nb] float32, nb = ceil(n / B): the block maxima of the source's scores [R, n] (-inf: not visible; the
+    last block padded with -inf), +inf at the newest visible entry's block (lens [R]: the entries each row sees)."""
+    r, n = scores.shape
+    nb = -(-n // block_size)
+    pad = scores.new_full((r, nb * block_size - n), float("-inf"))
+    b = torch.cat([scores, pad], dim=1).float().view(r, nb, block_size).amax(-1)
+    newest = torch.div(lens - 1, block_size, rounding_mode="floor")                                  # -1: none
+    return b.masked_fill(torch.arange(nb, device=b.device)[None, :] == newest[:, None], float("inf"))
+
+
+def candidate_blocks(b: T, topk_blocks: int) -> T:
+    """The kept blocks [R, K] int64 of the block scores b [R, nb]: the top min(K, nb) (equal scores: the lower
+    block), -1 for one at -inf and for the columns past nb."""
+    r, nb = b.shape
+    top = topk_stable(b, min(topk_blocks, nb))
+    top = torch.where(b.gather(1, top) > float("-inf"), top, torch.full_like(top, -1))
+    return torch.cat([top, top.new_full((r, topk_blocks - top.shape[1]), -1)], dim=1)
+
+
+def candidate_mask(blocks: T, n: int, block_size: int) -> T:
+    """allow [R, n] bool: entry i where its block i // B is among ``blocks`` [R, K] (-1: none)."""
+    return chosen_mask(blocks, -(-n // block_size)).repeat_interleave(block_size, dim=1)[:, :n]
+
+
+def stream_choice(keys: T, a: T, w: V4AttnWeights, iw: IndexerWeights, num_heads: int, index_heads: int, topk: int,
+                  rate: int, rope: Rope, eps: float, p0: int = 0, allow: T | None = None) -> T:
+    """A topk source's choice [R, min(topk, n)] int64 (-1: no visible entry) for rows a at positions p0..; ``allow``
+    [R, n] bool: the candidate mask its choice is taken inside (None: every entry)."""
+    q_res, _ = q_heads(a, w, num_heads, eps, False)
+    pos = torch.arange(p0, p0 + a.shape[0], device=a.device)
+    return indexer_choice(keys, a, q_res, pos, iw, index_heads, topk, rate, rope, allow)
 
 
 def stream_attention(x: T, w: V4AttnWeights, num_heads: int, window: int, rope: Rope, eps: float, groups: int,

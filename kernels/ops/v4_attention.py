@@ -166,20 +166,28 @@ def indexer_scores(qi: T, keys: T, hw: T) -> T:
     return torch.einsum("thw,th->tw", s, hw.float())
 
 
-def indexer_choice(keys: T, x: T, q_res: T, positions: T, iw: IndexerWeights, num_heads: int, topk: int, rate: int,
+def indexer_logits(keys: T, x: T, q_res: T, positions: T, iw: IndexerWeights, num_heads: int, rate: int,
                    rope: Rope) -> T:
-    """chosen [R, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
-    weights), -1 for a slot with no visible entry."""
-    n = keys.shape[0]
-    if n == 0:
-        return torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
+    """The indexer's scores [R, n] float32 over keys [n, di], -inf where an entry is not visible."""
     qi = F.linear(q_res, iw.q_b)
     qi = tail_rope(qi.view(qi.shape[0], num_heads, -1), positions, rope)
     hw = F.linear(x.float(), iw.weights_proj.float()) * num_heads ** -0.5
-    vis = visible(positions, n, rate)
-    scores = indexer_scores(qi, keys, hw).masked_fill(~vis, float("-inf"))
+    vis = visible(positions, keys.shape[0], rate)
+    return indexer_scores(qi, keys, hw).masked_fill(~vis, float("-inf"))
+
+
+def indexer_choice(keys: T, x: T, q_res: T, positions: T, iw: IndexerWeights, num_heads: int, topk: int, rate: int,
+                   rope: Rope, allow: T | None = None) -> T:
+    """chosen [R, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
+    weights), -1 for a slot with no visible entry; ``allow`` bool [R, n]: only those entries (the rest -inf)."""
+    n = keys.shape[0]
+    if n == 0:
+        return torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
+    scores = indexer_logits(keys, x, q_res, positions, iw, num_heads, rate, rope)
+    if allow is not None:
+        scores = scores.masked_fill(~allow, float("-inf"))
     ids = topk_stable(scores, min(topk, n))
-    return torch.where(vis.gather(1, ids), ids, torch.full_like(ids, -1))
+    return torch.where(torch.isfinite(scores.gather(1, ids)), ids, torch.full_like(ids, -1))
 
 
 def chosen_mask(chosen: T, n: int) -> T:

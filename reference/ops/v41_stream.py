@@ -19,6 +19,22 @@ relu(q_h . key_w) summed with the weights (a Wi^T)_h (nih di)^-1/2 over the entr
 top min(topk, n)). Layer l then attends (``stream_attention``) the window keys and the entries of its kv source that
 its query sees AND its topk source chose, V4's way (K = V, sinks, the conjugate rope on the output, grouped output).
 
+The candidate mask (docs/V41.md 8; ``spec.candidates``): the candidate source layer c, an index source, keeps per
+query row t the best blocks of its own index scores I_c [T, n] (-inf where not visible), and every later index
+source l > c at the same ratio chooses only inside them (``block_scores``, ``candidate_blocks`` (a named choice, as
+the stream top-k: the gates pin the kernel's blocks), ``candidate_mask``, ``stream_choice``'s ``allow``):
+
+    len_t  = min((t + 1) // m, n)                          the entries row t sees (0: nothing kept)        [T]
+    b_tj   = max_{i in [j B, (j+1) B)} I_c[t, i]           block scores, the last block padded with -inf  [T, nb]
+    b_tj   = +inf for j = (len_t - 1) // B                 the newest visible entry's block, always kept
+    keep_t = the top min(K_b, nb) blocks of b_t (equal scores: the lower block), -1 for any at -inf       [T, K_b]
+    allow  = [i // B in keep_t]                                                                            [T, n]
+    I_l    = where(allow, I_l, -inf)  before l's top-k (its choice still the named ``moe.chosen`` one)
+
+(B ``block_size``, K_b ``topk_blocks``; the source's own top-k is unmasked). The form is the public transformers-style
+V4.1 model's ``select_candidate_blocks`` and the seed's Rust transcription ``candidate_mask`` (read, not copied;
+upstream's ``topk`` leaves a tie at the cut unspecified, the seed refuses one; here the lower block wins).
+
 Storage points (``st``): the pooled entry after its norm (pre), the roped entry, the key projection, its norm and
 rope; the attention's as ``reference.ops.v4_attention``.
 """
@@ -32,6 +48,7 @@ import numpy as np
 from ..rounding import linear
 from ..xp import common, ns
 from .attention import sink_attention, sliding_mask
+from .moe import chosen, topk_stable
 from .norm import rms_norm
 from .v4_attention import (
     IndexerWeights,
@@ -40,6 +57,7 @@ from .v4_attention import (
     chosen_mask,
     grouped_output,
     indexer_choice,
+    indexer_logits,
     kv_rows,
     pool_windows,
     q_heads,
@@ -48,7 +66,8 @@ from .v4_attention import (
 )
 
 __all__ = ["IndexerWeights", "StreamWeights", "IndexKeyWeights", "pooled", "stream_entries", "index_keys",
-           "stream_choice", "stream_attention"]
+           "stream_scores", "entries_seen", "block_scores", "candidate_blocks", "candidate_mask", "stream_choice",
+           "stream_attention"]
 
 
 @dataclass
@@ -88,13 +107,57 @@ def index_keys(pre: np.ndarray, w: IndexKeyWeights, rate: int, rope: Rope, eps: 
     return tail_rope(keys, ns(pre).arange(pre.shape[0]) * rate, rope)
 
 
-def stream_choice(keys: np.ndarray, a: np.ndarray, w: V4AttnWeights, iw: IndexerWeights, num_heads: int,
-                  index_heads: int, topk: int, rate: int, rope: Rope, eps: float, key: str | None = None) -> np.ndarray:
-    """A topk source's choice [T, min(topk, n)] (-1: no visible entry) on the keys [n, di] from its own rows a
-    (``key``: its name for ``moe.pinned``)."""
+def stream_scores(keys: np.ndarray, a: np.ndarray, w: V4AttnWeights, iw: IndexerWeights, num_heads: int,
+                  index_heads: int, rate: int, rope: Rope, eps: float) -> np.ndarray:
+    """A topk source's index scores I [T, n] (-inf: not visible) on the keys [n, di] from its own rows a."""
     xp, a = common(a)
     q_res, _ = q_heads(a, w, num_heads, eps, False)
-    return indexer_choice(keys, a, q_res, xp.arange(a.shape[0]), iw, index_heads, topk, rate, rope, key)
+    return indexer_logits(keys, a, q_res, xp.arange(a.shape[0]), iw, index_heads, rate, rope)
+
+
+def entries_seen(t: int, n: int, rate: int) -> np.ndarray:
+    """len [T] int64: the entries row t sees, min((t + 1) // m, n)."""
+    return np.minimum((np.arange(t) + 1) // rate, n)
+
+
+def block_scores(scores: np.ndarray, lens: np.ndarray, block_size: int) -> np.ndarray:
+    """b [T, nb], nb = ceil(n / B): the block maxima of the source's scores [T, n] (-inf: not visible; the last
+    block padded with -inf), +inf at the newest visible entry's block (lens [T]; module docstring)."""
+    xp, scores = common(scores)
+    lens = xp.asarray(lens)
+    t, n = scores.shape
+    nb = -(-n // block_size)
+    padded = xp.concatenate([scores, xp.full((t, nb * block_size - n), -np.inf)], axis=1)
+    b = padded.reshape(t, nb, block_size).max(axis=2)
+    return xp.where(xp.arange(nb)[None, :] == ((lens - 1) // block_size)[:, None], np.inf, b)
+
+
+def candidate_blocks(b: np.ndarray, topk_blocks: int, key: str | None = None) -> np.ndarray:
+    """The kept blocks [T, K] int64 of the block scores b [T, nb]: the top min(K, nb) (equal scores: the lower
+    block), -1 for one at -inf and for the columns past nb. With a ``key`` a named choice of ``moe.pinned`` (b
+    recorded; the pinned blocks used where given), as the stream choices are."""
+    xp, b = common(b)
+    t, nb = b.shape
+    top = topk_stable(b, min(topk_blocks, nb))
+    top = xp.where(xp.take_along_axis(b, top, axis=1) > -np.inf, top, -1)
+    top = xp.concatenate([top, xp.full((t, topk_blocks - top.shape[1]), -1, dtype=np.int64)], axis=1)
+    return top if key is None else chosen(b, top, key)
+
+
+def candidate_mask(blocks: np.ndarray, n: int, block_size: int) -> np.ndarray:
+    """allow [T, n] bool: entry i where its block i // B is among ``blocks`` [T, K] (-1: none)."""
+    xp = ns(blocks)
+    return xp.repeat(chosen_mask(blocks, -(-n // block_size)), block_size, axis=1)[:, :n]
+
+
+def stream_choice(keys: np.ndarray, a: np.ndarray, w: V4AttnWeights, iw: IndexerWeights, num_heads: int,
+                  index_heads: int, topk: int, rate: int, rope: Rope, eps: float, key: str | None = None,
+                  allow: np.ndarray | None = None) -> np.ndarray:
+    """A topk source's choice [T, min(topk, n)] (-1: no visible entry) on the keys [n, di] from its own rows a
+    (``key``: its name for ``moe.pinned``; ``allow`` [T, n]: the candidate mask it chooses inside, None: all)."""
+    xp, a = common(a)
+    q_res, _ = q_heads(a, w, num_heads, eps, False)
+    return indexer_choice(keys, a, q_res, xp.arange(a.shape[0]), iw, index_heads, topk, rate, rope, key, allow)
 
 
 def stream_attention(x: np.ndarray, w: V4AttnWeights, num_heads: int, window: int, rope: Rope, eps: float,

@@ -197,22 +197,32 @@ def indexer_scores(qi: np.ndarray, keys: np.ndarray, hw: np.ndarray) -> np.ndarr
     return xp.einsum("thw,th->tw", s, hw)
 
 
-def indexer_choice(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights,
-                   num_heads: int, topk: int, rate: int, rope: Rope, key: str | None = None) -> np.ndarray:
-    """chosen [T, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
-    weights; module docstring; -1 marks a slot with no visible entry). With a ``key`` the choice is a named one of
-    ``moe.pinned`` (its scores, -inf where not visible, recorded; the pinned ids used where given)."""
+def indexer_logits(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights,
+                   num_heads: int, rate: int, rope: Rope) -> np.ndarray:
+    """The indexer's scores I [T, n] over keys [n, di] (module docstring), -inf where an entry is not visible."""
     xp, keys, x, q_res, positions = common(keys, x, q_res, positions)
-    n = keys.shape[0]
-    if n == 0:
-        return xp.zeros((x.shape[0], 0), dtype=np.int64)
     qi = linear(q_res, iw.q_b)
     qi = tail_rope(qi.reshape(qi.shape[0], num_heads, -1), positions, rope)
     hw = (x @ iw.weights_proj.T) * num_heads ** -0.5
-    vis = visible(positions, n, rate)
-    scores = xp.where(vis, indexer_scores(qi, keys, hw), -np.inf)
+    return xp.where(visible(positions, keys.shape[0], rate), indexer_scores(qi, keys, hw), -np.inf)
+
+
+def indexer_choice(keys: np.ndarray, x: np.ndarray, q_res: np.ndarray, positions: np.ndarray, iw: IndexerWeights,
+                   num_heads: int, topk: int, rate: int, rope: Rope, key: str | None = None,
+                   allow: np.ndarray | None = None) -> np.ndarray:
+    """chosen [T, min(topk, n)] int64 over the indexer's entries keys [n, di] (``compress`` with its own
+    weights; module docstring; -1 marks a slot with no visible entry). ``allow`` bool [T, n]: only those entries
+    are chosen (the scores -inf elsewhere, before the top-k). With a ``key`` the choice is a named one of
+    ``moe.pinned`` (its scores, -inf where not visible or not allowed, recorded; the pinned ids used where given)."""
+    xp, keys, x = common(keys, x)
+    n = keys.shape[0]
+    if n == 0:
+        return xp.zeros((x.shape[0], 0), dtype=np.int64)
+    scores = indexer_logits(keys, x, q_res, positions, iw, num_heads, rate, rope)
+    if allow is not None:
+        scores = xp.where(allow, scores, -np.inf)
     ids = topk_stable(scores, min(topk, n))
-    ids = xp.where(xp.take_along_axis(vis, ids, axis=1), ids, -1)
+    ids = xp.where(xp.isfinite(xp.take_along_axis(scores, ids, axis=1)), ids, -1)
     return ids if key is None else chosen(scores, ids, key)
 
 

@@ -10,8 +10,10 @@ mixes and the router bias F32 (as the seed's DSpark table keeps them); every mat
 ``Dims.ratios`` / ``Dims.parts`` lay out the compressed layers (``attn_compressor_{kv,gate,norm}``,
 ``indexer.{attn_k,k_norm}``, ``indexer.{attn_q_b,proj}``; ``STREAMS`` has every kind). ``Dims.engram_layers`` adds
 engram sites (``engram.*`` keys with ``engram_hash``'s constants, ``blk.N.engram_{embd [rows, key_len], wkv,
-k [S, H], q [S, H]}``; k / q F32). What the seed would refuse in a window-only file (``TINY``):
-``attention.compress_ratios`` 0 on every layer, and no ``engram.layer_ids``.
+k [S, H], q [S, H]}``; k / q F32). ``Dims.candidates`` (source layer, block size, top blocks) writes
+``attention.candidate_{source_layer_id, block_size, topk_blocks}`` (the candidate mask, docs/V41.md 8). What the
+seed would refuse in a window-only file (``TINY``): ``attention.compress_ratios`` 0 on every layer, and no
+``engram.layer_ids``.
 
 ``tiny_tensors(dims, seed)``: random trained-looking weights (norms away from 1, hc base / scale, sinks and the
 router bias away from their zero init) for the tests and the fixture's initial point.
@@ -31,7 +33,7 @@ from tokenizers import Tokenizer
 from bloomery_gates.engram_hash import EngramHash
 
 from ...fixturegen.export_gguf import write_tokenizer
-from .reader_gguf import ARCH, BLOCK, ENGRAM, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
+from .reader_gguf import ARCH, BLOCK, CANDIDATE, ENGRAM, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
 
 F32_SUFFIXES = ("norm.weight", "sinks", "_hc.fn", "_hc.base", "_hc.scale", "e_score_correction_bias")
 
@@ -71,6 +73,7 @@ class Dims:
     engram_heads: int = 2
     engram_ngram: int = 3
     engram_key: int = 16
+    candidates: tuple[int, ...] = ()      # (source layer, block size, top blocks): the candidate mask (docs/V41.md 8)
 
     def ratio(self, layer: int) -> int:
         return self.ratios[layer] if self.ratios else 0
@@ -192,6 +195,8 @@ def _keys(w: gguf.GGUFWriter, d: Dims) -> None:
                      ("token_map", e.token_map)):
             w.add_key_value(a + "engram." + k, list(v), gguf.GGUFValueType.ARRAY,
                             sub_type=gguf.GGUFValueType.UINT64 if k == "multipliers" else gguf.GGUFValueType.UINT32)
+    for k, v in zip(CANDIDATE, d.candidates, strict=False):
+        w.add_uint32(a + k, v)
     w.add_uint32(a + "vocab_size", d.v)
 
 

@@ -30,7 +30,9 @@ Engram sites (docs/V41.md 7): with ``engram.layer_ids``, the keys ``engram.{head
 key_length, pad_id, multipliers, primes, offsets, token_map}`` (the seed's hash constants, lengths checked, offsets
 the primes' exclusive prefix sums, the map one entry per token) and on exactly those layers
 ``engram_{embd [sum of primes, key_len], wkv [(S+1) H, n_cols key_len], k [S, H], q [S, H]}``.
-What this build does not run is refused by name: the candidate-mask keys (docs/V41.md 8), clamps that differ by
+The candidate mask (docs/V41.md 8): ``attention.candidate_{source_layer_id, block_size, topk_blocks}``, all three or
+none (``candidates_of``: the source an index source, the fewest kept rows at least the indexer's top_k).
+What this build does not run is refused by name: clamps that differ by
 layer or between routed and shared experts (the spec holds one ``swiglu_limit``). The seed's own
 refusals are kept: ``output_hc_{fn,base,scale}`` in the file (a V4.1 file collapses with the lagged mix), an
 expert gating function other than 4, value_length != key_length, a scaling type other than yarn.
@@ -55,7 +57,16 @@ import torch
 from bloomery_gates.engram_hash import EngramHash
 from bloomery_gates.errors import BadConfig, BadTensor, Refused
 from bloomery_gates.registry import family
-from bloomery_gates.spec import Deepseek41Spec, HCShape, LayerShape, MoEShape, RopeScaling, V4AttnShape, V41Stream
+from bloomery_gates.spec import (
+    CandidateMask,
+    Deepseek41Spec,
+    HCShape,
+    LayerShape,
+    MoEShape,
+    RopeScaling,
+    V4AttnShape,
+    V41Stream,
+)
 
 from ...formats.config import Cfg
 from ...formats.gguf_file import GGUFFile
@@ -93,9 +104,8 @@ ENGRAM = {"engram_embd.weight": "engram.embed.weight", "engram_wkv.weight": "eng
           "engram_k.weight": "engram.k_norm.weight", "engram_q.weight": "engram.q_norm.weight"}
 PAIRS = (("attn_compressor_kv.weight", "attn_compressor_norm.weight"),
          ("indexer.attn_k.weight", "indexer.k_norm.weight"), ("indexer.attn_q_b.weight", "indexer.proj.weight"))
-NOT_RUN = {"attention.candidate_source_layer_id": "the candidate mask (docs/V41.md 8)",
-           "attention.candidate_block_size": "the candidate mask (docs/V41.md 8)",
-           "attention.candidate_topk_blocks": "the candidate mask (docs/V41.md 8)"}
+CANDIDATE = ("attention.candidate_source_layer_id", "attention.candidate_block_size",
+             "attention.candidate_topk_blocks")
 
 
 class _Mapped(MappedTensors):
@@ -190,9 +200,6 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
         raise Refused(path, f"general.architecture is {arch!r}; this reader supports {ARCH!r}")
     a = f"{ARCH}."
     cfg = Cfg({k[len(a):]: f.meta(k) for k in f.meta_keys() if k.startswith(a)}, path, a)
-    for key, what in NOT_RUN.items():
-        if key in cfg.data:
-            raise Refused(path, f"key {a}{key}: {what} are not run by this build (docs/V41.md 10)")
     n = cfg.int("block_count")
     d = cfg.int("attention.key_length")
     if cfg.int("attention.value_length") != d:
@@ -266,7 +273,37 @@ def deepseek41_from_gguf(path: Path) -> Deepseek41Spec:
     fields["layer_types"] = tuple("stream" if s else "sliding" for s in streams)
     return Deepseek41Spec(family=FAMILY, source=Path(path), source_format="gguf", vocab_size=vocab,
                           tie_word_embeddings=tied, max_position=cfg.int("context_length"), tensors=tensors,
-                          swiglu_limit=limit, mtp_layers=0, streams=tuple(streams), engram=eng, **fields)
+                          swiglu_limit=limit, mtp_layers=0, streams=tuple(streams), engram=eng,
+                          candidates=candidates_of(cfg, streams, attn.index_topk), **fields)
+
+
+def candidates_of(cfg: Cfg, streams: list[V41Stream | None], top_k: int) -> CandidateMask | None:
+    """The candidate mask's three keys (docs/V41.md 8): none of them, or a negative source layer (upstream's
+    ``0 <= candidate_source_layer_id``), is no mask; otherwise all three, the source an index source (a layer
+    that makes its own stream choice), block size and block count >= 1, and the fewest rows a full mask keeps,
+    (topk_blocks - 1) block_size + 1, at least the indexer's top_k (the seed's refusal). Each refusal names its
+    key (exit 2)."""
+    there = [k for k in CANDIDATE if k in cfg.data]
+    if not there:
+        return None
+    src_key, size_key, blocks_key = CANDIDATE
+    if len(there) < len(CANDIDATE):
+        missing = next(k for k in CANDIDATE if k not in cfg.data)
+        raise cfg.bad(missing, f"missing, and the file has {cfg.prefix}{there[0]}: the candidate mask takes all three")
+    src = cfg.int(src_key, what="a layer index", minimum=None)
+    if src < 0:
+        return None
+    if src >= len(streams):
+        raise cfg.bad(src_key, f"{src}; the file has {len(streams)} layers")
+    s = streams[src]
+    if s is None or s.topk_source != src:
+        raise cfg.bad(src_key, f"{src}: layer {src} makes no stream choice of its own (no indexer.attn_q_b); the "
+                               "candidate source must be an index source")
+    cm = CandidateMask(src, cfg.int(size_key, what="a block size"), cfg.int(blocks_key, what="a block count"))
+    if cm.fewest_rows() < top_k:
+        raise cfg.bad(blocks_key, f"{cm.topk_blocks} blocks of {cm.block_size}: a full mask keeps as few as "
+                                  f"{cm.fewest_rows()} entries, fewer than attention.indexer.top_k {top_k}")
+    return cm
 
 
 def engram_of(cfg: Cfg, names: set[str], n: int, where: Path) -> EngramHash | None:

@@ -23,6 +23,23 @@ class V41Stream:
 
 
 @dataclass(frozen=True)
+class CandidateMask:
+    """V4.1's two-level candidate mask (docs/V41.md 8; the GGUF's ``attention.candidate_{source_layer_id,
+    block_size, topk_blocks}``): index source ``source_layer`` keeps, per query row, its ``topk_blocks`` best blocks
+    of ``block_size`` entries by its index scores (the newest visible entry's block always), and every later index
+    source at the same ratio takes its top-k only inside them (``kernels.ops.v41_stream.candidate_blocks``)."""
+
+    source_layer: int
+    block_size: int
+    topk_blocks: int
+
+    def fewest_rows(self) -> int:
+        """The fewest entries a full-length mask keeps: (topk_blocks - 1) block_size + 1 (the newest block may
+        hold one)."""
+        return (self.topk_blocks - 1) * self.block_size + 1
+
+
+@dataclass(frozen=True)
 class Deepseek41Spec(Deepseek4Spec):
     """A deepseek41 target (DeepSeek V4.1; the seed engine's ``deepseek41`` GGUF, docs/V41.md): V4's layers with
     the V4.1 deltas as named slots. ``hc_mix`` "lagged" (a sublayer folds its input with the previous sublayer's
@@ -32,7 +49,8 @@ class Deepseek41Spec(Deepseek4Spec):
     window and a compressed stream, ``streams[l]``, None on a sliding layer). The layer state is (streams, lag):
     taps [T, S+1, H] (``reference.ops.mhc_lagged.pack_lag``). Tensors keep deepseek4's HF names (no
     ``model.hc_head.*``); a stream layer's own parts under ``self_attn.compressor.{kv_proj, gate_proj, kv_norm}``,
-    ``self_attn.indexer.{k_proj, k_norm, q_b_proj, weights_proj}``. ``engram``: the engram sites' dimensions and
+    ``self_attn.indexer.{k_proj, k_norm, q_b_proj, weights_proj}``. ``candidates``: the candidate mask (None: none;
+``masked(l)`` says whether layer l's choice is taken inside it). ``engram``: the engram sites' dimensions and
     hash constants (None: no site); a site's tensors under ``engram.{embed, wkv, k_norm, q_norm}.weight``."""
 
     hc_mix: str = "lagged"
@@ -40,9 +58,19 @@ class Deepseek41Spec(Deepseek4Spec):
     q_head_norm: bool = False
     streams: tuple[V41Stream | None, ...] = ()
     engram: EngramHash | None = None
+    candidates: CandidateMask | None = None
 
     def stream(self, layer: int) -> V41Stream | None:
         return self.streams[layer] if self.streams else None
+
+    def masked(self, layer: int) -> bool:
+        """Layer ``layer`` is an index source after the candidate source, at its ratio: its scores outside the
+        source's mask are -inf before its top-k (an index source at another ratio has other entries: left as is)."""
+        c, s = self.candidates, self.stream(layer)
+        if c is None or s is None or s.topk_source != layer or layer <= c.source_layer:
+            return False
+        src = self.stream(c.source_layer)
+        return src is not None and src.ratio == s.ratio
 
 
 @dataclass(frozen=True)

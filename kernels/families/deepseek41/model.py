@@ -37,6 +37,11 @@ def stream_key(l: int) -> str:
     return f"stream choice of layer {l}"
 
 
+def candidate_key(l: int) -> str:
+    """The name of candidate source l's kept blocks (``reference.families.deepseek41.model.candidate_key``)."""
+    return f"candidate blocks of layer {l}"
+
+
 class Deepseek41Target(Deepseek4Target):
     """The V4.1 target engine: prefill / verify / commit / kv_rows as deepseek4's; passes are ``Qwen38Pass`` with
     taps [L+1, R, S+1, H] (module docstring) and ``final`` [R, H] = norm(last_mix(streams, lag))."""
@@ -68,6 +73,7 @@ class Deepseek41Target(Deepseek4Target):
                              for l in range(spec.num_layers) if (s := spec.stream(l)) and s.kv_source == l}
         self.routings: dict[int, Routing] = {}
         self.chosen: dict[int, T] = {}
+        self.blocks: dict[int, T] = {}         # the candidate source's kept blocks [R, K] of the last pass
         self.length = 0
         self.rows_run = 0
         self._ran: int | None = None
@@ -96,7 +102,8 @@ class Deepseek41Target(Deepseek4Target):
 
     def _prime(self, l: int, a: T, p0: int, ss: dict) -> None:
         """Layer l's source duties on its normed rows a [R, H] (``reference.families.deepseek41.model.prime``):
-        the pass's pre / keys / chosen in ``ss``."""
+        the pass's pre / keys / chosen in ``ss``; the candidate source's mask [R, n] too (per row of this pass,
+        read by the later masked layers of the same pass; not kept across passes)."""
         s, t, p, eps = self.spec.stream(l), self.t, f"layers.{l}.self_attn.", self.shape.rms_eps
         if s is None:
             return
@@ -110,9 +117,17 @@ class Deepseek41Target(Deepseek4Target):
             ss[("keys", l)] = ks.index_keys(ss[("pre", l)], kw, s.ratio, rope, eps)
         if s.topk_source == l:
             iw = ks.IndexerWeights(None, t[p + "indexer.q_b_proj.weight"], t[p + "indexer.weights_proj.weight"])
-            chosen = ks.stream_choice(ss[("keys", s.key_source)], a, attn_weights_at(t, p, "sliding"), iw,
-                                      at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps, p0)
+            keys, aw, cm = ss[("keys", s.key_source)], attn_weights_at(t, p, "sliding"), self.spec.candidates
+            allow = ss[("candidates", cm.source_layer)] if self.spec.masked(l) else None
+            chosen = ks.stream_choice(keys, a, aw, iw, at.num_heads, at.index_heads, at.index_topk, s.ratio, rope,
+                                      eps, p0, allow)
             ss[("chosen", l)] = self.chosen[l] = chosen
+            if cm is not None and cm.source_layer == l:
+                scores = ks.stream_scores(keys, a, aw, iw, at.num_heads, at.index_heads, s.ratio, rope, eps, p0)
+                lens = ks.entries_seen(p0, a.shape[0], keys.shape[0], s.ratio, a.device)
+                blocks = ks.candidate_blocks(ks.block_scores(scores, lens, cm.block_size), cm.topk_blocks)
+                self.blocks[l] = blocks
+                ss[("candidates", l)] = ks.candidate_mask(blocks, keys.shape[0], cm.block_size)
 
     def _attention(self, l: int, a: T, p0: int, ss: dict) -> T:
         s, at, rope = self.spec.stream(l), self.spec.attn, layer_rope(self.spec, l)
@@ -162,4 +177,5 @@ class Deepseek41Target(Deepseek4Target):
         final = rms_norm(klag.last_mix(x, lag), self.final_w, eps)
         logits = F.linear(final, self.head)
         return Qwen38Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None, final,
-                          dict(self.routings), {stream_key(l): c for l, c in self.chosen.items()})
+                          dict(self.routings), {stream_key(l): c for l, c in self.chosen.items()} |
+                          {candidate_key(l): b for l, b in self.blocks.items()})

@@ -9,7 +9,8 @@ V4.1 deltas over ``reference.families.deepseek4.model`` (docs/V41.md), whose rou
              NO per-head RMS of q; a "sliding" layer attends its window; a "stream" layer also the entries of its
              kv source that its query sees and its topk source chose (``reference.ops.v41_stream``). A layer first
              does its source duties on its own a (``prime``): pool (kv source), index keys (key owner), choose (topk
-             source), each kept for the layers after it in the pass.
+             source; the candidate source also its mask, ``spec.candidates``), each kept for the layers after it
+             in the pass; a masked index source chooses inside the mask.
     engram   on a site (``spec.engram``), before the attention sublayer: x = engram(x; the site's table rows of
              each token's n-grams, ``bloomery_gates.engram_hash``) (``reference.ops.engram``)
     moe      sqrt-softplus + bias top-k, renormalised x routed_scale, clamped SwiGLU + the ungated shared expert
@@ -47,11 +48,12 @@ __all__ = ["RefOut", "forward", "reference_layer", "final_norm", "decoder_layer"
 @dataclass
 class Streams:
     """One pass's stream state: pre [n, d] per kv source, keys [n, di] per key owner, chosen [T, k] per topk
-    source (layer -> array)."""
+    source, the candidate mask [T, n] of the candidate source (layer -> array)."""
 
     pre: dict[int, np.ndarray] = field(default_factory=dict)
     keys: dict[int, np.ndarray] = field(default_factory=dict)
     chosen: dict[int, np.ndarray] = field(default_factory=dict)
+    candidates: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def check_supported(spec: Deepseek41Spec) -> None:
@@ -73,6 +75,11 @@ def stream_key(l: int) -> str:
     return f"stream choice of layer {l}"
 
 
+def candidate_key(l: int) -> str:
+    """The name of candidate source l's kept blocks for ``reference.ops.moe.pinned`` (the gates pin the kernel's)."""
+    return f"candidate blocks of layer {l}"
+
+
 def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) -> None:
     """Layer l's source duties on its normed rows a [T, H] (module docstring)."""
     s, p, eps = spec.stream(l), _a(spec, l), spec.layer.rms_eps
@@ -88,9 +95,15 @@ def prime(spec: Deepseek41Spec, w: Weights, ss: Streams, l: int, a: np.ndarray) 
                                                                  w[p + "indexer.k_norm.weight"]), s.ratio, rope, eps)
     if s.topk_source == l:
         iw = rs.IndexerWeights(None, w[p + "indexer.q_b_proj.weight"], w[p + "indexer.weights_proj.weight"])
-        ss.chosen[l] = rs.stream_choice(ss.keys[s.key_source], a, attn_weights_at(w, p, "sliding"), iw,
-                                        at.num_heads, at.index_heads, at.index_topk, s.ratio, rope, eps,
-                                        stream_key(l))
+        keys, aw, cm = ss.keys[s.key_source], attn_weights_at(w, p, "sliding"), spec.candidates
+        allow = ss.candidates[cm.source_layer] if spec.masked(l) else None
+        ss.chosen[l] = rs.stream_choice(keys, a, aw, iw, at.num_heads, at.index_heads, at.index_topk, s.ratio, rope,
+                                        eps, stream_key(l), allow)
+        if cm is not None and cm.source_layer == l:
+            scores = rs.stream_scores(keys, a, aw, iw, at.num_heads, at.index_heads, s.ratio, rope, eps)
+            b = rs.block_scores(scores, rs.entries_seen(len(a), keys.shape[0], s.ratio), cm.block_size)
+            blocks = rs.candidate_blocks(b, cm.topk_blocks, candidate_key(l))
+            ss.candidates[l] = rs.candidate_mask(blocks, keys.shape[0], cm.block_size)
 
 
 def attention(spec: Deepseek41Spec, w: Weights, l: int, a: np.ndarray, ss: Streams) -> np.ndarray:
@@ -147,12 +160,16 @@ def decoder_layer(spec: Deepseek41Spec, w: Weights, l: int, state: np.ndarray, i
 
 def sources(spec: Deepseek41Spec, l: int) -> list[int]:
     """The earlier layers whose source duties layer l reads (its kv and topk sources, the topk source's key
-    owner), in layer order."""
+    owner; the candidate source and its key owner where that choice is masked), in layer order."""
     s = spec.stream(l)
     if s is None:
         return []
     t = spec.stream(s.topk_source)
-    return sorted({s.kv_source, s.topk_source, t.key_source if t else s.key_source} - {l})
+    need = {s.kv_source, s.topk_source, t.key_source if t else s.key_source}
+    if spec.masked(s.topk_source):                    # its choice reads the candidate source's mask
+        c = spec.candidates.source_layer
+        need |= {c, spec.stream(c).key_source}
+    return sorted(need - {l})
 
 
 def reference_layer(spec: Deepseek41Spec, l: int, h: np.ndarray, taps=None, ids=None) -> np.ndarray:
