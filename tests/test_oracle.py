@@ -123,3 +123,26 @@ def test_flip_excused():
     band = bands.Band(0.01, "test")
     assert bands.flip_excused(np.array([10.0, 9.9, 0.0]), band)         # margin 0.1 <= 2 * 0.01 * 10
     assert not bands.flip_excused(np.array([10.0, 9.0, 0.0]), band)
+
+
+def test_a_family_without_an_outside_oracle(tmp_path):
+    """``gate run --oracle`` on a family no outside code runs (deepseek41) is bad input (exit 2); ``bloomery gates``
+    (oracle_where_exists) runs it with an (o) note instead of stopping at it (CI's gates run did, at ds41-dspark)."""
+    import json
+    from pathlib import Path
+
+    from bloomery_cli.gate import GateOptions, run_gate
+    from bloomery_gates.gates import GATES
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    if not (fixtures / "ds41-tiny-dspark-b7.gguf").is_file():
+        pytest.skip("fixtures/ds41-tiny-dspark-b7.gguf not built")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"ids": json.loads((fixtures / "prompts.jsonl").read_text().splitlines()[0])["ids"]})
+                       + "\n")
+    gate = GATES["ds41-dspark"]
+    with pytest.raises(InputError, match="no external oracle for family deepseek41"):
+        run_gate(gate, GateOptions(n=8, prompts=prompts, oracle=True))
+    code, rep = run_gate(gate, GateOptions(n=8, prompts=prompts, oracle=True, oracle_where_exists=True))
+    notes = [x for x in rep.lines if x.startswith("(o)")]
+    assert code == 0 and len(notes) == 1 and notes[0].startswith("(o) none: no outside code runs family deepseek41")
