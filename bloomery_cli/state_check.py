@@ -247,8 +247,9 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
         from bloomery_gates.gates.routing_flips import state_choices
 
         one = family.layer_ops(target_spec.layer, len(run.seq))
-        exact, emu = state_choices(report, run.windows, lambda: family.reference(target_spec, run.seq), routing,
-                                   choices, dtype, lambda l: one * (l + 1))
+        exact, emu = state_choices(report, f"state after {run.windows} windows: ",
+                                   lambda: family.reference(target_spec, run.seq), routing, choices, dtype,
+                                   lambda l: one * (l + 1))
         run = replace(run, ref=exact)
         run = replace(run, emu=replace(run, ref=emu))
     else:

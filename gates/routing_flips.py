@@ -26,7 +26,9 @@ The state after the loop (``state_choices``; ``bloomery_cli.state_check``): the 
 T = prompt + emitted + proposal follows the same rule with a ``layered`` pin, each choice keyed (key, layer), K the
 ids the kernel's cache holds at each position (the last pass that ran the position), the band of layer l's scores
 from ``ops_of(l)``: the emulated run continues with K everywhere, the exact run with ``use``, layer by layer.
-One line per choice: ``(r) state after <W> windows: target <name> [T x k] vs host f64 choice: ...``.
+One line per choice: ``(r) state after <W> windows: target <name> [T x k] vs host f64 choice: ...``. The prompt's
+end-to-end logits line (``targets.check_target``) runs the same over the prompt with the prefill's choices (lines
+``(r) end to end: target <name> ...``).
 """
 
 from __future__ import annotations
@@ -154,13 +156,14 @@ def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, 
     return flips.use
 
 
-def state_choices(report: Report, windows: int, forward: Callable[[], Any], routing: Mapping[int, np.ndarray | None],
+def state_choices(report: Report, where: str, forward: Callable[[], Any], routing: Mapping[int, np.ndarray | None],
                   choices: Mapping[str, np.ndarray | None], dtype: str,
                   ops_of: Callable[[int], Sequence[Op]]) -> tuple[Any, Any]:
     """The fresh runs of the state check with the kernel's choices (module docstring): ``forward()`` the family's
     reference over the sequence (its RefOut); ``routing`` layer -> the ids [T, k] the kernel's cache holds per
     position (None: a position the kernel's passes did not report), ``choices`` name -> the same for a named
-    choice. -> (exact RefOut continuing with ``use``, emulated RefOut continuing with K)."""
+    choice; ``where`` prefixes each line's checked thing ("state after W windows: ", "end to end: ").
+    -> (exact RefOut continuing with ``use``, emulated RefOut continuing with K)."""
     def layered(pins: Mapping) -> Chosen:
         def compute() -> Chosen:
             with pinned(dict(pins), layered=True) as pin:
@@ -170,7 +173,6 @@ def state_choices(report: Report, windows: int, forward: Callable[[], Any], rout
 
     first = layered({})
     got: dict = {}
-    where = f"state after {windows} windows: "
     for key in first.seen:
         kind, l = key
         ids = routing.get(l) if kind == ROUTER else choices.get(kind)

@@ -16,7 +16,7 @@ from bloomery_gates.spec import ModelSpec
 from ..reference.rounding import emulate
 from ..reference.xp import run
 from .close import close, exact_and_emulated
-from .routing_flips import chosen_layer, kernel_picks
+from .routing_flips import chosen_layer, kernel_picks, state_choices
 
 
 def to_np(x: torch.Tensor) -> np.ndarray:
@@ -69,7 +69,13 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     want, emu = exact_and_emulated(dtype, lambda: head_logits(family, spec, taps[-1]))
     close(report, f"target logits [{t}x{spec.vocab_size}] from the kernel's last hidden", got, want, emu, dtype,
           head_ops(spec))
-    emu_ref = emulate(dtype, lambda: run(lambda: family.reference(spec, prompt)))
+    if routing or choices:          # the end-to-end runs make the prefill's excused choices (routing_flips)
+        ref, emu_ref = state_choices(report, "end to end: ", lambda: family.reference(spec, prompt),
+                                     {l: r.ids.detach().cpu().numpy() for l, r in routing.items()},
+                                     {n: c.detach().cpu().numpy() for n, c in choices.items()}, dtype,
+                                     lambda l: ops * (l + 1))
+    else:
+        emu_ref = emulate(dtype, lambda: run(lambda: family.reference(spec, prompt)))
     band = close(report, f"target logits [{t}x{spec.vocab_size}]", got, ref.logits, emu_ref.logits, dtype,
                  ops * spec.num_layers + head_ops(spec))
     differ, excused = greedy_flips(got, ref.logits, band)
