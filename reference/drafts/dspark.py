@@ -109,6 +109,22 @@ def markov_logits(base: np.ndarray, term: np.ndarray) -> np.ndarray:
     return st(base + term)
 
 
+def markov_decode(draft: DSparkSpec, base: np.ndarray, anchor_id: int, prev: Sequence[int] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Markov correction over the B rows of base [B, V] (``kernels.drafts.dspark.markov_decode``'s):
+    prev None runs the serial greedy chain prev_0 = anchor, prev_{k+1} = argmax logits_k; a list of B ids
+    teacher-forces it. Returns (logits [B, V] = st(base + st(W2 W1[prev])), prev [B] int64, e = W1[prev] [B, r])."""
+    if prev is None:
+        xp, chain = ns(base), [anchor_id]
+        for k in range(len(base) - 1):
+            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
+            chain.append(int(xp.argmax(row)))
+        prev = chain
+    prev = np.asarray(to_host(prev), dtype=np.int64)
+    e = markov_rows(draft, prev)
+    return markov_logits(base, markov_term(draft, e)), prev, e
+
+
 def cut_length(confidence: np.ndarray, threshold: float) -> int:
     """Drafts kept: before the first k with c_k < t, at least 1; all of them when t <= 0."""
     b = len(confidence)
@@ -139,15 +155,7 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     layer_out = backbone(draft, target, u, anchor_id)
     final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
     base = draft_head(draft, target, final)
-    if prev is None:
-        chain = [anchor_id]
-        for k in range(b - 1):
-            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
-            chain.append(int(xp.argmax(row)))
-        prev = chain
-    prev = np.asarray(to_host(prev), dtype=np.int64)
-    e = markov_rows(draft, prev)
-    logits = markov_logits(base, markov_term(draft, e))
+    logits, prev, e = markov_decode(draft, base, anchor_id, prev)
     conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
         z = xp.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]
