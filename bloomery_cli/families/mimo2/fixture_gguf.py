@@ -24,8 +24,6 @@ the file (tests check the manifest's sha256).
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,8 +35,9 @@ from tokenizers import Tokenizer
 from bloomery_gates.spec import Mimo2Spec
 
 from ...fixturegen.export_gguf import write_tokenizer
-from ...fixturegen.install import MAX_FIXTURE_BYTES
-from ...fixturegen.manifest import Manifest, verified
+from ...fixturegen.gguf_main import export_main
+from ...fixturegen.gguf_readback import same_tensors
+from ...fixturegen.gguf_register import export_checked
 
 TARGET, GGUF = "mimo2-tiny", "mimo2-tiny.gguf"
 ARCH = "mimo2"
@@ -162,12 +161,7 @@ def check_readback(path: Path, spec: Mimo2Spec) -> None:
     from ...loading import load_target
 
     got = load_target(path)
-    if set(got.tensors) != set(spec.tensors):
-        odd = sorted(set(got.tensors) ^ set(spec.tensors))
-        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {odd}")
-    for n in spec.tensors:
-        if not torch.equal(got.tensors[n].float(), spec.tensors[n].float()):
-            raise RuntimeError(f"{path}: {n} does not read back equal to the HF fixture")
+    same_tensors(path, got.tensors, spec.tensors)
     # the GGUF stores the rotary channel count, not the factor (0.334 -> int(32 * 0.334) = 10 -> 10 / 32)
     want = replace(spec.mimo, partial_rotary_factor=got.mimo.partial_rotary_factor)
     if (got.layer, got.mimo) != (spec.layer, want) or int(spec.layer.head_dim * got.mimo.partial_rotary_factor) != \
@@ -182,45 +176,18 @@ def export_gguf(fixtures: Path, out: Path | None = None, qkv: str = "fused") -> 
     from ...loading import load_target
 
     spec = load_target(fixtures / TARGET)
-    dst = out or fixtures / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_mimo2_gguf(tmp, spec, Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json")), qkv=qkv)
-    os.chmod(tmp, 0o644)
-    check_readback(tmp, spec)
-    if out is not None:
-        os.replace(tmp, dst)
-        return dst
-    man = Manifest.read(fixtures)
-    old = man.files.pop(GGUF, None)
-    os.replace(tmp, dst)
-    man.add_files(fixtures, [dst])
-    if man.stored_bytes > MAX_FIXTURE_BYTES:
-        dst.unlink()
-        if old is not None:
-            man.files[GGUF] = old
-        raise RuntimeError(f"fixtures would store {man.stored_bytes} distinct bytes with {GGUF}, over the "
-                           f"{MAX_FIXTURE_BYTES} limit (write it elsewhere with --gguf-out)")
-    entry = man.models[TARGET]
-    entry["files"] = sorted(set(entry["files"]) | {GGUF})
-    entry["gguf_export"] = {"command": "python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures",
-                            "from": f"{TARGET}/model.safetensors (the trained weights unchanged)",
-                            "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "
-                                      "(the MiMo-V2.5 layout llama.cpp's MTP graph requires), 3 MTP blocks"}
-    man.write(fixtures)
-    verified(fixtures, "mimo2 GGUF export")
-    return dst
+    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
+    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_mimo2_gguf(tmp, spec, tok, qkv=qkv),
+                          lambda tmp: check_readback(tmp, spec), {
+        "command": "python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures",
+        "from": f"{TARGET}/model.safetensors (the trained weights unchanged)",
+        "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "
+                  "(the MiMo-V2.5 layout llama.cpp's MTP graph requires), 3 MTP blocks"}, label="mimo2 GGUF export")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"), help="the fixtures folder (holds mimo2-tiny/)")
-    ap.add_argument("--gguf-out", type=Path, default=None, help="write the file here, unregistered")
-    ap.add_argument("--qkv", choices=("fused", "split"), default="fused")
-    args = ap.parse_args(argv)
-    if args.qkv != "fused" and args.gguf_out is None:
-        ap.error("--qkv split only with --gguf-out (the bundled file is the fused layout)")
-    print(export_gguf(args.out, args.gguf_out, args.qkv), flush=True)
-    return 0
+    return export_main(argv, __doc__, TARGET, export_gguf, "qkv", ("fused", "split"),
+                       "--qkv split only with --gguf-out (the bundled file is the fused layout)")
 
 
 if __name__ == "__main__":
