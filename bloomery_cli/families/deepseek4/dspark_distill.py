@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from ...fixturegen.install import MAX_FIXTURE_BYTES
 from ...fixturegen.manifest import Manifest, verified
 from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
 from .fixture import greedy_rows
+
+if TYPE_CHECKING:
+    from bloomery_gates.spec import V4AttnShape
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,15 @@ class DSparkFixture:
     @property
     def gguf(self) -> str:
         return self.name + ".gguf"
+
+
+def stage_attn(a: V4AttnShape) -> V4AttnShape:
+    """A DSpark stage's attention (``V4AttnShape``): the target's ``a`` shapes and window, window-only (no
+    compressor, no indexer), one rope theta."""
+    from bloomery_gates.spec import V4AttnShape
+
+    return V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
+                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch
 
 from ...fixturegen.family_kit import fixture_main, load_tokenizer
 from ...fixturegen.train import Reporter, TrainConfig
-from .dspark_distill import DSparkFixture, distill, publish
+from .dspark_distill import DSparkFixture, distill, publish, stage_attn
 
 TARGET, B, RANK, STAGES = "ds4-tiny", 7, 16, 2
 NAME = f"ds4-tiny-dspark-b{B}"
@@ -59,11 +59,9 @@ class DSparkFixtureConfig:
 
 def draft_spec(target, tensors: dict):
     """The draft's spec (the same numbers the GGUF states) over ``tensors``."""
-    from bloomery_gates.spec import Deepseek4DSparkSpec, V4AttnShape
+    from bloomery_gates.spec import Deepseek4DSparkSpec
 
-    a = target.attn
-    attn = V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
-                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
+    attn = stage_attn(target.attn)
     mask = target.vocab_size - 1
     return Deepseek4DSparkSpec(kind="deepseek4-dspark", source=Path(GGUF), source_format="gguf", num_layers=STAGES,
                                block_size=B, target_layer_ids=TARGET_IDS, mask_token_id=mask, markov_rank=RANK,

@@ -31,7 +31,7 @@ import torch
 
 from ...fixturegen.family_kit import fixture_main, load_tokenizer
 from ...fixturegen.train import Reporter, TrainConfig
-from ..deepseek4.dspark_distill import DSparkFixture, distill, publish
+from ..deepseek4.dspark_distill import DSparkFixture, distill, publish, stage_attn
 from ..deepseek4.fixture_dspark import write_gguf
 from .reader_dspark import type_of
 
@@ -65,11 +65,9 @@ class DSparkFixtureConfig:
 
 def draft_spec(target, tensors: dict):
     """The draft's spec (the same numbers the GGUF states) over ``tensors``."""
-    from bloomery_gates.spec import Deepseek41DSparkSpec, V4AttnShape
+    from bloomery_gates.spec import Deepseek41DSparkSpec
 
-    a = target.attn
-    attn = V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
-                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
+    attn = stage_attn(target.attn)
     return Deepseek41DSparkSpec(kind="deepseek41-dspark", source=Path(GGUF), source_format="gguf",
                                 num_layers=STAGES, block_size=B, target_layer_ids=TARGET_IDS,
                                 mask_token_id=target.vocab_size - 1, markov_rank=RANK, confidence=True,
