@@ -64,6 +64,24 @@ def stage_attn(a: V4AttnShape) -> V4AttnShape:
 
 
 @dataclass
+class DSparkFixtureConfig:
+    """A DSpark fixture build's numbers: ``pool`` greedy rows (a real ``prefix``-token prefix continued to ``seq``)
+    and ``real`` corpus windows of ``seq`` tokens, ``anchors`` blocks a row a step, the loop's ``train``."""
+    seed: int
+    pool: int
+    real: int
+    prefix: int
+    seq: int
+    anchors: int
+    train: TrainConfig
+
+    def quick(self) -> DSparkFixtureConfig:
+        """The pipeline check (a few steps, not for use): this seed and prefix, tiny rows and loop."""
+        return replace(self, pool=2, real=2, seq=40, anchors=2,
+                       train=TrainConfig(steps=3, batch=2, seq=40, warmup=1, log_every=1))
+
+
+@dataclass
 class Distilled:
     """A distilled draft: its stored (bf16) weights, the train config used, and the run's numbers."""
     stored: dict[str, torch.Tensor]
@@ -111,8 +129,9 @@ def block_loss(params: dict, spec, eng, data: list, pick: list[int], anchors: in
     return loss / len(pick), hits / n
 
 
-def distill(fx: DSparkFixture, cfg, quick: bool, tok, rep: Reporter, make_engine: Callable[[], object],
-            init_params: Callable[[int], dict[str, torch.Tensor]], spec) -> Distilled:
+def distill(fx: DSparkFixture, cfg: DSparkFixtureConfig, quick: bool, tok, rep: Reporter,
+            make_engine: Callable[[], object], init_params: Callable[[int], dict[str, torch.Tensor]],
+            spec) -> Distilled:
     """Train the draft (``init_params(seed)``, ``spec`` its shapes without tensors) on the frozen engine
     ``make_engine()`` under the build's determinism; held-out top-1 on the bf16-rounded weights."""
     with _determinism(cfg.seed):

@@ -21,7 +21,6 @@ normalised, Markov inputs teacher-forced (prev_0 = x_s, prev_k = label_{k-1}), +
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 
 from ...fixturegen.family_kit import fixture_main, load_tokenizer
 from ...fixturegen.train import Reporter, TrainConfig
-from .dspark_distill import DSparkFixture, distill, publish, stage_attn
+from .dspark_distill import DSparkFixture, DSparkFixtureConfig, distill, publish, stage_attn
 
 TARGET, B, RANK, STAGES = "ds4-tiny", 7, 16, 2
 NAME = f"ds4-tiny-dspark-b{B}"
@@ -40,21 +39,8 @@ FIXTURE = DSparkFixture(NAME, TARGET, "bloomery_cli.families.deepseek4.fixture_d
                         "GGUF dflash (llama.cpp's DSV4 DSpark, hyper_connection.count 4)", STAGES, B, RANK, TARGET_IDS)
 
 
-@dataclass
-class DSparkFixtureConfig:
-    seed: int = 4321
-    pool: int = 32
-    real: int = 32
-    prefix: int = 32
-    seq: int = 112
-    anchors: int = 8
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=500, batch=4, seq=112, lr=3e-3,
-                                                                    warmup=40, log_every=50))
-
-    @classmethod
-    def quick(cls) -> DSparkFixtureConfig:
-        return cls(pool=2, real=2, seq=40, anchors=2, train=TrainConfig(steps=3, batch=2, seq=40, warmup=1,
-                                                                        log_every=1))
+CONFIG = DSparkFixtureConfig(seed=4321, pool=32, real=32, prefix=32, seq=112, anchors=8,
+                             train=TrainConfig(steps=500, batch=4, seq=112, lr=3e-3, warmup=40, log_every=50))
 
 
 def draft_spec(target, tensors: dict):
@@ -155,7 +141,7 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
     from .reader_dspark import deepseek4_dspark_from_gguf
 
     t0, out_dir = time.perf_counter(), Path(out_dir)
-    cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
+    cfg = config or (CONFIG.quick() if quick else CONFIG)
     tok, _, _ = load_tokenizer(out_dir)
     from tokenizers import Tokenizer
 

@@ -22,7 +22,6 @@ confidence): ``deepseek4.dspark_distill``'s ``distill`` / ``publish``, shared wi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
@@ -31,7 +30,7 @@ import torch
 
 from ...fixturegen.family_kit import fixture_main, load_tokenizer
 from ...fixturegen.train import Reporter, TrainConfig
-from ..deepseek4.dspark_distill import DSparkFixture, distill, publish, stage_attn
+from ..deepseek4.dspark_distill import DSparkFixture, DSparkFixtureConfig, distill, publish, stage_attn
 from ..deepseek4.fixture_dspark import write_gguf
 from .reader_dspark import type_of
 
@@ -46,21 +45,8 @@ FIXTURE = DSparkFixture(NAME, TARGET, "bloomery_cli.families.deepseek41.fixture_
                         "LastMix, no output_hc_*, no q head norm)", STAGES, B, RANK, TARGET_IDS)
 
 
-@dataclass
-class DSparkFixtureConfig:
-    seed: int = 4141
-    pool: int = 16
-    real: int = 16
-    prefix: int = 32
-    seq: int = 96
-    anchors: int = 8
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch=4, seq=96, lr=3e-3,
-                                                                    warmup=30, log_every=50))
-
-    @classmethod
-    def quick(cls) -> DSparkFixtureConfig:
-        return cls(pool=2, real=2, seq=40, anchors=2, train=TrainConfig(steps=3, batch=2, seq=40, warmup=1,
-                                                                        log_every=1))
+CONFIG = DSparkFixtureConfig(seed=4141, pool=16, real=16, prefix=32, seq=96, anchors=8,
+                             train=TrainConfig(steps=300, batch=4, seq=96, lr=3e-3, warmup=30, log_every=50))
 
 
 def draft_spec(target, tensors: dict):
@@ -119,7 +105,7 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
     from .reader_gguf import deepseek41_from_gguf
 
     t0, out_dir = time.perf_counter(), Path(out_dir)
-    cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
+    cfg = config or (CONFIG.quick() if quick else CONFIG)
     tok, _, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.train.log_every)
     target = deepseek41_from_gguf(out_dir / TARGET_FILE)
