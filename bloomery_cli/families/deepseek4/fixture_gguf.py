@@ -44,7 +44,7 @@ from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Deepseek4Spec
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.install import MAX_FIXTURE_BYTES
 from ...fixturegen.manifest import Manifest, verified
@@ -129,11 +129,8 @@ def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, kind: str = "auto") -> 
     elif kind in ("q8_0", "mxfp4"):
         qt = Q.Q8_0 if kind == "q8_0" else Q.MXFP4
         w.add_tensor(name, gguf.quants.quantize(t.float().numpy(), qt), raw_dtype=qt)
-    elif t.ndim < 2:
-        w.add_tensor(name, t.float().numpy().astype(np.float32))
     else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=Q.BF16)
+        put_tensor(w, name, t, False)
 
 
 def mxfp4_blocks(codes: torch.Tensor, scales: torch.Tensor) -> np.ndarray:

@@ -33,13 +33,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Glm5NextSpec
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_fields, same_tensors
 from ...fixturegen.gguf_register import export_checked
@@ -109,12 +108,7 @@ def _keys(w: gguf.GGUFWriter, spec: Glm5NextSpec, name: str, dtype: str) -> None
 
 
 def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, dtype: str) -> None:
-    t = t.detach().to("cpu")
-    if dtype == "f32" or t.ndim < 2 or name.endswith(F32_SUFFIXES) or not name.endswith(".weight"):
-        w.add_tensor(name, t.double().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    put_tensor(w, name, t, dtype == "f32" or name.endswith(F32_SUFFIXES) or not name.endswith(".weight"))
 
 
 def write_glm5next_gguf(path: Path, spec: Glm5NextSpec, tok: Tokenizer, name: str = TARGET, dtype: str = "bf16",

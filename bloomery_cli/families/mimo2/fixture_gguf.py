@@ -28,13 +28,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Mimo2Spec
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_tensors
 from ...fixturegen.gguf_register import export_checked
@@ -105,15 +104,6 @@ def _keys(w: gguf.GGUFWriter, spec: Mimo2Spec, name: str, mtp: int) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
-    t = t.detach().to("cpu")
-    if f32 or t.ndim < 2:
-        w.add_tensor(name, t.float().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
-
-
 def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TARGET, qkv: str = "fused",
                      drop: tuple[str, ...] = ()) -> Path:
     """``spec`` (an HF-layout mimo2 target with its MTP layers) as llama.cpp's converter writes it. ``drop``: GGUF
@@ -125,8 +115,8 @@ def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TA
     _keys(w, spec, name, mtp)
     write_tokenizer(w, tok, pad=False)
     T = spec.tensors
-    _put(w, "output.weight", T["lm_head.weight" if "lm_head.weight" in T else "model.embed_tokens.weight"], False)
-    _put(w, "token_embd.weight", T["model.embed_tokens.weight"], False)
+    put_tensor(w, "output.weight", T["lm_head.weight" if "lm_head.weight" in T else "model.embed_tokens.weight"], False)
+    put_tensor(w, "token_embd.weight", T["model.embed_tokens.weight"], False)
     for i in range(L + mtp):
         is_mtp = i >= L
         head = f"model.mtp.layers.{i - L}." if is_mtp else f"model.layers.{i}."
@@ -142,13 +132,13 @@ def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TA
             if any(g.endswith(d) for d in drop):
                 continue
             if gsuf == "attn_qkv.weight":
-                _put(w, g, qkv_rows, False)
+                put_tensor(w, g, qkv_rows, False)
             elif gsuf.endswith("_exps.weight"):
-                _put(w, g, torch.stack([T[f"{head}mlp.experts.{e}.{hsuf}.weight"]
-                                        for e in range(m.moe.num_experts)]), False)
+                put_tensor(w, g, torch.stack([T[f"{head}mlp.experts.{e}.{hsuf}.weight"]
+                                             for e in range(m.moe.num_experts)]), False)
             else:
-                _put(w, g, T[head + hsuf], hsuf in F32_ALWAYS)
-    _put(w, "output_norm.weight", T["model.norm.weight"], True)
+                put_tensor(w, g, T[head + hsuf], hsuf in F32_ALWAYS)
+    put_tensor(w, "output_norm.weight", T["model.norm.weight"], True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

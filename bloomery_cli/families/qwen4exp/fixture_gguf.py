@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -46,7 +45,7 @@ from bloomery_gates import ple_hash
 from bloomery_gates.errors import Refused
 from bloomery_gates.spec import HybridShape, Qwen4ExpSpec
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_fields, same_tensors
 from ...fixturegen.gguf_register import export_checked
@@ -149,12 +148,7 @@ def _keys(w: gguf.GGUFWriter, spec: Qwen4ExpSpec, name: str, dtype: str) -> None
 
 
 def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, dtype: str) -> None:
-    t = t.detach().to("cpu")
-    if dtype == "f32" or t.ndim < 2 or name.endswith(F32_NAMES) or not name.endswith(".weight"):
-        w.add_tensor(name, t.double().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    put_tensor(w, name, t, dtype == "f32" or name.endswith(F32_NAMES) or not name.endswith(".weight"))
 
 
 def refuse_inexpressible(spec: Qwen4ExpSpec) -> None:
