@@ -261,14 +261,7 @@ def test_engine_llamacpp_runs_the_gguf_pair_and_the_judge_agrees():
 
 def test_fail_first_engine_judge_with_a_planted_mtp_read(monkeypatch):
     """The judge replaying with our MTP read planted ([h | e]) disagrees with llama.cpp's drafts: exit 1."""
-    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
-
-    def swapped(path, target):
-        m = real(path, target)
-        t = m.tensors.table
-        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
-        return m
-    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+    _plant_eh_swapped(monkeypatch)
     code, rep = _engine()
     bad = [x for x in rep.lines if x.endswith(" FAIL")]
     assert code == 1 and any(x.startswith("(a) draft ids") for x in bad), "\n".join(rep.lines)
