@@ -134,6 +134,19 @@ def cut_length(confidence: np.ndarray, threshold: float) -> int:
     return b if len(low) == 0 else max(1, int(low[0]))
 
 
+def block_context(draft: DSparkSpec, taps, anchor_id: int, s: int | None, prev: Sequence[int] | None) -> int:
+    """The context length s of a block (default: all T rows of ``taps.hidden`` [.., T, ..]), 1 <= s <= T, and
+    ``prev`` (when given) B ids starting with the anchor; a ValueError naming the bad one otherwise."""
+    t = taps.hidden.shape[1]
+    s = t if s is None else s
+    if not 1 <= s <= t:
+        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    b = draft.block_size
+    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
+        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
+    return s
+
+
 def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, s: int | None = None,
             prev: Sequence[int] | None = None) -> DSparkRefOut:
     """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``).
@@ -143,13 +156,8 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     teacher-forces the Markov inputs instead (the gate passes [anchor, kernel drafts[:-1]] so that a
     kernel's logits compare row by row even past an excused greedy flip).
     """
-    t = taps.hidden.shape[1]
-    s = t if s is None else s
-    if not 1 <= s <= t:
-        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    s = block_context(draft, taps, anchor_id, s, prev)
     b, w = draft.block_size, as_f64(draft)
-    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
-        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
     u = context_features(draft, taps, s)
     xp = ns(u)
     layer_out = backbone(draft, target, u, anchor_id)

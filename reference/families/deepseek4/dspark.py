@@ -40,7 +40,7 @@ import numpy as np
 
 from bloomery_gates.spec import Deepseek4DSparkSpec, Deepseek4Spec
 
-from ...drafts.dspark import DSparkRefOut, markov_decode
+from ...drafts.dspark import DSparkRefOut, block_context, markov_decode
 from ...ops import mhc as rmhc
 from ...ops import mhc_lagged as rlag
 from ...ops import v4_attention as rv4
@@ -204,13 +204,8 @@ def forward(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, taps, anchor_id: 
     """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``, the target's RefOut
     with hidden [L+1, T, S, H]); ``prev`` None runs the greedy chain, a list of B ids (the anchor first)
     teacher-forces the Markov inputs. ``final`` is the pre-norm collapse g, ``layer_out`` [n_layers, B, S, H]."""
-    t = taps.hidden.shape[1]
-    s = t if s is None else s
-    if not 1 <= s <= t:
-        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    s = block_context(draft, taps, anchor_id, s, prev)
     b, w = draft.block_size, as_f64(draft)
-    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
-        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
     ctx = context_rows(draft, taps.hidden, s)
     layer_out = backbone(draft, target, ctx, anchor_id)
     xp = ns(layer_out)
