@@ -28,16 +28,15 @@ from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_gates.spec import Deepseek4DSparkSpec
 
 from ..kernels.families.deepseek4.dspark import Deepseek4DSparkDraft
-from ..reference.drafts.dspark import cut_length
 from ..reference.families.deepseek4 import dspark as ref_dspark
 from .close import close, exact_and_emulated
 from .deepseek4_mtp import check_routing
 from .draft_checks import draft_ops, kernel_taps
 from .dspark_cut import check_cut_windows
 from .fixtures import FIXTURES, PROMPTS
-from .qwen3_dspark import CONFIDENCE_CUT
+from .qwen3_dspark import CONFIDENCE_CUT, check_cut, check_rows
 from .state_decls_deepseek4 import DEEPSEEK4_DSPARK_STATE, collapse_op
-from .targets import greedy_flips, to_np
+from .targets import to_np
 
 
 def stage_ops(c: DraftCheck, stages: int, logits: bool) -> list[Op]:
@@ -59,15 +58,7 @@ def check_block(report: Report, c: DraftCheck, got, ref, emu, anchor: int) -> No
     for i in range(out.shape[0]):
         close(report, f"dspark stage {i} out streams [{b}x{s}x{h}]", out[i], ref.layer_out[i], emu.layer_out[i],
               c.dtype, stage_ops(c, i + 1, False))
-    logits = to_np(got.logits)
-    band = close(report, f"dspark logits+markov [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits,
-                 emu.logits, c.dtype, stage_ops(c, out.shape[0], True))
-    differ, excused = greedy_flips(logits, ref.logits, band)
-    report.integer_match("dspark draft ids (anchor-first, row k -> s+k+1)", logits.shape[0], differ, excused)
-    prev = to_np(got.prev).astype(np.int64)
-    want = np.concatenate([[anchor], logits[:-1].argmax(-1)])
-    report.integer_match("dspark markov chain prev_0=anchor prev_k+1=argmax_k", len(prev), int((prev != want).sum()),
-                         0, ref="host rule")
+    check_rows(report, c, got, ref, emu, anchor, stage_ops(c, out.shape[0], True))
     if got.conf_logits is None:
         return
     z = to_np(got.conf_logits)
@@ -75,10 +66,7 @@ def check_block(report: Report, c: DraftCheck, got, ref, emu, anchor: int) -> No
     close(report, f"dspark confidence logits (pre-norm collapse) [{len(z)}]", z, ref.conf_logits, emu.conf_logits,
           c.dtype, stage_ops(c, out.shape[0], False) + [collapse_op(d),
                                                         Op("confidence proj", d.hidden_size + d.markov_rank)])
-    t = c.draft.confidence_cut
-    keep = cut_length(to_np(got.confidence), t)
-    report.integer_match(f"dspark confidence cut t={t:g} kept {len(got.ids)} of {len(z)}", 1,
-                         int(keep != len(got.ids)), 0, ref="host rule")
+    check_cut(report, c, got)
 
 
 def check_draft(report: Report, c: DraftCheck) -> None:

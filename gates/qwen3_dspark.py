@@ -54,6 +54,31 @@ def depth_ops(c: DraftCheck, logits: bool, extra: int = 0) -> list[Op]:
     return ops
 
 
+def check_rows(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut, emu: ref_dspark.DSparkRefOut,
+               anchor: int, ops: list[Op]) -> None:
+    """A DSpark block's rows (dense and DSV4 alike): the logits with the Markov term [B, V] within the band of
+    ``ops``, the draft ids (greedy flips excused by that band), and the chain rule prev_0 = anchor,
+    prev_{k+1} = argmax logits_k on the kernel's own logits."""
+    logits = to_np(got.logits)
+    band = close(report, f"dspark logits+markov [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits,
+                 emu.logits, c.dtype, ops)
+    differ, excused = greedy_flips(logits, ref.logits, band)
+    report.integer_match("dspark draft ids (anchor-first, row k -> s+k+1)", logits.shape[0], differ, excused)
+    prev = to_np(got.prev).astype(np.int64)
+    want = np.concatenate([[anchor], logits[:-1].argmax(-1)])
+    report.integer_match("dspark markov chain prev_0=anchor prev_k+1=argmax_k", len(prev), int((prev != want).sum()),
+                         0, ref="host rule")
+
+
+def check_cut(report: Report, c: DraftCheck, got) -> None:
+    """The drafts kept equal ``cut_length`` of the kernel's confidences [B] (sigmoid of its conf_logits [B]) at the
+    draft's threshold t."""
+    t = c.draft.confidence_cut
+    keep = ref_dspark.cut_length(to_np(got.confidence), t)
+    report.integer_match(f"dspark confidence cut t={t:g} kept {len(got.ids)} of {len(got.conf_logits)}", 1,
+                         int(keep != len(got.ids)), 0, ref="host rule")
+
+
 def check_block(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut, emu: ref_dspark.DSparkRefOut,
                 anchor: int) -> None:
     """got: the kernel's DSparkProposal (detail=True); ref / emu: the reference teacher-forced with got.prev,
@@ -62,25 +87,14 @@ def check_block(report: Report, c: DraftCheck, got, ref: ref_dspark.DSparkRefOut
     for i in range(layer_out.shape[0]):
         close(report, f"dspark layer {i} out [{layer_out.shape[1]}x{layer_out.shape[2]}]", layer_out[i],
               ref.layer_out[i], emu.layer_out[i], c.dtype, depth_ops(c, False, i + 1))
-    logits = to_np(got.logits)
-    band = close(report, f"dspark logits+markov [{logits.shape[0]}x{logits.shape[1]}]", logits, ref.logits,
-                 emu.logits, c.dtype, depth_ops(c, True))
-    differ, excused = greedy_flips(logits, ref.logits, band)
-    report.integer_match("dspark draft ids (anchor-first, row k -> s+k+1)", logits.shape[0], differ, excused)
-    prev = to_np(got.prev).astype(np.int64)
-    want = np.concatenate([[anchor], logits[:-1].argmax(-1)])
-    report.integer_match("dspark markov chain prev_0=anchor prev_k+1=argmax_k", len(prev), int((prev != want).sum()),
-                         0, ref="host rule")
+    check_rows(report, c, got, ref, emu, anchor, depth_ops(c, True))
     if got.conf_logits is None:
         return
     z = to_np(got.conf_logits)
     h, r = c.target_spec.layer.hidden_size, c.draft_spec.markov_rank
     close(report, f"dspark confidence logits [{len(z)}]", z, ref.conf_logits, emu.conf_logits, c.dtype,
           depth_ops(c, False) + [Op("final norm", h), Op("confidence proj", h + r)])
-    t = c.draft.confidence_cut
-    keep = ref_dspark.cut_length(to_np(got.confidence), t)
-    report.integer_match(f"dspark confidence cut t={t:g} kept {len(got.ids)} of {len(z)}", 1,
-                         int(keep != len(got.ids)), 0, ref="host rule")
+    check_cut(report, c, got)
 
 
 def compare_cut(report: Report, c: DraftCheck) -> None:

@@ -212,7 +212,8 @@ def test_engine_llamacpp_runs_the_pair_and_the_judge_agrees():
 def test_fail_first_engine_judge_with_the_markov_term_off_by_one(monkeypatch):
     """The judge's f64 DSpark replaying with the Markov term read one row late (every row's term from the anchor)
     disagrees with llama.cpp's drafts: exit 1 on the (a) draft line."""
-    from bloomery_gates.reference.families.deepseek4 import dspark as ref
+    # the ds4 DSpark's Markov rows go through the dense DSpark's markov_decode
+    from bloomery_gates.reference.drafts import dspark as ref
 
     real = ref.markov_rows
     monkeypatch.setattr(ref, "markov_rows", lambda draft, ids: real(draft, [ids[0]] * len(ids)))

@@ -187,20 +187,25 @@ def test_indexer_width_llama_cpp_aborts_on_is_skipped_with_the_reason(tmp_path):
     assert "multiple of 64" in lines[0] and not any(x.startswith("(o) ") and x.endswith("PASS") for x in lines), lines
 
 
+def _plant_eh_swapped(monkeypatch) -> None:
+    """Our MTP reader planted wrong: the [e | h] halves of eh_proj read as [h | e]."""
+    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
+
+    def swapped(path, target):
+        m = real(path, target)
+        t = m.tensors.table
+        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
+        return m
+    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+
+
 @needs_llama
 @pytest.mark.parametrize("plant", ["eh_proj_swapped", "mxfp4_nibbles_swapped"])
 def test_fail_first_reader_defects_fail_the_o_lines(monkeypatch, plant):
     """Our reader planted wrong (the MTP's [e | h] halves read as [h | e]; the MXFP4 nibbles read high-first): our
     reference on that spec, against llama.cpp on the good files, fails an (o) line (exit 1)."""
     if plant == "eh_proj_swapped":
-        real = reader_mtp_gguf.deepseek4_mtp_from_gguf
-
-        def swapped(path, target):
-            m = real(path, target)
-            t = m.tensors.table
-            t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
-            return m
-        monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+        _plant_eh_swapped(monkeypatch)
         line = "(o) mtp logits"
     else:
         real = reader_gguf.unpack_mxfp4
@@ -219,14 +224,7 @@ def test_fail_first_reader_defects_fail_the_o_lines(monkeypatch, plant):
 def test_fail_first_gate_bf16_exit_1_on_a_planted_mtp_read(tmp_path, monkeypatch):
     """The ds4-mtp gate in bf16 on the GGUF pair with --oracle: our MTP read planted ([h | e]) passes every (r) line
     (engine and reference read the same wrong weights) and fails the llama.cpp (o) line: exit 1."""
-    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
-
-    def swapped(path, target):
-        m = real(path, target)
-        t = m.tensors.table
-        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
-        return m
-    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+    _plant_eh_swapped(monkeypatch)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text((FIXTURES / "prompts.jsonl").read_text().splitlines()[0] + "\n")
     r = CliRunner().invoke(app, ["gate", "run", "ds4-mtp", "--target", str(GGUF), "--draft", str(mtp_name(GGUF)),
@@ -263,14 +261,7 @@ def test_engine_llamacpp_runs_the_gguf_pair_and_the_judge_agrees():
 
 def test_fail_first_engine_judge_with_a_planted_mtp_read(monkeypatch):
     """The judge replaying with our MTP read planted ([h | e]) disagrees with llama.cpp's drafts: exit 1."""
-    real = reader_mtp_gguf.deepseek4_mtp_from_gguf
-
-    def swapped(path, target):
-        m = real(path, target)
-        t = m.tensors.table
-        t["mtp.0.e_proj.weight"], t["mtp.0.h_proj.weight"] = t["mtp.0.h_proj.weight"], t["mtp.0.e_proj.weight"]
-        return m
-    monkeypatch.setattr(reader_mtp_gguf, "deepseek4_mtp_from_gguf", swapped)
+    _plant_eh_swapped(monkeypatch)
     code, rep = _engine()
     bad = [x for x in rep.lines if x.endswith(" FAIL")]
     assert code == 1 and any(x.startswith("(a) draft ids") for x in bad), "\n".join(rep.lines)

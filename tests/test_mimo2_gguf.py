@@ -7,60 +7,45 @@ or SWA pattern dropped by the writer, or ignored by the reader) makes the llama.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from gguf_family import (
+    FIXTURES,
+    assert_bundled_is_writer_output,
+    needs_gguf,
+    needs_llama,
+    prompt_ids,
+    reference_check,
+    write,
+)
+from gguf_family import report as _report
 from typer.testing import CliRunner
 
-from bloomery_cli import llamacpp_run
 from bloomery_cli.cli import app
-from bloomery_cli.contract import Report
 from bloomery_cli.families.mimo2 import fixture_gguf as mimo2_gguf
 from bloomery_cli.families.mimo2 import oracle_llamacpp as oracle_llamacpp_mimo2
 from bloomery_cli.families.mimo2 import reader_gguf as reader
-from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
-from bloomery_cli.loading import load_mimo2_mtp, load_target, load_tokenizer
+from bloomery_cli.loading import load_mimo2_mtp, load_target
 from bloomery_cli.oracle import llamacpp as oracle_llamacpp
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HF, GGUF = FIXTURES / "mimo2-tiny", FIXTURES / "mimo2-tiny.gguf"
-
-needs_llama = pytest.mark.skipif(llamacpp_run.unavailable() is not None,
-                                 reason="llama_cpp not importable (pip install llama-cpp-python==0.3.36)")
-needs_gguf = pytest.mark.skipif(not GGUF.is_file(), reason="fixtures/mimo2-tiny.gguf not bundled")
-
-
-def _report() -> tuple[Report, list[str]]:
-    lines: list[str] = []
-    return Report("t", emit=lines.append), lines
 
 
 def _seq(extra: int = 12) -> tuple[list[int], int]:
-    text = json.loads((FIXTURES / "prompts.jsonl").read_text().splitlines()[0])["text"]
-    prompt = load_tokenizer(HF).encode(text).ids
-    return prompt + [int(i) for i in np.arange(extra) * 37 % 4000 + 2], len(prompt)
+    return prompt_ids(HF, extra=extra)
 
 
 def _write(tmp_path: Path, name: str, **kw) -> Path:
-    from tokenizers import Tokenizer
-
-    return mimo2_gguf.write_mimo2_gguf(tmp_path / name, load_target(HF),
-                                       Tokenizer.from_file(str(HF / "tokenizer.json")), **kw)
+    return write(mimo2_gguf.write_mimo2_gguf, HF, tmp_path / name, **kw)
 
 
-@needs_gguf
+@needs_gguf(GGUF)
 def test_bundled_file_is_the_writer_output_and_in_the_manifest(tmp_path):
     """Deterministic from the HF fixture: the writer, rerun, reproduces the bundled bytes (the manifest's sha256)."""
-    from bloomery_cli.fixturegen.install import MAX_FIXTURE_BYTES
-
-    man = Manifest.read(FIXTURES)
-    assert "mimo2-tiny.gguf" in man.models["mimo2-tiny"]["files"] and man.stored_bytes <= MAX_FIXTURE_BYTES
-    again = mimo2_gguf.export_gguf(FIXTURES, tmp_path / "again.gguf")
-    assert sha256_file(again) == man.files["mimo2-tiny.gguf"]["sha256"] == sha256_file(GGUF)
+    assert_bundled_is_writer_output(mimo2_gguf.export_gguf, HF, GGUF, tmp_path)
 
 
 @pytest.mark.parametrize("qkv", ["fused", "split"])
@@ -105,10 +90,7 @@ def _target_check(spec, path: Path, seq: list[int], p: int) -> tuple[int, list[s
     reference's own teacher-forced argmax after rows p-1..T-2): (exit code, lines)."""
     from bloomery_gates.reference.families.mimo2.model import forward
 
-    ref = forward(spec, seq).logits
-    report, lines = _report()
-    oracle_llamacpp.check_target(report, spec, seq, ref, p, [int(i) for i in ref[p - 1:-1].argmax(-1)], gguf=path)
-    return report.finish(), lines
+    return reference_check(forward, oracle_llamacpp.check_target, spec, path, seq, p)
 
 
 @needs_llama

@@ -9,58 +9,44 @@ zero-centred norm without its +1, ssm_a stored as A_log) makes the llama.cpp che
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from gguf_family import (
+    FIXTURES,
+    assert_bundled_is_writer_output,
+    needs_gguf,
+    needs_llama,
+    prompt_ids,
+    reference_check,
+    write,
+)
+from gguf_family import report as _report
 
 from bloomery_cli import llamacpp_run
 from bloomery_cli.bands import logits_band
-from bloomery_cli.contract import Report
 from bloomery_cli.families.qwen4exp import fixture_gguf
 from bloomery_cli.families.qwen4exp import oracle_llamacpp as oracle
-from bloomery_cli.fixturegen.manifest import Manifest, sha256_file
-from bloomery_cli.loading import load_target, load_tokenizer
+from bloomery_cli.loading import load_target
 from bloomery_gates import ple_hash
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HF, GGUF = FIXTURES / "qwen4exp-tiny", FIXTURES / "qwen4exp-tiny.gguf"
-
-needs_llama = pytest.mark.skipif(llamacpp_run.unavailable() is not None,
-                                 reason="llama_cpp not importable (pip install llama-cpp-python==0.3.36)")
-needs_gguf = pytest.mark.skipif(not GGUF.is_file(), reason="fixtures/qwen4exp-tiny.gguf not bundled")
-
-
-def _report() -> tuple[Report, list[str]]:
-    lines: list[str] = []
-    return Report("t", emit=lines.append), lines
 
 
 def _seq(t: int = 48) -> tuple[list[int], int]:
-    text = json.loads((FIXTURES / "prompts.jsonl").read_text().splitlines()[0])["text"]
-    prompt = load_tokenizer(HF).encode(text).ids[:24]
-    return prompt + [int(i) for i in np.arange(t - len(prompt)) * 37 % 4000 + 2], len(prompt)
+    return prompt_ids(HF, keep=24, t=t)
 
 
 def _write(tmp_path: Path, name: str, **kw) -> Path:
-    from tokenizers import Tokenizer
-
-    return fixture_gguf.write_qwen4exp_gguf(tmp_path / name, load_target(HF),
-                                            Tokenizer.from_file(str(HF / "tokenizer.json")), **kw)
+    return write(fixture_gguf.write_qwen4exp_gguf, HF, tmp_path / name, **kw)
 
 
-@needs_gguf
+@needs_gguf(GGUF)
 def test_bundled_file_is_the_writer_output_and_in_the_manifest(tmp_path):
-    from bloomery_cli.fixturegen.install import MAX_FIXTURE_BYTES
-
-    man = Manifest.read(FIXTURES)
-    assert "qwen4exp-tiny.gguf" in man.models["qwen4exp-tiny"]["files"] and man.stored_bytes <= MAX_FIXTURE_BYTES
-    assert GGUF.stat().st_size < 2_000_000
-    again = fixture_gguf.export_gguf(FIXTURES, tmp_path / "again.gguf")      # runs check_readback too
-    assert sha256_file(again) == man.files["qwen4exp-tiny.gguf"]["sha256"] == sha256_file(GGUF)
+    assert_bundled_is_writer_output(fixture_gguf.export_gguf, HF, GGUF, tmp_path, max_bytes=2_000_000)
 
 
 def test_gguf_reads_back_to_the_hf_spec_and_weights(tmp_path):
@@ -94,10 +80,7 @@ def test_qsa_width_rows_are_the_rows_past_the_budget_without_a_full_tail():
 def _check(spec, path: Path, seq: list[int], p: int) -> tuple[int, list[str]]:
     from bloomery_gates.reference.families.qwen4exp.model import forward
 
-    ref = forward(spec, seq).logits
-    report, lines = _report()
-    oracle.check_target_qwen4exp(report, spec, seq, ref, p, [int(i) for i in ref[p - 1:-1].argmax(-1)], gguf=path)
-    return report.finish(), lines
+    return reference_check(forward, oracle.check_target_qwen4exp, spec, path, seq, p)
 
 
 @needs_llama

@@ -143,6 +143,17 @@ def file_type(w: gguf.GGUFWriter, dtype: str) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def put_tensor(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
+    """``t`` (any float dtype, any device) as F32 when ``f32`` or 1-D, else as BF16 (rounded to nearest even from
+    its dtype), the converter's two float types."""
+    t = t.detach().to("cpu")
+    if f32 or t.ndim < 2:
+        w.add_tensor(name, t.double().numpy().astype(np.float32))
+    else:
+        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+
 @dataclass(frozen=True)
 class Planned:
     """One GGUF tensor: its name, logical numpy shape ([out, in]), whether it is a matrix (stored in the file's

@@ -109,6 +109,22 @@ def markov_logits(base: np.ndarray, term: np.ndarray) -> np.ndarray:
     return st(base + term)
 
 
+def markov_decode(draft: DSparkSpec, base: np.ndarray, anchor_id: int, prev: Sequence[int] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Markov correction over the B rows of base [B, V] (``kernels.drafts.dspark.markov_decode``'s):
+    prev None runs the serial greedy chain prev_0 = anchor, prev_{k+1} = argmax logits_k; a list of B ids
+    teacher-forces it. Returns (logits [B, V] = st(base + st(W2 W1[prev])), prev [B] int64, e = W1[prev] [B, r])."""
+    if prev is None:
+        xp, chain = ns(base), [anchor_id]
+        for k in range(len(base) - 1):
+            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
+            chain.append(int(xp.argmax(row)))
+        prev = chain
+    prev = np.asarray(to_host(prev), dtype=np.int64)
+    e = markov_rows(draft, prev)
+    return markov_logits(base, markov_term(draft, e)), prev, e
+
+
 def cut_length(confidence: np.ndarray, threshold: float) -> int:
     """Drafts kept: before the first k with c_k < t, at least 1; all of them when t <= 0."""
     b = len(confidence)
@@ -116,6 +132,19 @@ def cut_length(confidence: np.ndarray, threshold: float) -> int:
         return b
     low = np.nonzero(np.asarray(to_host(confidence)) < threshold)[0]
     return b if len(low) == 0 else max(1, int(low[0]))
+
+
+def block_context(draft: DSparkSpec, taps, anchor_id: int, s: int | None, prev: Sequence[int] | None) -> int:
+    """The context length s of a block (default: all T rows of ``taps.hidden`` [.., T, ..]), 1 <= s <= T, and
+    ``prev`` (when given) B ids starting with the anchor; a ValueError naming the bad one otherwise."""
+    t = taps.hidden.shape[1]
+    s = t if s is None else s
+    if not 1 <= s <= t:
+        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    b = draft.block_size
+    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
+        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
+    return s
 
 
 def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, s: int | None = None,
@@ -127,27 +156,14 @@ def forward(draft: DSparkSpec, target: ModelSpec, taps: RefOut, anchor_id: int, 
     teacher-forces the Markov inputs instead (the gate passes [anchor, kernel drafts[:-1]] so that a
     kernel's logits compare row by row even past an excused greedy flip).
     """
-    t = taps.hidden.shape[1]
-    s = t if s is None else s
-    if not 1 <= s <= t:
-        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    s = block_context(draft, taps, anchor_id, s, prev)
     b, w = draft.block_size, as_f64(draft)
-    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
-        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
     u = context_features(draft, taps, s)
     xp = ns(u)
     layer_out = backbone(draft, target, u, anchor_id)
     final = rms_norm(layer_out[-1], w["norm.weight"], draft.layer.rms_eps)
     base = draft_head(draft, target, final)
-    if prev is None:
-        chain = [anchor_id]
-        for k in range(b - 1):
-            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
-            chain.append(int(xp.argmax(row)))
-        prev = chain
-    prev = np.asarray(to_host(prev), dtype=np.int64)
-    e = markov_rows(draft, prev)
-    logits = markov_logits(base, markov_term(draft, e))
+    logits, prev, e = markov_decode(draft, base, anchor_id, prev)
     conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
         z = xp.concatenate([final, e], axis=-1) @ w["confidence_head.proj.weight"][0]

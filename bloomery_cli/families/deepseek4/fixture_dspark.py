@@ -20,55 +20,34 @@ normalised, Markov inputs teacher-forced (prev_0 = x_s, prev_k = label_{k-1}), +
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ...fixturegen import corpus as corpus_mod
-from ...fixturegen.build import _determinism, _versions
-from ...fixturegen.family_kit import fit, fixture_main, load_tokenizer, token_stream
-from ...fixturegen.install import MAX_FIXTURE_BYTES
-from ...fixturegen.manifest import Manifest, verified
-from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
-from .fixture import greedy_rows
+from ...fixturegen.family_kit import fixture_main, load_tokenizer
+from ...fixturegen.train import Reporter, TrainConfig
+from .dspark_distill import DSparkFixture, DSparkFixtureConfig, distill, publish, stage_attn
 
 TARGET, B, RANK, STAGES = "ds4-tiny", 7, 16, 2
 NAME = f"ds4-tiny-dspark-b{B}"
 GGUF = NAME + ".gguf"
 TARGET_IDS = (1, 3)                    # DSpark config ids; the file's dflash.target_layers = ids + 1
 CONTEXT = 1024                         # dflash.context_length (llama.cpp's loader requires it): the target's
+FIXTURE = DSparkFixture(NAME, TARGET, "bloomery_cli.families.deepseek4.fixture_dspark", "ds4 dspark",
+                        "GGUF dflash (llama.cpp's DSV4 DSpark, hyper_connection.count 4)", STAGES, B, RANK, TARGET_IDS)
 
 
-@dataclass
-class DSparkFixtureConfig:
-    seed: int = 4321
-    pool: int = 32
-    real: int = 32
-    prefix: int = 32
-    seq: int = 112
-    anchors: int = 8
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=500, batch=4, seq=112, lr=3e-3,
-                                                                    warmup=40, log_every=50))
-
-    @classmethod
-    def quick(cls) -> DSparkFixtureConfig:
-        return cls(pool=2, real=2, seq=40, anchors=2, train=TrainConfig(steps=3, batch=2, seq=40, warmup=1,
-                                                                        log_every=1))
+CONFIG = DSparkFixtureConfig(seed=4321, pool=32, real=32, prefix=32, seq=112, anchors=8,
+                             train=TrainConfig(steps=500, batch=4, seq=112, lr=3e-3, warmup=40, log_every=50))
 
 
 def draft_spec(target, tensors: dict):
     """The draft's spec (the same numbers the GGUF states) over ``tensors``."""
-    from bloomery_gates.spec import Deepseek4DSparkSpec, V4AttnShape
+    from bloomery_gates.spec import Deepseek4DSparkSpec
 
-    a = target.attn
-    attn = V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
-                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
+    attn = stage_attn(target.attn)
     mask = target.vocab_size - 1
     return Deepseek4DSparkSpec(kind="deepseek4-dspark", source=Path(GGUF), source_format="gguf", num_layers=STAGES,
                                block_size=B, target_layer_ids=TARGET_IDS, mask_token_id=mask, markov_rank=RANK,
@@ -94,43 +73,6 @@ def init_params(target, seed: int) -> dict[str, torch.Tensor]:
     out["confidence_head.proj.weight"] = torch.zeros(1, h + RANK)
     out["confidence_head.proj.bias"] = torch.zeros(1)
     return out
-
-
-@torch.no_grad()
-def rows_data(eng, rows: torch.Tensor, layer_ids: tuple[int, ...] = TARGET_IDS
-              ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per row: (ids [T], features [T, n H], the target's argmax [T]) from the engine's f32 taps (their S hc
-    streams: a deepseek41 tap's lag row dropped)."""
-    from bloomery_gates.kernels.families.deepseek4.dspark import features, target_streams
-
-    out = []
-    for r in rows:
-        p = eng.prefill(r.tolist())
-        out.append((r, features(target_streams(p.taps.float(), eng.spec.hc.count), layer_ids),
-                    torch.tensor(p.argmax)))
-    return out
-
-
-def block_loss(params: dict, spec, eng, data: list, pick: list[int], anchors: int, gen) -> tuple[torch.Tensor, float]:
-    from bloomery_gates.kernels.families.deepseek4.dspark import forward_train
-
-    b = spec.block_size
-    gamma = (b + 1) / 2
-    wk = torch.exp(-torch.arange(b) / gamma)
-    wk = wk / wk.sum()
-    loss, hits, n = 0.0, 0, 0
-    for j in pick:
-        ids, feats, lab = data[j]
-        s = torch.randint(1, ids.shape[0] - b, (anchors,), generator=gen)
-        labels = lab[s[:, None] + torch.arange(b)]                                          # [A, B]
-        prev = torch.cat([ids[s][:, None], labels[:, :-1]], 1)
-        logits, z = forward_train(params, spec, eng.embed.float(), eng.head.float(), feats, ids, s, prev)
-        ce = (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-              .view(anchors, b) * wk).sum(-1).mean()
-        hit = (logits.argmax(-1) == labels).float()
-        loss = loss + ce + 0.5 * F.binary_cross_entropy_with_logits(z, hit)
-        hits, n = hits + int(hit.sum()), n + hit.numel()
-    return loss / len(pick), hits / n
 
 
 def write_gguf(path: Path, spec, w: dict[str, torch.Tensor], tok=None, put=None, extra=()) -> None:
@@ -199,66 +141,18 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
     from .reader_dspark import deepseek4_dspark_from_gguf
 
     t0, out_dir = time.perf_counter(), Path(out_dir)
-    cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
+    cfg = config or (CONFIG.quick() if quick else CONFIG)
     tok, _, _ = load_tokenizer(out_dir)
     from tokenizers import Tokenizer
 
     ttok = Tokenizer.from_file(str(out_dir / TARGET / "tokenizer.json"))
     rep = Reporter(progress, every=cfg.train.log_every)
     target = deepseek4_from_hf(out_dir / TARGET)
-    with _determinism(cfg.seed):
-        eng = Deepseek4Target(target, "cpu", torch.float32, cfg.seq + 8)
-        corp = corpus_mod.load_corpus()
-        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
-        pool = greedy_rows(eng, train, cfg.pool, cfg.prefix, cfg.seq, torch.Generator().manual_seed(cfg.seed))
-        rows = torch.cat([pool,
-                          sample_windows(train, cfg.real, cfg.seq, torch.Generator().manual_seed(cfg.seed + 1))])
-        data = rows_data(eng, rows)
-        held_data = rows_data(eng, greedy_rows(eng, held, 4 if not quick else 1, cfg.prefix, cfg.seq,
-                                               torch.Generator().manual_seed(cfg.seed + 2)))
-        params = init_params(target, cfg.seed + 3)
-        for p in params.values():
-            p.requires_grad_(True)
-        spec = draft_spec(target, {})
-        tc = replace(cfg.train, seed=cfg.seed + 4)
-        g_anchor = torch.Generator().manual_seed(cfg.seed + 5)
-
-        def loss_of(gen: torch.Generator) -> torch.Tensor:
-            pick = torch.randint(0, len(data), (tc.batch,), generator=gen).tolist()
-            return block_loss(params, spec, eng, data, pick, cfg.anchors, g_anchor)[0]
-
-        seconds, last = fit(params, tc, "ds4 dspark", rep, loss_of)
-        stored = round_bf16(params)
-        with torch.no_grad():
-            top1 = block_loss({k: v.float() for k, v in stored.items()}, spec, eng, held_data,
-                              list(range(len(held_data))), cfg.anchors, torch.Generator().manual_seed(7))[1]
-    dst = out_dir / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_gguf(tmp, draft_spec(target, stored), stored, ttok)
-    os.chmod(tmp, 0o644)
-    got = deepseek4_dspark_from_gguf(tmp, target)
-    for k, v in stored.items():
-        if not torch.equal(got.tensors[k], v.float()):
-            raise RuntimeError(f"{tmp}: {k} does not read back equal to the trained weights")
-    man = Manifest.read(out_dir)
-    man.files.pop(GGUF, None)
-    os.replace(tmp, dst)
-    man.add_files(out_dir, [dst])
-    if man.stored_bytes > MAX_FIXTURE_BYTES:
-        raise RuntimeError(f"fixtures would store {man.stored_bytes} bytes, over {MAX_FIXTURE_BYTES}")
-    stats = {**asdict(tc), "seconds": seconds, "train_loss_last50": last, "held_out_row_top1": round(top1, 4)}
-    man.models[NAME] = {
-        "files": [GGUF], "architecture": "GGUF dflash (llama.cpp's DSV4 DSpark, hyper_connection.count 4)",
-        "target": TARGET, "shape": {"stages": STAGES, "block_size": B, "target_layers": [x + 1 for x in TARGET_IDS],
-                                    "markov_rank": RANK, "confidence_head": True, "window": target.attn.window},
-        "parameters": sum(v.numel() for v in stored.values()), "training": stats,
-        "made_by": {"command": "OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek4.fixture_dspark "
-                               + " ".join(sys.argv[1:]), "quick": quick, "seed": cfg.seed, "versions": _versions(),
-                    "seconds": round(time.perf_counter() - t0, 1)}}
-    man.write(out_dir)
-    verified(out_dir, "ds4 dspark fixture")
-    rep.log(f"{GGUF}: {stats}")
-    return dst
+    d = distill(FIXTURE, cfg, quick, tok, rep, lambda: Deepseek4Target(target, "cpu", torch.float32, cfg.seq + 8),
+                lambda seed: init_params(target, seed), draft_spec(target, {}))
+    return publish(out_dir, FIXTURE, d, lambda tmp: write_gguf(tmp, draft_spec(target, d.stored), d.stored, ttok),
+                   lambda tmp: deepseek4_dspark_from_gguf(tmp, target).tensors, target.attn.window, quick, cfg.seed,
+                   t0, rep)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,6 @@ retrained: a derived model (HCA entries from position 128 on), exact and determi
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +44,8 @@ from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Deepseek4Spec
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
+from ...fixturegen.gguf_main import export_main
 from ...fixturegen.install import MAX_FIXTURE_BYTES
 from ...fixturegen.manifest import Manifest, verified
 from .gguf_names import ARCH, BLOCK, EH_PROJ, GLOBAL, KIND_RATIO, MTP_HEAD, NEXTN, SQRT_SOFTPLUS, mtp_name
@@ -129,11 +129,8 @@ def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, kind: str = "auto") -> 
     elif kind in ("q8_0", "mxfp4"):
         qt = Q.Q8_0 if kind == "q8_0" else Q.MXFP4
         w.add_tensor(name, gguf.quants.quantize(t.float().numpy(), qt), raw_dtype=qt)
-    elif t.ndim < 2:
-        w.add_tensor(name, t.float().numpy().astype(np.float32))
     else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=Q.BF16)
+        put_tensor(w, name, t, False)
 
 
 def mxfp4_blocks(codes: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
@@ -375,16 +372,9 @@ def _compare(got: Any, want: dict[str, torch.Tensor], where: Path, quantized: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"), help="the fixtures folder (holds ds4-tiny/)")
-    ap.add_argument("--gguf-out", type=Path, default=None, help="write the two files into this folder, unregistered")
-    ap.add_argument("--experts", choices=("mxfp4", "bf16"), default="mxfp4")
-    args = ap.parse_args(argv)
-    if args.experts != "mxfp4" and args.gguf_out is None:
-        ap.error("--experts bf16 only with --gguf-out (the bundled files are the converter's MXFP4 layout)")
-    for p in export(args.out, args.gguf_out, args.experts):
-        print(p, flush=True)
-    return 0
+    return export_main(argv, __doc__, SOURCE, export, "experts", ("mxfp4", "bf16"),
+                       "--experts bf16 only with --gguf-out (the bundled files are the converter's MXFP4 layout)",
+                       gguf_out_help="write the two files into this folder, unregistered")
 
 
 if __name__ == "__main__":

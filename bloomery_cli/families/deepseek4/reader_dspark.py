@@ -214,6 +214,34 @@ def internal_name(gname: str) -> str:
     return f"layers.{i}.{BLOCK[rest]}"
 
 
+def markov_shape(lazy, names: set[str], path: Path, target_vocab: int) -> tuple[int, int]:
+    """(V, r) of ``markov_w1`` [V, r], which a DSpark file must carry with the target's V rows."""
+    if "markov_w1.weight" not in names:
+        raise BadTensor(f"{path}: tensor markov_w1.weight", "missing; a DSpark file carries its Markov head")
+    vocab, rank = lazy.shape_of("markov_w1.weight")
+    if vocab != target_vocab:
+        raise Mismatch(f"{path}: tensor markov_w1.weight", f"{vocab} rows vs the target's vocab {target_vocab}")
+    return vocab, rank
+
+
+def read_tensors(lazy, table: dict[str, Any], n: int) -> dict[str, torch.Tensor]:
+    """The ``table``'s tensors (float32) under the spec's names (``internal_name``), with attn_output_a
+    [G, ol, nh d / G] -> o_a_proj [G ol, nh d / G] and ffn_{gate,up}_exps [E, ff, H] each -> experts.gate_up_proj
+    = [gate | up] [E, 2 ff, H] for each of the ``n`` stages."""
+    t: dict[str, torch.Tensor] = {}
+    for g in table:
+        if g.startswith("blk.") and g.split(".", 2)[2] in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+            continue
+        x = lazy[g]
+        if g.endswith("attn_output_a.weight"):
+            x = x.reshape(-1, x.shape[-1])
+        t[internal_name(g)] = x
+    for i in range(n):
+        t[f"layers.{i}.mlp.experts.gate_up_proj"] = torch.cat([lazy[f"blk.{i}.ffn_gate_exps.weight"],
+                                                               lazy[f"blk.{i}.ffn_up_exps.weight"]], dim=1)
+    return t
+
+
 def deepseek4_dspark_from_gguf(path: Path, target: Deepseek4Spec) -> Deepseek4DSparkSpec:
     """The DSV4 DSpark draft in the GGUF ``path`` for the deepseek4 ``target``."""
     if target.family != "deepseek4":
@@ -230,11 +258,7 @@ def deepseek4_dspark_from_gguf(path: Path, target: Deepseek4Spec) -> Deepseek4DS
         raise Refused(f"{path}: tensor {odd[0]}", "compressors / indexers / hash tables: the DSpark stages are "
                                                   "uncompressed, sqrt-softplus routed")
     lazy = f.tensors(rename=lambda g: g)
-    if "markov_w1.weight" not in names:
-        raise BadTensor(f"{path}: tensor markov_w1.weight", "missing; a DSpark file carries its Markov head")
-    vocab, rank = lazy.shape_of("markov_w1.weight")
-    if vocab != target.vocab_size:
-        raise Mismatch(f"{path}: tensor markov_w1.weight", f"{vocab} rows vs the target's vocab {target.vocab_size}")
+    vocab, rank = markov_shape(lazy, names, path, target.vocab_size)
     own = {n for n in OPTIONAL if n in names}
     if ("conf_proj.weight" in own) != ("conf_proj.bias" in own):
         raise BadTensor(f"{path}: tensor conf_proj", "weight and bias come together (one of them is missing)")
@@ -243,17 +267,7 @@ def deepseek4_dspark_from_gguf(path: Path, target: Deepseek4Spec) -> Deepseek4DS
     extra = sorted(names - set(table))
     if extra:
         raise BadTensor(f"{path}: tensor {extra[0]}", "not a DSV4 DSpark tensor this reader knows")
-    t: dict[str, torch.Tensor] = {}
-    for g in table:
-        if g.startswith("blk.") and g.split(".", 2)[2] in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
-            continue
-        x = lazy[g]
-        if g.endswith("attn_output_a.weight"):
-            x = x.reshape(-1, x.shape[-1])
-        t[internal_name(g)] = x
-    for i in range(fields["n"]):
-        t[f"layers.{i}.mlp.experts.gate_up_proj"] = torch.cat([lazy[f"blk.{i}.ffn_gate_exps.weight"],
-                                                               lazy[f"blk.{i}.ffn_up_exps.weight"]], dim=1)
+    t = read_tensors(lazy, table, fields["n"])
     return Deepseek4DSparkSpec(kind="deepseek4-dspark", source=Path(path), source_format="gguf", num_layers=fields["n"],
                                block_size=fields["block"], target_layer_ids=fields["ids"],
                                mask_token_id=fields["mask"], markov_rank=rank,

@@ -16,29 +16,22 @@ Warm start: the stage's attention / mHC / norms from the target's layer 0 (windo
 the final norm from the target's, fc = [I/2 | I/2], markov_w1 N(0, 0.02), markov_w2 and the confidence head
 zeros. Data and loss: ``deepseek4.fixture_dspark``'s (the target's greedy continuations and corpus windows, the
 frozen f32 engine's taps; block CE weighted exp(-k / gamma), Markov inputs teacher-forced, + 0.5 BCE of the
-confidence), ``block_loss`` / ``rows_data`` / ``greedy_rows`` reused.
+confidence): ``deepseek4.dspark_distill``'s ``distill`` / ``publish``, shared with the ds4 builder.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
-from ...fixturegen import corpus as corpus_mod
-from ...fixturegen.build import _determinism, _versions
-from ...fixturegen.family_kit import fit, fixture_main, load_tokenizer, token_stream
-from ...fixturegen.install import MAX_FIXTURE_BYTES
-from ...fixturegen.manifest import Manifest, verified
-from ...fixturegen.train import Reporter, TrainConfig, round_bf16, sample_windows
-from ..deepseek4.fixture import greedy_rows
-from ..deepseek4.fixture_dspark import block_loss, rows_data, write_gguf
+from ...fixturegen.family_kit import fixture_main, load_tokenizer
+from ...fixturegen.train import Reporter, TrainConfig
+from ..deepseek4.dspark_distill import DSparkFixture, DSparkFixtureConfig, distill, publish, stage_attn
+from ..deepseek4.fixture_dspark import write_gguf
 from .reader_dspark import type_of
 
 TARGET, B, RANK, STAGES = "ds41-tiny", 7, 4, 1
@@ -47,32 +40,20 @@ NAME = f"ds41-tiny-dspark-b{B}"
 GGUF = NAME + ".gguf"
 TARGET_IDS = (1, 3)                    # DSpark config ids; dflash.target_layers = ids + 1
 MAX_DRAFT_BYTES = 350_000              # the brief's budget for this file (the fixtures cap is nearly full)
+FIXTURE = DSparkFixture(NAME, TARGET, "bloomery_cli.families.deepseek41.fixture_dspark", "ds41 dspark",
+                        "GGUF dflash in the seed engine's V4.1 DSpark layout (FAMILIES_MOE.md 5.2: lagged HC, "
+                        "LastMix, no output_hc_*, no q head norm)", STAGES, B, RANK, TARGET_IDS)
 
 
-@dataclass
-class DSparkFixtureConfig:
-    seed: int = 4141
-    pool: int = 16
-    real: int = 16
-    prefix: int = 32
-    seq: int = 96
-    anchors: int = 8
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch=4, seq=96, lr=3e-3,
-                                                                    warmup=30, log_every=50))
-
-    @classmethod
-    def quick(cls) -> DSparkFixtureConfig:
-        return cls(pool=2, real=2, seq=40, anchors=2, train=TrainConfig(steps=3, batch=2, seq=40, warmup=1,
-                                                                        log_every=1))
+CONFIG = DSparkFixtureConfig(seed=4141, pool=16, real=16, prefix=32, seq=96, anchors=8,
+                             train=TrainConfig(steps=300, batch=4, seq=96, lr=3e-3, warmup=30, log_every=50))
 
 
 def draft_spec(target, tensors: dict):
     """The draft's spec (the same numbers the GGUF states) over ``tensors``."""
-    from bloomery_gates.spec import Deepseek41DSparkSpec, V4AttnShape
+    from bloomery_gates.spec import Deepseek41DSparkSpec
 
-    a = target.attn
-    attn = V4AttnShape(a.num_heads, a.head_dim, a.rope_dim, a.q_lora_rank, a.o_groups, a.o_lora_rank, a.window,
-                       a.rope_theta, a.rope_theta, None, 0, 0, 0, 0, 0)
+    attn = stage_attn(target.attn)
     return Deepseek41DSparkSpec(kind="deepseek41-dspark", source=Path(GGUF), source_format="gguf",
                                 num_layers=STAGES, block_size=B, target_layer_ids=TARGET_IDS,
                                 mask_token_id=target.vocab_size - 1, markov_rank=RANK, confidence=True,
@@ -124,66 +105,15 @@ def build(out_dir: Path, quick: bool = False, progress=None, config: DSparkFixtu
     from .reader_gguf import deepseek41_from_gguf
 
     t0, out_dir = time.perf_counter(), Path(out_dir)
-    cfg = config or (DSparkFixtureConfig.quick() if quick else DSparkFixtureConfig())
+    cfg = config or (CONFIG.quick() if quick else CONFIG)
     tok, _, _ = load_tokenizer(out_dir)
     rep = Reporter(progress, every=cfg.train.log_every)
     target = deepseek41_from_gguf(out_dir / TARGET_FILE)
-    with _determinism(cfg.seed):
-        eng = Deepseek41Target(target, "cpu", torch.float32, cfg.seq + 8)
-        corp = corpus_mod.load_corpus()
-        train, held = token_stream(tok, corp.train_texts()), token_stream(tok, corp.held_out_texts())
-        pool = greedy_rows(eng, train, cfg.pool, cfg.prefix, cfg.seq, torch.Generator().manual_seed(cfg.seed))
-        rows = torch.cat([pool,
-                          sample_windows(train, cfg.real, cfg.seq, torch.Generator().manual_seed(cfg.seed + 1))])
-        data = rows_data(eng, rows, TARGET_IDS)
-        held_data = rows_data(eng, greedy_rows(eng, held, 4 if not quick else 1, cfg.prefix, cfg.seq,
-                                               torch.Generator().manual_seed(cfg.seed + 2)), TARGET_IDS)
-        params = init_params(target, cfg.seed + 3)
-        for p in params.values():
-            p.requires_grad_(True)
-        spec = draft_spec(target, {})
-        tc = replace(cfg.train, seed=cfg.seed + 4)
-        g_anchor = torch.Generator().manual_seed(cfg.seed + 5)
-
-        def loss_of(gen: torch.Generator) -> torch.Tensor:
-            pick = torch.randint(0, len(data), (tc.batch,), generator=gen).tolist()
-            return block_loss(params, spec, eng, data, pick, cfg.anchors, g_anchor)[0]
-
-        seconds, last = fit(params, tc, "ds41 dspark", rep, loss_of)
-        stored = round_bf16(params)
-        with torch.no_grad():
-            top1 = block_loss({k: v.float() for k, v in stored.items()}, spec, eng, held_data,
-                              list(range(len(held_data))), cfg.anchors, torch.Generator().manual_seed(7))[1]
-    dst = out_dir / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_ds41_dspark(tmp, draft_spec(target, stored), stored)
-    os.chmod(tmp, 0o644)
-    if tmp.stat().st_size > MAX_DRAFT_BYTES:
-        raise RuntimeError(f"{tmp}: {tmp.stat().st_size} bytes, over this draft's budget {MAX_DRAFT_BYTES}")
-    got = deepseek41_dspark_from_gguf(tmp, target)
-    for k, v in stored.items():
-        if not torch.equal(got.tensors[k], v.float()):
-            raise RuntimeError(f"{tmp}: {k} does not read back equal to the trained weights")
-    man = Manifest.read(out_dir)
-    man.files.pop(GGUF, None)
-    os.replace(tmp, dst)
-    man.add_files(out_dir, [dst])
-    if man.stored_bytes > MAX_FIXTURE_BYTES:
-        raise RuntimeError(f"fixtures would store {man.stored_bytes} bytes, over {MAX_FIXTURE_BYTES}")
-    stats = {**asdict(tc), "seconds": seconds, "train_loss_last50": last, "held_out_row_top1": round(top1, 4)}
-    man.models[NAME] = {
-        "files": [GGUF], "architecture": "GGUF dflash in the seed engine's V4.1 DSpark layout (FAMILIES_MOE.md 5.2: "
-                                         "lagged HC, LastMix, no output_hc_*, no q head norm)",
-        "target": TARGET, "shape": {"stages": STAGES, "block_size": B, "target_layers": [x + 1 for x in TARGET_IDS],
-                                    "markov_rank": RANK, "confidence_head": True, "window": target.attn.window},
-        "parameters": sum(v.numel() for v in stored.values()), "training": stats,
-        "made_by": {"command": "OMP_NUM_THREADS=1 python -m bloomery_cli.families.deepseek41.fixture_dspark "
-                               + " ".join(sys.argv[1:]), "quick": quick, "seed": cfg.seed, "versions": _versions(),
-                    "seconds": round(time.perf_counter() - t0, 1)}}
-    man.write(out_dir)
-    verified(out_dir, "ds41 dspark fixture")
-    rep.log(f"{GGUF}: {dst.stat().st_size} bytes, {stats}")
-    return dst
+    d = distill(FIXTURE, cfg, quick, tok, rep, lambda: Deepseek41Target(target, "cpu", torch.float32, cfg.seq + 8),
+                lambda seed: init_params(target, seed), draft_spec(target, {}))
+    return publish(out_dir, FIXTURE, d, lambda tmp: write_ds41_dspark(tmp, draft_spec(target, d.stored), d.stored),
+                   lambda tmp: deepseek41_dspark_from_gguf(tmp, target).tensors, target.attn.window, quick, cfg.seed,
+                   t0, rep, max_bytes=MAX_DRAFT_BYTES)
 
 
 def main(argv: list[str] | None = None) -> int:

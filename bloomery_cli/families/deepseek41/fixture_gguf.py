@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 
 from bloomery_gates.engram_hash import EngramHash
 
-from ...fixturegen.export_gguf import write_tokenizer
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from .reader_gguf import ARCH, BLOCK, CANDIDATE, ENGRAM, FUSED, GLOBAL, SQRT_SOFTPLUS, STREAM
 
 F32_SUFFIXES = ("norm.weight", "sinks", "_hc.fn", "_hc.base", "_hc.scale", "e_score_correction_bias")
@@ -200,15 +200,6 @@ def _keys(w: gguf.GGUFWriter, d: Dims) -> None:
     w.add_uint32(a + "vocab_size", d.v)
 
 
-def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
-    t = t.detach().to("cpu")
-    if f32 or t.ndim < 2:
-        w.add_tensor(name, t.float().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
-
-
 def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Dims = TINY,
                           edit_keys: Callable[[gguf.GGUFWriter], None] | None = None,
                           extra: Mapping[str, torch.Tensor] | None = None, drop: tuple[str, ...] = (),
@@ -224,7 +215,7 @@ def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Di
         edit_keys(w)
     for g, hf in GLOBAL.items():
         if g not in drop:
-            _put(w, g, tensors[hf], hf.endswith(F32_SUFFIXES))
+            put_tensor(w, g, tensors[hf], hf.endswith(F32_SUFFIXES))
     for layer in range(d.layers):
         b, p = f"blk.{layer}.", f"model.layers.{layer}."
         gate_up = tensors[p + "mlp.experts.gate_up_proj"]
@@ -232,10 +223,10 @@ def write_deepseek41_gguf(path: Path, tensors: Mapping[str, torch.Tensor], d: Di
         own = [(g, tensors[p + hf]) for g, hf in {**STREAM, **ENGRAM}.items() if p + hf in tensors]
         for g, t in [*((g, tensors[p + hf]) for g, hf in BLOCK.items()), *fused.items(), *own]:
             if b + g not in drop:
-                _put(w, b + g, t, g.startswith(("hc_", "engram_k", "engram_q")) or
-                     g.endswith(("norm.weight", "sinks.weight", ".bias")))
+                put_tensor(w, b + g, t, g.startswith(("hc_", "engram_k", "engram_q")) or
+                           g.endswith(("norm.weight", "sinks.weight", ".bias")))
     for g, t in (extra or {}).items():
-        _put(w, g, t, True)
+        put_tensor(w, g, t, True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -28,8 +28,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bloomery_gates.errors import BadTensor, Mismatch, Refused
 from bloomery_gates.spec import Deepseek41DSparkSpec, Deepseek41Spec
 
@@ -111,11 +109,7 @@ def deepseek41_dspark_from_gguf(path: Path, target: Deepseek41Spec) -> Deepseek4
         raise Refused(f"{path}: tensor {odd[0]}", "compressors / indexers / hash tables / an HC head: not in the "
                                                   "V4.1 DSpark layout")
     lazy = f.tensors(rename=lambda g: g)
-    if "markov_w1.weight" not in names:
-        raise BadTensor(f"{path}: tensor markov_w1.weight", "missing; a DSpark file carries its Markov head")
-    vocab, rank = lazy.shape_of("markov_w1.weight")
-    if vocab != target.vocab_size:
-        raise Mismatch(f"{path}: tensor markov_w1.weight", f"{vocab} rows vs the target's vocab {target.vocab_size}")
+    vocab, rank = r4.markov_shape(lazy, names, path, target.vocab_size)
     if "conf_proj.weight" not in names:
         raise BadTensor(f"{path}: tensor conf_proj.weight", "missing; the V4.1 DSpark carries its confidence head")
     own = {"conf_proj.weight"}
@@ -128,17 +122,7 @@ def deepseek41_dspark_from_gguf(path: Path, target: Deepseek41Spec) -> Deepseek4
     if fields["hc"].count > fields["layer"].hidden_size or fields["hc"].count != target.hc.count:
         raise Mismatch(f"{path}: key {A}hyper_connection.count",
                        f"{fields['hc'].count} vs the target's {target.hc.count} streams")
-    t: dict[str, torch.Tensor] = {}
-    for g in table:
-        if g.startswith("blk.") and g.split(".", 2)[2] in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
-            continue
-        x = lazy[g]
-        if g.endswith("attn_output_a.weight"):
-            x = x.reshape(-1, x.shape[-1])
-        t[r4.internal_name(g)] = x
-    for i in range(fields["n"]):
-        t[f"layers.{i}.mlp.experts.gate_up_proj"] = torch.cat([lazy[f"blk.{i}.ffn_gate_exps.weight"],
-                                                               lazy[f"blk.{i}.ffn_up_exps.weight"]], dim=1)
+    t = r4.read_tensors(lazy, table, fields["n"])
     return Deepseek41DSparkSpec(kind="deepseek41-dspark", source=Path(path), source_format="gguf",
                                 num_layers=fields["n"], block_size=fields["block"], target_layer_ids=fields["ids"],
                                 mask_token_id=fields["mask"], markov_rank=rank, confidence=True,

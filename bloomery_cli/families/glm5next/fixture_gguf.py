@@ -29,20 +29,19 @@ the HF fixture: a rerun reproduces the file (tests check the manifest's sha256).
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Glm5NextSpec
 
-from ...fixturegen.export_gguf import write_tokenizer
-from ...fixturegen.gguf_register import register_gguf
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
+from ...fixturegen.gguf_main import export_main
+from ...fixturegen.gguf_readback import same_fields, same_tensors
+from ...fixturegen.gguf_register import export_checked
 from .gguf_names import F32_SUFFIXES, to_gguf
 
 TARGET, GGUF = "glm5next-tiny", "glm5next-tiny.gguf"
@@ -109,12 +108,7 @@ def _keys(w: gguf.GGUFWriter, spec: Glm5NextSpec, name: str, dtype: str) -> None
 
 
 def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, dtype: str) -> None:
-    t = t.detach().to("cpu")
-    if dtype == "f32" or t.ndim < 2 or name.endswith(F32_SUFFIXES) or not name.endswith(".weight"):
-        w.add_tensor(name, t.double().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    put_tensor(w, name, t, dtype == "f32" or name.endswith(F32_SUFFIXES) or not name.endswith(".weight"))
 
 
 def write_glm5next_gguf(path: Path, spec: Glm5NextSpec, tok: Tokenizer, name: str = TARGET, dtype: str = "bf16",
@@ -151,19 +145,12 @@ def check_readback(path: Path, spec: Glm5NextSpec) -> None:
     from ...loading import load_target
 
     got = load_target(path)
-    want = set(spec.tensors) | ({"lm_head.weight"} if spec.tie_word_embeddings else set())
-    if set(got.tensors) != want:
-        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {sorted(set(got.tensors) ^ want)}")
-    for n in sorted(want):
-        a = spec.tensors["model.embed_tokens.weight" if n not in spec.tensors else n].double()
-        b = got.tensors[n].double()
-        bound = 2.0 ** -23 * (1 + a.abs()) if n.endswith("A_log") else torch.zeros_like(a)
-        if a.shape != b.shape or bool(((a - b).abs() > bound).any()):
-            raise RuntimeError(f"{path}: {n} does not read back equal to the HF fixture")
-    for f in ("layer", "num_layers", "layer_types", "mlp_types", "mla", "dsa", "kda", "moe", "hc", "swiglu_limit",
-              "nextn_layers"):
-        if getattr(got, f) != getattr(spec, f):
-            raise RuntimeError(f"{path}: {f} read back {getattr(got, f)}; expected {getattr(spec, f)}")
+    names = set(spec.tensors) | ({"lm_head.weight"} if spec.tie_word_embeddings else set())
+    want = {n: spec.tensors["model.embed_tokens.weight" if n not in spec.tensors else n] for n in names}
+    same_tensors(path, got.tensors, want,
+                 lambda n, a: 2.0 ** -23 * (1 + a.abs()) if n.endswith("A_log") else torch.zeros_like(a))
+    same_fields(path, got, spec, ("layer", "num_layers", "layer_types", "mlp_types", "mla", "dsa", "kda", "moe", "hc",
+                                  "swiglu_limit", "nextn_layers"))
 
 
 def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") -> Path:
@@ -172,15 +159,9 @@ def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") ->
     from ...loading import load_target
 
     spec = load_target(fixtures / TARGET)
-    dst = out or fixtures / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_glm5next_gguf(tmp, spec, Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json")), dtype=dtype)
-    os.chmod(tmp, 0o644)
-    check_readback(tmp, spec)
-    if out is not None:
-        os.replace(tmp, dst)
-        return dst
-    return register_gguf(fixtures, tmp, GGUF, TARGET, {
+    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
+    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_glm5next_gguf(tmp, spec, tok, dtype=dtype),
+                          lambda tmp: check_readback(tmp, spec), {
         "command": "python -m bloomery_cli.families.glm5next.fixture_gguf --out fixtures",
         "from": f"{TARGET}/model.safetensors (the trained weights unchanged, the NextN block included)",
         "layout": "llama.cpp converter (conversion/glm.py), arch glm5-next, BF16, expert groups 2/1 as written by "
@@ -188,15 +169,8 @@ def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"), help="the fixtures folder (holds glm5next-tiny/)")
-    ap.add_argument("--gguf-out", type=Path, default=None, help="write the file here, unregistered")
-    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
-    args = ap.parse_args(argv)
-    if args.dtype != "bf16" and args.gguf_out is None:
-        ap.error("--dtype f32 only with --gguf-out (the bundled file is BF16)")
-    print(export_gguf(args.out, args.gguf_out, args.dtype), flush=True)
-    return 0
+    return export_main(argv, __doc__, TARGET, export_gguf, "dtype", ("bf16", "f32"),
+                       "--dtype f32 only with --gguf-out (the bundled file is BF16)")
 
 
 if __name__ == "__main__":

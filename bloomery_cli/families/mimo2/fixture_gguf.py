@@ -24,21 +24,19 @@ the file (tests check the manifest's sha256).
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from bloomery_gates.spec import Mimo2Spec
 
-from ...fixturegen.export_gguf import write_tokenizer
-from ...fixturegen.install import MAX_FIXTURE_BYTES
-from ...fixturegen.manifest import Manifest, verified
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
+from ...fixturegen.gguf_main import export_main
+from ...fixturegen.gguf_readback import same_tensors
+from ...fixturegen.gguf_register import export_checked
 
 TARGET, GGUF = "mimo2-tiny", "mimo2-tiny.gguf"
 ARCH = "mimo2"
@@ -106,15 +104,6 @@ def _keys(w: gguf.GGUFWriter, spec: Mimo2Spec, name: str, mtp: int) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, f32: bool) -> None:
-    t = t.detach().to("cpu")
-    if f32 or t.ndim < 2:
-        w.add_tensor(name, t.float().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
-
-
 def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TARGET, qkv: str = "fused",
                      drop: tuple[str, ...] = ()) -> Path:
     """``spec`` (an HF-layout mimo2 target with its MTP layers) as llama.cpp's converter writes it. ``drop``: GGUF
@@ -126,8 +115,8 @@ def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TA
     _keys(w, spec, name, mtp)
     write_tokenizer(w, tok, pad=False)
     T = spec.tensors
-    _put(w, "output.weight", T["lm_head.weight" if "lm_head.weight" in T else "model.embed_tokens.weight"], False)
-    _put(w, "token_embd.weight", T["model.embed_tokens.weight"], False)
+    put_tensor(w, "output.weight", T["lm_head.weight" if "lm_head.weight" in T else "model.embed_tokens.weight"], False)
+    put_tensor(w, "token_embd.weight", T["model.embed_tokens.weight"], False)
     for i in range(L + mtp):
         is_mtp = i >= L
         head = f"model.mtp.layers.{i - L}." if is_mtp else f"model.layers.{i}."
@@ -143,13 +132,13 @@ def write_mimo2_gguf(path: Path, spec: Mimo2Spec, tok: Tokenizer, name: str = TA
             if any(g.endswith(d) for d in drop):
                 continue
             if gsuf == "attn_qkv.weight":
-                _put(w, g, qkv_rows, False)
+                put_tensor(w, g, qkv_rows, False)
             elif gsuf.endswith("_exps.weight"):
-                _put(w, g, torch.stack([T[f"{head}mlp.experts.{e}.{hsuf}.weight"]
-                                        for e in range(m.moe.num_experts)]), False)
+                put_tensor(w, g, torch.stack([T[f"{head}mlp.experts.{e}.{hsuf}.weight"]
+                                             for e in range(m.moe.num_experts)]), False)
             else:
-                _put(w, g, T[head + hsuf], hsuf in F32_ALWAYS)
-    _put(w, "output_norm.weight", T["model.norm.weight"], True)
+                put_tensor(w, g, T[head + hsuf], hsuf in F32_ALWAYS)
+    put_tensor(w, "output_norm.weight", T["model.norm.weight"], True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -162,12 +151,7 @@ def check_readback(path: Path, spec: Mimo2Spec) -> None:
     from ...loading import load_target
 
     got = load_target(path)
-    if set(got.tensors) != set(spec.tensors):
-        odd = sorted(set(got.tensors) ^ set(spec.tensors))
-        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {odd}")
-    for n in spec.tensors:
-        if not torch.equal(got.tensors[n].float(), spec.tensors[n].float()):
-            raise RuntimeError(f"{path}: {n} does not read back equal to the HF fixture")
+    same_tensors(path, got.tensors, spec.tensors)
     # the GGUF stores the rotary channel count, not the factor (0.334 -> int(32 * 0.334) = 10 -> 10 / 32)
     want = replace(spec.mimo, partial_rotary_factor=got.mimo.partial_rotary_factor)
     if (got.layer, got.mimo) != (spec.layer, want) or int(spec.layer.head_dim * got.mimo.partial_rotary_factor) != \
@@ -182,45 +166,18 @@ def export_gguf(fixtures: Path, out: Path | None = None, qkv: str = "fused") -> 
     from ...loading import load_target
 
     spec = load_target(fixtures / TARGET)
-    dst = out or fixtures / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_mimo2_gguf(tmp, spec, Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json")), qkv=qkv)
-    os.chmod(tmp, 0o644)
-    check_readback(tmp, spec)
-    if out is not None:
-        os.replace(tmp, dst)
-        return dst
-    man = Manifest.read(fixtures)
-    old = man.files.pop(GGUF, None)
-    os.replace(tmp, dst)
-    man.add_files(fixtures, [dst])
-    if man.stored_bytes > MAX_FIXTURE_BYTES:
-        dst.unlink()
-        if old is not None:
-            man.files[GGUF] = old
-        raise RuntimeError(f"fixtures would store {man.stored_bytes} distinct bytes with {GGUF}, over the "
-                           f"{MAX_FIXTURE_BYTES} limit (write it elsewhere with --gguf-out)")
-    entry = man.models[TARGET]
-    entry["files"] = sorted(set(entry["files"]) | {GGUF})
-    entry["gguf_export"] = {"command": "python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures",
-                            "from": f"{TARGET}/model.safetensors (the trained weights unchanged)",
-                            "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "
-                                      "(the MiMo-V2.5 layout llama.cpp's MTP graph requires), 3 MTP blocks"}
-    man.write(fixtures)
-    verified(fixtures, "mimo2 GGUF export")
-    return dst
+    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
+    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_mimo2_gguf(tmp, spec, tok, qkv=qkv),
+                          lambda tmp: check_readback(tmp, spec), {
+        "command": "python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures",
+        "from": f"{TARGET}/model.safetensors (the trained weights unchanged)",
+        "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "
+                  "(the MiMo-V2.5 layout llama.cpp's MTP graph requires), 3 MTP blocks"}, label="mimo2 GGUF export")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"), help="the fixtures folder (holds mimo2-tiny/)")
-    ap.add_argument("--gguf-out", type=Path, default=None, help="write the file here, unregistered")
-    ap.add_argument("--qkv", choices=("fused", "split"), default="fused")
-    args = ap.parse_args(argv)
-    if args.qkv != "fused" and args.gguf_out is None:
-        ap.error("--qkv split only with --gguf-out (the bundled file is the fused layout)")
-    print(export_gguf(args.out, args.gguf_out, args.qkv), flush=True)
-    return 0
+    return export_main(argv, __doc__, TARGET, export_gguf, "qkv", ("fused", "split"),
+                       "--qkv split only with --gguf-out (the bundled file is the fused layout)")
 
 
 if __name__ == "__main__":

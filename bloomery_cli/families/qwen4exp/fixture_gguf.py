@@ -33,14 +33,11 @@ reproduces the file (tests check the manifest's sha256).
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -48,8 +45,10 @@ from bloomery_gates import ple_hash
 from bloomery_gates.errors import Refused
 from bloomery_gates.spec import HybridShape, Qwen4ExpSpec
 
-from ...fixturegen.export_gguf import write_tokenizer
-from ...fixturegen.gguf_register import register_gguf
+from ...fixturegen.export_gguf import put_tensor, write_tokenizer
+from ...fixturegen.gguf_main import export_main
+from ...fixturegen.gguf_readback import same_fields, same_tensors
+from ...fixturegen.gguf_register import export_checked
 from ...formats.rope_sections import writer_sections
 from ..qwen38.fixture import _gguf_array
 from ..qwen38.reader import gguf_name
@@ -149,12 +148,7 @@ def _keys(w: gguf.GGUFWriter, spec: Qwen4ExpSpec, name: str, dtype: str) -> None
 
 
 def _put(w: gguf.GGUFWriter, name: str, t: torch.Tensor, dtype: str) -> None:
-    t = t.detach().to("cpu")
-    if dtype == "f32" or t.ndim < 2 or name.endswith(F32_NAMES) or not name.endswith(".weight"):
-        w.add_tensor(name, t.double().numpy().astype(np.float32))
-    else:
-        raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    put_tensor(w, name, t, dtype == "f32" or name.endswith(F32_NAMES) or not name.endswith(".weight"))
 
 
 def refuse_inexpressible(spec: Qwen4ExpSpec) -> None:
@@ -193,28 +187,24 @@ def write_qwen4exp_gguf(path: Path, spec: Qwen4ExpSpec, tok: Tokenizer, name: st
     return path
 
 
+def _bound(n: str, a: torch.Tensor) -> torch.Tensor:
+    """The read-back bound of HF tensor ``n`` (values ``a``): A_log within float32's rounding of -exp(A_log), a
+    stored 1 + w norm within half a float32 ulp of it, anything else exact."""
+    if n.endswith("linear_attn.A_log"):
+        return 2.0 ** -23 * (1 + a.abs())
+    if plus_one(n) or n.endswith("norm.weight") and not n.endswith("linear_attn.norm.weight"):
+        return 2.0 ** -24 * (1 + a).abs().clamp(min=1.0)            # half a float32 ulp of the stored 1 + w
+    return torch.zeros_like(a)
+
+
 def check_readback(path: Path, spec: Qwen4ExpSpec) -> None:
     """Every trunk tensor of ``spec`` read back through the harness's GGUF reader (module docstring's bounds),
     and the same shapes."""
     from ...loading import load_target
 
     got = load_target(path)
-    want = {n for n in spec.tensors if not n.startswith("mtp.")}
-    if set(got.tensors) != want:
-        raise RuntimeError(f"{path}: tensor set differs from the HF fixture: {sorted(set(got.tensors) ^ want)}")
-    for n in sorted(want):
-        a, b = spec.tensors[n].double(), got.tensors[n].double()
-        if n.endswith("linear_attn.A_log"):
-            bound = 2.0 ** -23 * (1 + a.abs())
-        elif plus_one(n) or n.endswith("norm.weight") and not n.endswith("linear_attn.norm.weight"):
-            bound = 2.0 ** -24 * (1 + a).abs().clamp(min=1.0)      # half a float32 ulp of the stored 1 + w
-        else:
-            bound = torch.zeros_like(a)
-        if a.shape != b.shape or bool(((a - b).abs() > bound).any()):
-            raise RuntimeError(f"{path}: {n} does not read back equal to the HF fixture")
-    for f in ("layer", "num_layers", "vocab_size", "hybrid", "moe", "hc", "qsa", "output_gate"):
-        if getattr(got, f) != getattr(spec, f):
-            raise RuntimeError(f"{path}: {f} read back {getattr(got, f)}; expected {getattr(spec, f)}")
+    same_tensors(path, got.tensors, {n: x for n, x in spec.tensors.items() if not n.startswith("mtp.")}, _bound)
+    same_fields(path, got, spec, ("layer", "num_layers", "vocab_size", "hybrid", "moe", "hc", "qsa", "output_gate"))
     p, q = spec.ple, got.ple
     if (p is None) != (q is None) or p is not None and (
             (q.layers, q.embed_dim, q.conv_kernel, q.ngram_size, q.heads_per_ngram, q.eos_token_id)
@@ -229,15 +219,9 @@ def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") ->
     from ...loading import load_target
 
     spec = load_target(fixtures / TARGET)
-    dst = out or fixtures / GGUF
-    tmp = dst.with_name(dst.name + ".tmp")
-    write_qwen4exp_gguf(tmp, spec, Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json")), dtype=dtype)
-    os.chmod(tmp, 0o644)
-    check_readback(tmp, spec)
-    if out is not None:
-        os.replace(tmp, dst)
-        return dst
-    return register_gguf(fixtures, tmp, GGUF, TARGET, {
+    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
+    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_qwen4exp_gguf(tmp, spec, tok, dtype=dtype),
+                          lambda tmp: check_readback(tmp, spec), {
         "command": "python -m bloomery_cli.families.qwen4exp.fixture_gguf --out fixtures",
         "from": f"{TARGET}/model.safetensors (the trained weights unchanged; mtp.* left out, as the converter)",
         "layout": "llama.cpp converter (conversion/qwen4exp.py), arch qwen4exp, BF16, trunk only; "
@@ -245,15 +229,8 @@ def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("fixtures"), help="the fixtures folder (holds qwen4exp-tiny/)")
-    ap.add_argument("--gguf-out", type=Path, default=None, help="write the file here, unregistered")
-    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
-    args = ap.parse_args(argv)
-    if args.dtype != "bf16" and args.gguf_out is None:
-        ap.error("--dtype f32 only with --gguf-out (the bundled file is BF16)")
-    print(export_gguf(args.out, args.gguf_out, args.dtype), flush=True)
-    return 0
+    return export_main(argv, __doc__, TARGET, export_gguf, "dtype", ("bf16", "f32"),
+                       "--dtype f32 only with --gguf-out (the bundled file is BF16)")
 
 
 if __name__ == "__main__":

@@ -134,18 +134,7 @@ class Deepseek4Target(RowPasses):
         if spec.source_format not in ("hf", "gguf"):        # the GGUF reader hands over the HF names too
             raise ValueError(f"kernels.families.deepseek4 reads HF tensor names; source format "
                              f"{spec.source_format!r}")
-        self.spec, self.shape = spec, spec.layer
-        self.device, self.dtype, self.rows = torch.device(device), dtype, rows
-        self.t: dict[str, T] = {}
-        for n, x in spec.tensors.items():
-            if n.startswith(P + "layers.") and int(n[len(P) + 7:].split(".")[0]) < spec.num_layers:
-                keep32 = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
-                dt = keep32 if x.is_floating_point() else x.dtype if x.dtype == torch.uint8 else torch.long
-                self.t[n[len(P):]] = x.to(device=self.device, dtype=dt)
-        self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
-        self.head = spec.head_weight().to(device=self.device, dtype=dtype)
-        self.final_w = spec.tensors[P + "norm.weight"].float().to(self.device)
-        self.final_norm = self.final_w                 # the name ``parallel.draft_device.TargetView`` reads
+        self._load_trunk(spec, device, dtype, rows)
         self.tap_width = spec.hc.count * spec.hidden_size      # a tap row is the S streams [S, H]
         self.hc_head = [spec.tensors[P + "hc_head." + k].float().to(self.device)
                         for k in ("hc_fn", "hc_base", "hc_scale")]
@@ -158,6 +147,24 @@ class Deepseek4Target(RowPasses):
         self.length = 0
         self.rows_run = 0
         self._ran: int | None = None
+
+    def _load_trunk(self, spec: Deepseek4Spec, device: str | torch.device, dtype: torch.dtype,
+                    rows: int | None) -> None:
+        """The trunk's layer tensors (``t``, by HF name less "model.": the F32 islands float32, MXFP4 codes uint8,
+        other integers long, the rest ``dtype``), ``embed`` [V, H] and ``head`` [V, H] in ``dtype``, ``final_w`` [H]
+        float32, on ``device``."""
+        self.spec, self.shape = spec, spec.layer
+        self.device, self.dtype, self.rows = torch.device(device), dtype, rows
+        self.t: dict[str, T] = {}
+        for n, x in spec.tensors.items():
+            if n.startswith(P + "layers.") and int(n[len(P) + 7:].split(".")[0]) < spec.num_layers:
+                keep32 = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
+                dt = keep32 if x.is_floating_point() else x.dtype if x.dtype == torch.uint8 else torch.long
+                self.t[n[len(P):]] = x.to(device=self.device, dtype=dt)
+        self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
+        self.head = spec.head_weight().to(device=self.device, dtype=dtype)
+        self.final_w = spec.tensors[P + "norm.weight"].float().to(self.device)
+        self.final_norm = self.final_w                 # the name ``parallel.draft_device.TargetView`` reads
 
     def reset(self) -> None:
         self.length = 0

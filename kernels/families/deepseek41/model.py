@@ -25,7 +25,7 @@ from ...ops import v4_attention as kv4
 from ...ops import v41_stream as ks
 from ...ops.moe import Routing
 from ...ops.norm import rms_norm
-from ..deepseek4.model import F32_SUFFIXES, Deepseek4Target, P, attn_weights_at, ffn, layer_rope
+from ..deepseek4.model import Deepseek4Target, attn_weights_at, ffn, layer_rope
 from ..qwen38.model import Qwen38Pass
 
 T = torch.Tensor
@@ -51,18 +51,7 @@ class Deepseek41Target(Deepseek4Target):
         if (spec.hc_mix, spec.collapse) != ("lagged", "last_mix") or \
                 not set(spec.layer_types) <= {"sliding", "stream"}:
             raise ValueError("deepseek41 runs lagged mixes + LastMix on sliding / stream layers (docs/V41.md 10)")
-        self.spec, self.shape = spec, spec.layer
-        self.device, self.dtype, self.rows = torch.device(device), dtype, rows
-        self.t: dict[str, T] = {}
-        for n, x in spec.tensors.items():
-            if n.startswith(P + "layers.") and int(n[len(P) + 7:].split(".")[0]) < spec.num_layers:
-                keep32 = torch.float32 if n.endswith(F32_SUFFIXES) else dtype
-                dt = keep32 if x.is_floating_point() else x.dtype if x.dtype == torch.uint8 else torch.long
-                self.t[n[len(P):]] = x.to(device=self.device, dtype=dt)
-        self.embed = spec.tensors[P + "embed_tokens.weight"].to(device=self.device, dtype=dtype)
-        self.head = spec.head_weight().to(device=self.device, dtype=dtype)
-        self.final_w = spec.tensors[P + "norm.weight"].float().to(self.device)
-        self.final_norm = self.final_w
+        self._load_trunk(spec, device, dtype, rows)
         self.tap_width = (spec.hc.count + 1) * spec.hidden_size      # a tap row: the S streams and the lag row
         self.cap = max_len + (rows or 0)
         a = spec.attn

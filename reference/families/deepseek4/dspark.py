@@ -29,7 +29,7 @@ Block (the "token batch") y = [x_s, m x (B-1)] at positions s..s+B-1 (m = tokeni
                                                                        when the file has none (V4.1's conf_proj)
 
 Row k predicts the token at s+k+1 (anchor-first: B drafts). The Markov / cut helpers are the dense DSpark's
-(``reference.drafts.dspark``): ``markov_rows``, ``markov_term``, ``markov_logits``, ``cut_length``.
+(``reference.drafts.dspark``): ``markov_decode`` (the chain or the teacher-forced rows), ``cut_length``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 
 from bloomery_gates.spec import Deepseek4DSparkSpec, Deepseek4Spec
 
-from ...drafts.dspark import DSparkRefOut, markov_logits, markov_rows, markov_term
+from ...drafts.dspark import DSparkRefOut, block_context, markov_decode
 from ...ops import mhc as rmhc
 from ...ops import mhc_lagged as rlag
 from ...ops import v4_attention as rv4
@@ -48,7 +48,7 @@ from ...ops.attention import sink_attention
 from ...ops.norm import rms_norm
 from ...rounding import linear, st
 from ...weights import as_f64
-from ...xp import here, ns, to_host
+from ...xp import here, ns
 from . import model as trunk
 
 Weights = trunk.Weights
@@ -204,27 +204,14 @@ def forward(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, taps, anchor_id: 
     """Draft one block after context positions 0..s-1 (s defaults to all rows of ``taps``, the target's RefOut
     with hidden [L+1, T, S, H]); ``prev`` None runs the greedy chain, a list of B ids (the anchor first)
     teacher-forces the Markov inputs. ``final`` is the pre-norm collapse g, ``layer_out`` [n_layers, B, S, H]."""
-    t = taps.hidden.shape[1]
-    s = t if s is None else s
-    if not 1 <= s <= t:
-        raise ValueError(f"context length s={s} must be in 1..{t} (rows in taps)")
+    s = block_context(draft, taps, anchor_id, s, prev)
     b, w = draft.block_size, as_f64(draft)
-    if prev is not None and (len(prev) != b or int(prev[0]) != anchor_id):
-        raise ValueError(f"prev must list B={b} ids starting with the anchor {anchor_id}")
     ctx = context_rows(draft, taps.hidden, s)
     layer_out = backbone(draft, target, ctx, anchor_id)
     xp = ns(layer_out)
     g = COLLAPSE[draft.collapse](draft, w, layer_out[-1])
     base = draft_head(draft, target, rms_norm(g, w["norm.weight"], draft.layer.rms_eps))
-    if prev is None:
-        chain = [anchor_id]
-        for k in range(b - 1):
-            row = markov_logits(base[k], markov_term(draft, markov_rows(draft, chain[k:k + 1]))[0])
-            chain.append(int(xp.argmax(row)))
-        prev = chain
-    prev = np.asarray(to_host(prev), dtype=np.int64)
-    e = markov_rows(draft, prev)
-    logits = markov_logits(base, markov_term(draft, e))
+    logits, prev, e = markov_decode(draft, base, anchor_id, prev)
     conf_logits, confidence = None, xp.ones(b)
     if draft.confidence:
         z = xp.concatenate([g, e], axis=-1) @ w["confidence_head.proj.weight"][0]
