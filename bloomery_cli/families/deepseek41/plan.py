@@ -16,9 +16,10 @@ run dtype's bytes, cap = max_len + rows (the verify's rows), L layers, d the K =
     self.routings  one ``Routing`` per MoE layer, replaced every pass                (held_row_bytes, per row)
 
 So per position p_t = e (L d + sum over kv sources s of (1 + gated_s) d), no key positions (the engine holds no
-position tensor: ``key_position_bytes`` 0) and no RoPE tables (the angles are made per pass). Transient (``plan.core.workspace``): the taps
-[L + 1, R, S + 1, H] e hold the S hyper-connection streams AND the lagged mix's lag row (``pack_lag``), so the
-residual streams are S + 1; the sink attention's scores (SCORE_BYTES); the routed experts' gathered tiles.
+position tensor: ``key_position_bytes`` 0) and no RoPE tables (the angles are made per pass).
+Transient (``plan.core.workspace``): the taps [L + 1, R, S + 1, H] e hold the S hyper-connection streams AND the
+lagged mix's lag row (``pack_lag``), so the residual streams are S + 1; the sink attention's scores
+(SCORE_BYTES); the routed experts' gathered tiles.
 The draft: the seed engine's V4.1 DSpark (a ``dflash``-arch GGUF), counted as deepseek4's DSpark
 (``deepseek4.plan.deepseek4_dspark_draft``: the same kernel holds it).
 """
@@ -85,8 +86,9 @@ def deepseek41_gguf_target(path: Path, inv_model) -> PlanModel:
         notes += (f"{FAMILY}: the engram sites' tables hold {w['engram']:,} elements of the weights",)
     return PlanModel(path.name, FAMILY, "gguf", spec.hidden_size, a.num_heads, spec.vocab_size,
                      max(moe.top_k * moe.expert_ff, moe.shared_ff or 0), spec.max_position, w["elems"],
-                     inv_model.total_bytes, spec.tie_word_embeddings, w["embed"], (AttnGroup(L, 1, a.head_dim, None, 0),),
-                     0, (), 0, 0, meta=meta, embed_dtype=_embed_dtype(inv_model), rope_tables=0, f32_elems=w["f32"],
+                     inv_model.total_bytes, spec.tie_word_embeddings, w["embed"],
+                     (AttnGroup(L, 1, a.head_dim, None, 0),), 0, (), 0, 0, meta=meta,
+                     embed_dtype=_embed_dtype(inv_model), rope_tables=0, f32_elems=w["f32"],
                      experts=Experts(moe.top_k, moe.expert_ff, False), notes=notes,
                      residual_streams=spec.hc.count + 1, position_elems=stream_cache_elems(spec),
                      score_bytes=SCORE_BYTES, entry_rate=min(ratios, default=0),
@@ -97,8 +99,14 @@ def deepseek41_dspark_draft(path: Path, target: PlanModel) -> PlanDraft:
     """The seed engine's V4.1 DSpark GGUF (arch ``dflash``) beside a deepseek41 target: deepseek4's DSpark term (its
     stages' weights, f32 by F32_SUFFIXES; per position each stage's context K = V [d] and an int64 key position,
     cap = max_len + B + 2; a verify of B + 1 rows); the file has no embedding / head of its own."""
+    from ...inventory.read import _HeaderGGUF
     from ..deepseek4.plan import deepseek4_dspark_draft
+    from .reader_dspark import NOT_IN_52
 
     if target.family != FAMILY:
         raise InputError(path, f"a V4.1 DSpark draft needs a deepseek41 target, not {target.family}")
+    own = sorted({t.name for t in _HeaderGGUF(path).reader.tensors} & set(NOT_IN_52))
+    if own:
+        raise InputError(path, f"holds {own[0]}: {NOT_IN_52[own[0]]} (a DSV4 DSpark, FAMILIES_MOE.md 5.1); expected "
+                               "the V4.1 DSpark (5.2) for a deepseek41 target")
     return deepseek4_dspark_draft(path, target)
