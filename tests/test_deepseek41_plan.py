@@ -92,3 +92,37 @@ def test_plan_command_plans_the_pair_and_measures_on_the_host(tmp_path):
 def test_a_draft_that_is_not_the_v41_dspark_is_a_named_error(draft, why):
     r = runner.invoke(app, ["plan", str(T), "--draft", str(draft), "--gpu-mem", "1G"])
     assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory) -> Path:
+    """ds41's tiny layout with no ``output.weight``: the head is the embedding."""
+    from bloomery_cli.families.deepseek41.fixture_gguf import tiny_tensors, write_deepseek41_gguf
+
+    return write_deepseek41_gguf(tmp_path_factory.mktemp("ds41tied") / "tied.gguf", tiny_tensors(),
+                                 drop=("output.weight",))
+
+
+def _tied_bytes(path: Path, dtype: str) -> tuple[int, int]:
+    """(the engine's resident bytes, the plan's weights + KV) for a tied file, target alone, rows 8, max_len 40."""
+    from bloomery_cli.families.deepseek41.reader_gguf import deepseek41_from_gguf
+    from bloomery_gates.kernels.families.deepseek41.model import Deepseek41Target
+
+    eng = Deepseek41Target(deepseek41_from_gguf(path), "cpu", DTYPES[dtype], 40, rows=8)
+    t = read_target(path)
+    terms = terms_of(t, None, dtype, "cpu")
+    return _resident(eng), terms.target_weights + eng.cap * terms.per_position
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_a_tied_head_is_counted_as_the_engine_holds_it(tied, dtype):
+    """The reader hands float32: an f32 run on the host shares the embedding's storage, a bf16 run casts two."""
+    assert read_target(tied).tied
+    engine, planned = _tied_bytes(tied, dtype)
+    assert planned == engine
+
+
+def test_fail_first_a_tied_head_read_as_stored_bf16(tied, monkeypatch):
+    _wrapped(monkeypatch, lambda t: replace(t, embed_dtype="bf16"))      # the stored dtype, not the reader's f32
+    engine, planned = _tied_bytes(tied, "bf16")
+    assert planned != engine

@@ -7,7 +7,9 @@ run dtype's bytes, cap = max_len + rows (the verify's rows), L layers, d the K =
                    (the engram sites' tables ``engram.{embed, wkv, k_norm, q_norm}`` among them: their bytes are
                    printed as a note; the norms end in ``norm.weight``: f32)
     self.embed     [V, H] e                                                                         (weight_elems)
-    self.head      [V, H] e: ``lm_head`` or, tied, its own cast copy of the embedding          (core's tied rule)
+    self.head      [V, H] e: ``lm_head`` or, tied, its own cast copy of the embedding          (core's tied rule:
+                   the reader hands every tensor as float32, ``embed_dtype`` "f32": on the host an f32 run shares
+                   one storage for embed and head, a bf16 run casts two copies)
     self.final_w   [H] f32                                                                    (weight_elems, f32)
     self.cache[l]  ``V4Cache.empty(cap, "sliding", d, di)``: kv [cap, d] e at EVERY layer, not capped at the
                    window W (the cache is by position)                      AttnGroup(L, 1 K = V head, d, no V)
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from bloomery_gates.errors import InputError
 
-from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, _embed_dtype, routing_held
+from ...plan.types import AttnGroup, Experts, PlanDraft, PlanModel, routing_held
 from ..deepseek4.plan import SCORE_BYTES
 
 FAMILY = "deepseek41"
@@ -88,7 +90,7 @@ def deepseek41_gguf_target(path: Path, inv_model) -> PlanModel:
                      max(moe.top_k * moe.expert_ff, moe.shared_ff or 0), spec.max_position, w["elems"],
                      inv_model.total_bytes, spec.tie_word_embeddings, w["embed"],
                      (AttnGroup(L, 1, a.head_dim, None, 0),), 0, (), 0, 0, meta=meta,
-                     embed_dtype=_embed_dtype(inv_model), rope_tables=0, f32_elems=w["f32"],
+                     embed_dtype="f32", rope_tables=0, f32_elems=w["f32"],
                      experts=Experts(moe.top_k, moe.expert_ff, False), notes=notes,
                      residual_streams=spec.hc.count + 1, position_elems=stream_cache_elems(spec),
                      score_bytes=SCORE_BYTES, entry_rate=min(ratios, default=0),
