@@ -126,3 +126,12 @@ def test_fail_first_a_tied_head_read_as_stored_bf16(tied, monkeypatch):
     _wrapped(monkeypatch, lambda t: replace(t, embed_dtype="bf16"))      # the stored dtype, not the reader's f32
     engine, planned = _tied_bytes(tied, "bf16")
     assert planned != engine
+
+
+def test_fail_first_the_stream_entry_slots_forgotten(monkeypatch):
+    """A stream layer's keys are the window cache [cap] and its entry slots [cap / m]: planted away (entry_rate 0),
+    the host measurement at ctx 1000 fails (exit 1)."""
+    _wrapped(monkeypatch, lambda t: replace(t, entry_rate=0))
+    r = runner.invoke(app, ["plan", str(T), "--draft", str(D), "--device", "cpu", "--dtype", "bf16", "--ctx", "1000",
+                            "--gpu-mem", "1G", "--measure"])
+    assert r.exit_code == 1 and "FAIL" in r.output, r.output
