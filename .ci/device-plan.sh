@@ -15,6 +15,11 @@ if [ "${SET:-all}" = wave3 ]; then   # SET=wave3: the third wave's fixtures, eac
     run $f-mtp-ctx$c $F/$f --draft $F/$f --ctx $c; done; done
   grep -E "exit|rel err" $R/plan.log; exit 0
 fi
+if [ "${SET:-all}" = ds41 ]; then   # SET=ds41: the V4.1 target (GGUF-only) with its V4.1 DSpark, at ctx 1000 and 300
+  for c in 1000 300; do run ds41-tiny-dspark-b7-ctx$c $F/ds41-tiny/ds41-tiny.gguf --draft $F/ds41-tiny-dspark-b7.gguf \
+    --ctx $c; done
+  grep -E "exit|rel err" $R/plan.log; exit 0
+fi
 if [ "${SET:-all}" = all ]; then   # SET=new: only the fixtures added after the first H200 plan record
 for d in qwen3-tiny-dflash-b8 qwen3-tiny-dflash2-b8 qwen3-tiny-dspark-b7 qwen3-tiny-eagle3; do
   run $d $F/qwen3-tiny --draft $F/$d --ctx 1000; done

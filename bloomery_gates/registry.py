@@ -180,6 +180,8 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                  "engine": K + "deepseek41.model:Deepseek41Target", "reference": R + "deepseek41.model:forward",
                  "reference_layer": R + "deepseek41.model:reference_layer",
                  "final_norm": R + "deepseek41.model:final_norm",
+                 "plan_gguf": C + "families.deepseek41.plan:deepseek41_gguf_target",
+                 "plan_gguf_draft": C + "families.deepseek41.plan:deepseek41_dspark_draft",
                  "state": G + "state_decls_deepseek41:DEEPSEEK41_STATE", "layer_ops": QWEN3_OPS}),
     Family("nemotron", "NVIDIA Nemotron-H (Mamba-2 hybrid)", related_types=("nemotron_h", "nemotron_h_moe"),
            plan_as="nemotron"),

@@ -23,14 +23,13 @@ MIMO = FIX / "mimo2-tiny"
 runner = CliRunner()
 
 
-NOT_PLANNED = {"ds41-tiny-dspark-b7.gguf": "plan has no deepseek41 (V4.1) model yet: its target is GGUF-only, "
-                                           "fixtures/ds41-tiny/ds41-tiny.gguf"}
+NOT_PLANNED: dict[str, str] = {}       # fixture name -> why plan does not count it (none now)
 
 
 def _entries() -> tuple[list[Path], list[Path]]:
     """(targets, drafts) in fixtures/: a target is a *.gguf or a directory whose architecture is a *ForCausalLM
-    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel); an mtp-X.gguf is X.gguf's draft,
-    a dflash-arch GGUF a block draft."""
+    (or a *TextModel: glm5next-tiny is GLM-5.3's text model, Glm5NextTextModel), or a directory X holding only
+    X.gguf (a GGUF-only family: ds41-tiny); an mtp-X.gguf is X.gguf's draft, a dflash-arch GGUF a block draft."""
     targets, drafts = [], []
     for p in sorted(FIX.iterdir()):
         if p.name in NOT_PLANNED:
@@ -39,6 +38,8 @@ def _entries() -> tuple[list[Path], list[Path]]:
             drafts.append(p)             # a separate MTP GGUF (deepseek4's converter sidecar) or a DSpark draft
         elif p.suffix == ".gguf":
             targets.append(p)
+        elif p.is_dir() and not (p / "config.json").is_file() and (p / f"{p.name}.gguf").is_file():
+            targets.append(p / f"{p.name}.gguf")
         elif p.is_dir() and (p / "config.json").is_file():
             archs = json.loads((p / "config.json").read_text()).get("architectures") or []
             (targets if any(a.endswith(("ForCausalLM", "TextModel")) for a in archs) else drafts).append(p)
@@ -49,20 +50,29 @@ def _target_of(draft: Path, targets: list[Path]) -> Path:
     """A draft fixture's target: the HF target whose name is the longest prefix of the draft's (mtp-X.gguf: X.gguf)."""
     if draft.name.startswith("mtp-") and draft.suffix == ".gguf":
         return draft.with_name(draft.name.removeprefix("mtp-"))
-    named = [t for t in targets if t.is_dir() and draft.name.startswith(t.name + "-")]
+    named = [t for t in targets if (t.is_dir() or t.parent != FIX) and draft.name.startswith(_home(t).name + "-")]
     assert named, f"no target fixture for draft {draft.name}"
-    return max(named, key=lambda t: len(t.name))
+    return max(named, key=lambda t: len(_home(t).name))
+
+
+def _home(t: Path) -> Path:
+    """A target's fixture entry: the directory of an HF target or of a GGUF-only one (ds41-tiny/ds41-tiny.gguf)."""
+    return t if t.is_dir() else t.parent
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(FIX))
 
 
 def _pairs() -> list[tuple[str, str | None]]:
     targets, drafts = _entries()
     out: list[tuple[str, str | None]] = []
     for t in targets:
-        out.append((t.name, None))
+        out.append((_rel(t), None))
         if read_target(t).draft_elems:
-            out.append((t.name, t.name))                         # its in-file MTP / NextN layers
+            out.append((_rel(t), _rel(t)))                       # its in-file MTP / NextN layers
         twin = FIX / t.name.removesuffix(".gguf")                # a GGUF plans with its HF twin's drafts
-        out += [(t.name, d.name) for d in drafts if _target_of(d, targets) in (t, twin)]
+        out += [(_rel(t), _rel(d)) for d in drafts if _target_of(d, targets) in (t, twin)]
     return out
 
 
@@ -72,7 +82,8 @@ PAIRS = _pairs()
 def test_the_loop_covers_every_fixture():
     targets, drafts = _entries()
     named = {n for pair in PAIRS for n in pair if n}
-    assert named == {p.name for p in targets + drafts}
+    assert named == {_rel(p) for p in targets + drafts}
+    assert ("ds41-tiny/ds41-tiny.gguf", "ds41-tiny-dspark-b7.gguf") in PAIRS
     assert {p.name for p in FIX.iterdir() if p.suffix == ".gguf"} - named - {"nemotron-h-tiny.gguf"} <= set(NOT_PLANNED)
     assert ("mimo2-tiny", "mimo2-tiny") in PAIRS and ("nemotron-h-tiny.gguf", None) in PAIRS
     assert len(drafts) >= 12 and len(targets) >= 9

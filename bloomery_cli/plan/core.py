@@ -7,7 +7,8 @@ and S slots. The terms follow what this harness's device engine allocates (kerne
                      copy, except on the host when the file already holds the run dtype) + the bytes held whatever
                      the run dtype (``fixed_bytes``: MXFP4 experts at n/2 + n/32, int64 tables)
     per position     p_t = 2 e sum_groups(layers kv_heads head_dim) + 2 * 4 rotary_dim + 8      (KV, RoPE cos/sin
-                     f32, the int64 key positions) + e position_elems (a family's other rows by position);
+                     f32, the int64 key positions: ``key_position_bytes``, 0 where the engine holds none)
+                     + e position_elems (a family's other rows by position);
                      a sliding-window group keeps min(C, window) positions
     per slot         s_t = sum_recurrent layers * (4 state_f32 + e conv)                         (DeltaNet / Mamba-2
                      state and conv tail: per slot, not per position)
@@ -130,7 +131,7 @@ def terms_of(t: PlanModel, d: PlanDraft | None, dtype: str, device: str) -> Term
     e = ELEM[dtype]
     on_host = device == "cpu"
     full, swa = _kv_bytes(t, e)
-    rope = t.rope_tables * 2 * 4 * t.rotary_dim + 8
+    rope = t.rope_tables * 2 * 4 * t.rotary_dim + t.key_position_bytes
     shared = on_host and t.embed_dtype == dtype      # .to() of a host tensor already in the run dtype: no copy
     w = e * t.weight_elems + (0 if shared or not t.tied else e * t.embed_elems) + (4 - e) * t.f32_elems
     w += t.fixed_bytes

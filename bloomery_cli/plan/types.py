@@ -95,6 +95,8 @@ class PlanModel:
     #                                            its entry slots [C / m] (m the smallest compress rate), masked
     index_pool: int = 0                        # a DSA / QSA indexer of pools of this many keys: a pass ending at key
     #                                            L holds its pool scores [r, L / p] f32 and token mask [r, L + 1] bool
+    key_position_bytes: int = 8                # bytes per position of the engine's key positions (int64: 8; 0 for
+    #                                            an engine that holds none, deepseek41)
 
     @property
     def attention_layers(self) -> int:
