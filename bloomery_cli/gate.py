@@ -296,9 +296,12 @@ def plain_and_drafted(run: Run) -> None:
 
 
 def state(run: Run) -> None:
-    """The engine's and the draft's state after the loop (state_check)."""
+    """The engine's and the draft's state after the loop (state_check), its fresh runs with the kernel's
+    choices (routing_flips)."""
+    from bloomery_gates.gates.routing_flips import state_choices
+
     check_state(run.report, run.family, run.gate, run.engine, run.draft, run.target_spec, run.draft_spec,
-                run.prompts[0], run.n, width_policy(run.opts.width, run.b), run.opts.dtype)
+                run.prompts[0], run.n, width_policy(run.opts.width, run.b), run.opts.dtype, state_choices)
 
 
 def acceptance(run: Run) -> None:

@@ -126,6 +126,8 @@ class ChoiceLog:
         for table, got in ((self.routing, {l: r.ids for l, r in (getattr(out, "routing", None) or {}).items()}),
                            (self.choices, getattr(out, "choices", None) or {})):
             for key, ids in got.items():
+                if ids is None:              # the pass made no such choice: its positions stay unlogged
+                    continue
                 rows = ids.detach().cpu().numpy()
                 table.setdefault(key, {}).update({p0 + i: rows[i] for i in range(min(real, len(rows)))})
         return out
@@ -220,8 +222,10 @@ def compare(report: Report, run: StateRun, decl: StateDecl, got: dict[str, np.nd
 
 
 def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any, target_spec: Any, draft_spec: Any,
-                prompt: list[int], n: int, width: Any, dtype: str) -> None:
-    """The (r) state lines for one gate (called by ``run_gate`` after the (w) / (b) lines)."""
+                prompt: list[int], n: int, width: Any, dtype: str, choices: Callable | None = None) -> None:
+    """The (r) state lines for one gate (called by ``run_gate`` after the (w) / (b) lines). ``choices``: the fresh
+    runs with the kernel's choices (``gates.routing_flips.state_choices``, handed in by the runner: this layer does
+    not import the gates); None: the fresh runs choose on their own."""
     target_decls = tuple(family.state or ())
     draft_decls = tuple(gate.draft_state or ())
     log = ChoiceLog(engine)
@@ -242,14 +246,12 @@ def check_state(report: Report, family: Any, gate: Any, engine: Any, draft: Any,
     if not rollbacks_seen(r.tally):
         report.note("state run: it ended (n ids) before both a window that rejected every proposal and one that kept "
                     "some proposals but not all had run; the state lines below check what it did run")
-    routing, choices = log.ids(len(run.seq))
-    if routing or choices:
-        from bloomery_gates.gates.routing_flips import state_choices
-
+    routing, named = log.ids(len(run.seq))
+    if choices is not None and (routing or named):
         one = family.layer_ops(target_spec.layer, len(run.seq))
-        exact, emu = state_choices(report, f"state after {run.windows} windows: ",
-                                   lambda: family.reference(target_spec, run.seq), routing, choices, dtype,
-                                   lambda l: one * (l + 1))
+        exact, emu = choices(report, f"state after {run.windows} windows: ",
+                             lambda: family.reference(target_spec, run.seq), routing, named, dtype,
+                             lambda l: one * (l + 1))
         run = replace(run, ref=exact)
         run = replace(run, emu=replace(run, ref=emu))
     else:

@@ -72,7 +72,8 @@ def check_target(report: Report, family: Family, spec: ModelSpec, prefill: Pass,
     if routing or choices:          # the end-to-end runs make the prefill's excused choices (routing_flips)
         ref, emu_ref = state_choices(report, "end to end: ", lambda: family.reference(spec, prompt),
                                      {l: r.ids.detach().cpu().numpy() for l, r in routing.items()},
-                                     {n: c.detach().cpu().numpy() for n, c in choices.items()}, dtype,
+                                     {n: None if c is None else c.detach().cpu().numpy()
+                                      for n, c in choices.items()}, dtype,
                                      lambda l: ops * (l + 1))
     else:
         emu_ref = emulate(dtype, lambda: run(lambda: family.reference(spec, prompt)))
