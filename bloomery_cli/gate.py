@@ -323,8 +323,8 @@ def acceptance(run: Run) -> None:
 def oracles(run: Run) -> None:
     """Tier 3 (--oracle): transformers / llama.cpp on the target, the gate's own draft oracle."""
     if run.family.oracle is None:          # only with oracle_where_exists (prepare refuses a single --oracle run)
-        run.report.note(f"(o) none: no outside code runs family {run.family.key} ({run.family.title}); the "
-                        "float64 reference is the only check of target and draft")
+        run.report.note(f"(o) none: no outside code runs family {run.family.key}; the float64 reference is the "
+                        "only check of target and draft")
         return
     check_oracle(run.report, run.family, run.target_spec, run.prompts[0], run.plain_runs[0], run.prefill,
                  run.opts.dtype)
