@@ -127,7 +127,7 @@ results:
 oracle-llamacpp:
     #!/usr/bin/env bash
     set -euo pipefail
-    bloomery gate run qwen3-dflash --target fixtures/qwen3-tiny.gguf --oracle \
+    bloomery gate run qwen3-dflash --target "$(bloomery fixtures derive qwen3-tiny.gguf)" --oracle \
         --json results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.json | tee results/cpu/qwen3-dflash-gguf-oracle-cpu-f32.log
     bloomery gate run qwen38-mtp --target fixtures/qwen38-tiny.gguf --draft fixtures/qwen38-tiny.gguf --oracle \
         --json results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.json | tee results/cpu/qwen38-mtp-gguf-oracle-cpu-f32.log

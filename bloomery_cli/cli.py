@@ -443,6 +443,23 @@ def fixtures_verify(out_dir: Annotated[Path, typer.Option("--out", help="Fixture
     out.print(f"fixtures in {out_dir}: every file matches MANIFEST.json")
 
 
+@fixtures_app.command("derive")
+def fixtures_derive(names: Annotated[list[str], typer.Argument(help="Derived fixtures (MANIFEST.json 'derived'), "
+                                                               "e.g. qwen3-tiny.gguf.")],
+                    fixtures: Annotated[Path, typer.Option("--fixtures", help="Fixture folder.")] = Path("fixtures")
+                    ) -> None:
+    """Make the fixtures that are not stored but made from the stored ones (the target's GGUF), each checked
+    against its sha256; print their paths (in .fixtures-derived/ beside the folder, or $BLOOMERY_DERIVED)."""
+    from .fixturegen.derived import derived
+
+    try:
+        paths = [derived(n, fixtures) for n in names]
+    except InputError as e:
+        fail_input(e)
+    for p in paths:
+        typer.echo(str(p))
+
+
 def _register_late() -> None:
     """Commands whose modules pull in more (bench, results): imported when the app is built."""
     from .bench.command import bench_command

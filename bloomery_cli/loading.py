@@ -36,6 +36,7 @@ from bloomery_gates.registry import family, of_gguf, of_hf
 from bloomery_gates.spec import DFlash2Spec, DFlashSpec, DSparkSpec, Eagle3Spec, ModelSpec, MTPSpec
 
 from .families.mimo2.reader_gguf import is_mimo2_gguf
+from .fixturegen.derived import stored_or_derived
 
 DEFAULT = "qwen3"     # the reader a file of no known type is handed to (its error names what it expected)
 
@@ -43,7 +44,7 @@ __all__ = ["load_target", "load_dflash", "load_dflash2", "load_dspark", "load_mt
            "load_mimo2_mtp"]
 
 def _existing(path: str | Path, role: str) -> Path:
-    p = Path(path).expanduser()
+    p = stored_or_derived(Path(path).expanduser())          # a derived fixture (the target's GGUF) made on demand
     if not exists(p, role):
         raise MissingFile(p, f"no such file or directory; expected the {role}")
     if p.is_file():

@@ -90,3 +90,14 @@ def dflash_config(d: DFlashSpec, target: ModelSpec) -> dict:
     cfg.update(architectures=["DFlashDraftModel"], num_hidden_layers=d.num_layers, block_size=d.block_size,
                dflash_config={"mask_token_id": d.mask_token_id, "target_layer_ids": list(d.target_layer_ids)})
     return cfg
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def fixture_path(rel: str) -> Path:
+    """A bundled fixture by its name under fixtures/; a derived one (MANIFEST.json ``derived``: the target's GGUF)
+    made on first use by ``fixturegen.derived``, its sha256 checked."""
+    from bloomery_cli.fixturegen.derived import WRITERS, derived
+
+    return derived(rel, FIXTURES) if rel in WRITERS else FIXTURES / rel

@@ -100,7 +100,7 @@ def test_streamed_writers_reproduce_the_fixture_ggufs(tmp_path):
     tok = Tokenizer.from_file(str(FIXTURES / "tokenizer.json"))
     path = export_gguf.write_target_gguf(tmp_path / "q.gguf", TargetShape(**man.models["qwen3-tiny"]["shape"]),
                                          params, tok)
-    assert sha256_file(path) == man.files["qwen3-tiny.gguf"]["sha256"]
+    assert sha256_file(path) == man.derived["qwen3-tiny.gguf"]["sha256"]
     assert regguf(FIXTURES, dry_run=True)["sha256"] == man.files["qwen38-tiny.gguf"]["sha256"]
 
 

@@ -251,7 +251,7 @@ def test_tiny_build_end_to_end(tmp_path):
     assert not (tmp_path / ".fixtures-work").exists()
     assert man.total_bytes < 12 * 1024 * 1024
     assert set(man.files) >= {"tokenizer.json", "prompts.jsonl", "qwen3-tiny/config.json",
-                              "qwen3-tiny/model.safetensors", "qwen3-tiny/tokenizer.json", "qwen3-tiny.gguf",
+                              "qwen3-tiny/model.safetensors", "qwen3-tiny/tokenizer.json",
                               "qwen3-tiny-dflash-b8/config.json", "qwen3-tiny-dflash-b8/model.safetensors"}
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     held = set(man.corpus["held_out_files"])
@@ -262,11 +262,14 @@ def test_tiny_build_end_to_end(tmp_path):
     # the harness's own readers accept the result
     loading = pytest.importorskip("bloomery_cli.loading")
     t = loading.load_target(out / "qwen3-tiny")
-    g = loading.load_target(out / "qwen3-tiny.gguf")
+    assert "qwen3-tiny.gguf" in man.derived and not (out / "qwen3-tiny.gguf").exists()   # made on demand, not stored
+    from bloomery_cli.fixturegen.derived import derived
+    gguf = derived("qwen3-tiny.gguf", out)           # the writer reproduces the build's own file (its sha256)
+    g = loading.load_target(gguf)
     dr = loading.load_dflash(out / "qwen3-tiny-dflash-b8", t)
     assert dr.mask_token_id == 1 and tuple(dr.target_layer_ids) == (1, 2, 4) and dr.block_size == 8
     assert all(torch.equal(t.tensors[k].float(), g.tensors[k].float()) for k in t.tensors)
-    assert loading.load_tokenizer(out / "qwen3-tiny.gguf").token_to_id("<|mask|>") == 1
+    assert loading.load_tokenizer(gguf).token_to_id("<|mask|>") == 1
     # a flipped byte in a built file is caught
     p = out / "qwen3-tiny" / "config.json"
     raw = bytearray(p.read_bytes())

@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import fixture_path
 from rich.console import Console
 from safetensors.torch import save_file
 
@@ -369,7 +370,7 @@ def test_markdown_written_atomically(tmp_path):
 
 @pytest.mark.parametrize("rel", ["qwen3-tiny.gguf", "qwen3-tiny/model.safetensors", "qwen3-tiny"])
 def test_fixture_targets(rel):
-    p = FIXTURES / rel
+    p = fixture_path(rel)
     if not p.exists():
         pytest.skip(f"{p} absent")
     m = inventory([p]).models[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fixture_path
 from gguf_family import (
     FIXTURES,
     assert_bundled_is_writer_output,
@@ -71,7 +72,7 @@ def test_reader_refuses_named_defects(tmp_path):
     with pytest.raises(BadConfig, match="expert_gating_func.*sigmoid"):
         reader._moe(meta_cfg, "mimo2.")
     with pytest.raises(Refused):
-        reader.mimo2_from_gguf(FIXTURES / "qwen3-tiny.gguf")
+        reader.mimo2_from_gguf(fixture_path("qwen3-tiny.gguf"))
 
 
 def test_bad_gguf_is_exit_2_one_line(tmp_path):

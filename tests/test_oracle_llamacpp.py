@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixture_path
 
 from bloomery_cli import llamacpp_run
 from bloomery_cli.contract import Report
@@ -15,7 +16,7 @@ from bloomery_cli.loading import load_mtp, load_target, load_tokenizer
 from bloomery_cli.oracle import llamacpp as oracle_llamacpp
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-QWEN3, QWEN38 = FIXTURES / "qwen3-tiny.gguf", FIXTURES / "qwen38-tiny.gguf"
+QWEN3, QWEN38 = fixture_path("qwen3-tiny.gguf"), FIXTURES / "qwen38-tiny.gguf"
 
 needs_llama = pytest.mark.skipif(llamacpp_run.unavailable() is not None,
                                  reason="llama_cpp not importable (pip install llama-cpp-python==0.3.36)")

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import fixture_path
 from typer.testing import CliRunner
 
 from bloomery_cli.cli import app
@@ -33,7 +34,7 @@ def plan_json(*args: str) -> dict:
 
 @pytest.mark.parametrize("target,draft", PAIRS)
 def test_plan_runs_on_every_fixture(target, draft):
-    p = plan_json(str(FIX / target), "--draft", str(FIX / draft), "--gpu-mem", "80G")
+    p = plan_json(str(fixture_path(target)), "--draft", str(fixture_path(draft)), "--gpu-mem", "80G")
     assert p["draft_on"] and p["ctx_with"] == p["ctx_without"] == 1024
     assert p["terms"]["draft_weights"] > 0 and p["terms"]["target_weights"] > 0
 
@@ -47,7 +48,7 @@ def test_plan_runs_on_the_bench_shapes(shape):
 def test_hf_and_gguf_plan_alike():
     """The same weights in two formats: the same element counts and per-position bytes."""
     for hf, gg in (("qwen3-tiny", "qwen3-tiny.gguf"), ("qwen38-tiny", "qwen38-tiny.gguf")):
-        a, b = read_target(FIX / hf), read_target(FIX / gg)
+        a, b = read_target(fixture_path(hf)), read_target(fixture_path(gg))
         assert (a.weight_elems, a.attn, a.recurrent, a.rotary_dim) == (b.weight_elems, b.attn, b.recurrent,
                                                                         b.rotary_dim)
 

@@ -14,6 +14,7 @@ import torch
 from bloomery_gates.errors import InputError
 
 from ..contract import Report, stdout_emit
+from ..fixturegen.derived import stored_or_derived
 from ..loading import load_target, load_tokenizer
 from ..preflight import check_n, check_output_file
 from ..prompts import read_prompts
@@ -80,6 +81,7 @@ def run_engine_gate(gate, opts: EngineOptions, emit: Callable[[str], None] | Non
     gguf = gate.target.with_suffix(".gguf") if gate.target.suffix != ".gguf" else gate.target
     if p.gguf:
         gguf = gate.target.parent / p.gguf
+    gguf = stored_or_derived(gguf)                              # qwen3-tiny.gguf is made, not stored
     if not gguf.is_file():
         raise InputError(gguf, "no GGUF of the gate's target beside it (the llama.cpp engine reads the target as GGUF)")
     target_spec, draft_spec = _specs(gate, gguf if p.gguf else None)

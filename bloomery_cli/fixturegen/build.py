@@ -204,6 +204,15 @@ def _default_extras() -> list[ExtraDrafter]:
 
 # ---------------------------------------------------------------------------------------------- build
 
+def derive_target_gguf(man: Manifest, work: Path) -> None:
+    """The target's GGUF (written and read back above) is not stored: it is the HF target's weights again, made on
+    demand by ``fixturegen.derived`` (listed under ``derived`` with its sha256, which the writer must reproduce)."""
+    entry = man.files.pop(TARGET_GGUF)
+    man.derived[TARGET_GGUF] = {**entry, "from": f"{TARGET_DIR}/model.safetensors + {TOKENIZER}",
+                                "by": "bloomery_cli.fixturegen.derived (export_gguf.write_target_gguf)"}
+    (work / TARGET_GGUF).unlink()
+
+
 def build(out_dir: Path, device: str = "cuda", quick: bool = False, progress=None, *,
           config: BuildConfig | None = None, command: str | None = None,
           target_forward=None, draft_forward=None, quiet: bool = False,
@@ -332,6 +341,7 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
 
     man = Manifest()
     man.add_files(work, files)
+    derive_target_gguf(man, work)
     if man.stored_bytes > MAX_TOTAL_BYTES:
         raise RuntimeError(f"fixtures store {man.stored_bytes} distinct bytes, over the {MAX_TOTAL_BYTES} limit")
     tc, dc = asdict(tcfg), asdict(dcfg)
@@ -358,7 +368,7 @@ def _build(out_dir: Path, device: str, dev: torch.device, cfg: BuildConfig, rep:
     sched = "linear warmup then cosine to 10% of lr; AdamW betas (0.9, 0.95), wd on matrices only, clip 1.0"
     man.models = {
         TARGET_DIR: {
-            "files": [f"{TARGET_DIR}/model.safetensors", f"{TARGET_DIR}/config.json", TARGET_GGUF],
+            "files": [f"{TARGET_DIR}/model.safetensors", f"{TARGET_DIR}/config.json"],
             "architecture": "Qwen3ForCausalLM", "shape": asdict(shape), "parameters": _nparams(t_bf16),
             "stored": "bf16 (HF); GGUF: BF16 matrices, F32 norms, bit-identical values",
             "init": "normal(0, 0.02) matrices, ones for norms",

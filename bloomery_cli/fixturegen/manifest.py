@@ -33,6 +33,7 @@ class Manifest:
     tokenizer: dict = field(default_factory=dict)
     models: dict = field(default_factory=dict)                    # name -> config summary, training, scores
     prompts: dict = field(default_factory=dict)
+    derived: dict = field(default_factory=dict)    # name -> {sha256, bytes, from, by}: made on demand, not stored
     format: str = FORMAT
 
     def add_files(self, root: Path, paths: list[Path]) -> None:
@@ -61,6 +62,7 @@ class Manifest:
             "tokenizer": self.tokenizer,
             "prompts": self.prompts,
             "models": self.models,
+            "derived": dict(sorted(self.derived.items())),
         }
         return json.dumps(body, indent=2) + "\n"
 
@@ -82,12 +84,12 @@ class Manifest:
         d = read_json_file(path, "fixtures manifest")
         if not isinstance(d, dict):
             raise InputError(path, f"expected a JSON object, got {type(d).__name__}")
-        for key in ("files", "made_by", "corpus", "tokenizer", "models", "prompts"):
+        for key in ("files", "made_by", "corpus", "tokenizer", "models", "prompts", "derived"):
             if not isinstance(d.get(key, {}), dict):
                 raise InputError(path, f"key {key!r}: expected an object, got {type(d[key]).__name__}")
         if not isinstance(d.get("format", ""), str):
             raise InputError(path, f"key 'format': expected a string, got {type(d['format']).__name__}")
-        for rel, want in d.get("files", {}).items():
+        for rel, want in (*d.get("files", {}).items(), *d.get("derived", {}).items()):
             if Path(rel).is_absolute() or ".." in Path(rel).parts:
                 raise InputError(path, f"files key {rel!r}: expected a path inside {root}")
             if not (isinstance(want, dict) and isinstance(want.get("bytes"), int)
@@ -96,7 +98,7 @@ class Manifest:
                                        f"got {want!r:.80}")
         return cls(files=d.get("files", {}), made_by=d.get("made_by", {}), corpus=d.get("corpus", {}),
                    tokenizer=d.get("tokenizer", {}), models=d.get("models", {}), prompts=d.get("prompts", {}),
-                   format=d.get("format", ""))
+                   derived=d.get("derived", {}), format=d.get("format", ""))
 
 
 def verified(out_dir: Path, after: str) -> None:
