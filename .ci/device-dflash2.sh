@@ -7,8 +7,7 @@
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
 source .ci/device-setup.sh || exit 2
-R=${R_DIR:-$OUT/dflash2} && mkdir -p $R
-device_info "dflash2" | tee $R/device.txt
+begin dflash2
 B27="python3 -P -m bloomery_cli.cli bench qwen38-dflash2 --shape qwen38-27b --layers 16 --device cuda -n 256"
 show() { grep -E "^(plain|verify|draft|bound|drafted|device_accept|criterion|profile draft|ids)" $1 | cut -c1-220; }
 for s in ${STEPS:-tests bench27w}; do

@@ -22,3 +22,6 @@ step() {  # name limit cmd...: run under min(limit, left - 10); skipped when und
   local t=$(date +%s)
   timeout $lim "$@" > $R/$name.log 2>&1; echo "$name exit $? in $(( $(date +%s) - t ))s"
 }
+begin() {  # name: the log folder R (${R_DIR:-$OUT/name}) and its device.txt (date, commit, GPU, versions)
+  R=${R_DIR:-$OUT/$1} && mkdir -p $R && device_info "$1" | tee $R/device.txt
+}

@@ -7,8 +7,7 @@
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
 source .ci/device-setup.sh || exit 2
-R=${R_DIR:-$OUT/wave3b} && mkdir -p $R
-device_info "wave3b" | tee $R/device.txt
+begin wave3b
 G="python3 -P -m bloomery_cli.cli gate run"
 verdict() { grep -E "^(ids identical|accept_mean|PASSED|FAILED)|FAIL$" $R/$1.log | cut -c1-160; }
 for s in ${STEPS:-gates draftdev gguf plan d2tests bench27w}; do

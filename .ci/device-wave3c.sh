@@ -7,8 +7,7 @@
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-570} ))
 source .ci/device-setup.sh || exit 2
-R=${R_DIR:-$OUT/wave3c} && mkdir -p $R
-device_info "wave3c" | tee $R/device.txt
+begin wave3c
 G="python3 -P -m bloomery_cli.cli gate run"
 verdict() { grep -E "^(ids identical|accept_mean|PASSED|FAILED)|FAIL$" $R/$1.log | sort | uniq -c | cut -c1-160; }
 for s in ${STEPS:-gates draftdev tests plan}; do

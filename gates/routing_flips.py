@@ -112,31 +112,53 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
                  dtype: str, ops: Sequence[Op]) -> tuple[np.ndarray, np.ndarray]:
     """(exact, emulated) layer outputs for layer l's line (module docstring); prints a line per choice first made
     here and records its ``use`` in ``decided`` (name -> ids) for the layers after it."""
-    exact = pinned_run(layer, {})
-    keys = [key for key in exact.seen if key in picks]         # in the order the layer makes them
-    for key in [key for key in keys if picks[key] is None]:   # the reference chose, the kernel did not: fail closed
-        t, k = exact.seen[key][1].shape
-        name = f"routing of layer {l}" if key == ROUTER else key
-        if name not in decided:
-            report.check(f"(r) target {name} [{t}x{k}] vs host f64 choice: the kernel made no choice", False)
-            decided[name] = exact.seen[key][1]
-        keys.remove(key)
-    got = {key: np.asarray(picks[key], dtype=np.int64)[: exact.seen[key][1].shape[0]] for key in keys}
-    emu = emulate(dtype, lambda: pinned_run(layer, got))
-    use: dict[str, np.ndarray] = {}
-    stale = False                                              # exact ran with other upstream choices than ``use``
-    for key in keys:
+    def name_of(key: str) -> str:
+        return f"routing of layer {l}" if key == ROUTER else key
+
+    first = pinned_run(layer, {})
+    got = kernel_ids(report, first, lambda key: picks.get(key), name_of, "", decided, only=picks)
+    return continue_with(report, lambda pins: pinned_run(layer, pins), first, got, name_of, lambda key: ops, dtype,
+                         "", decided)
+
+
+def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name_of: Callable[[Any], str],
+               where: str, decided: dict, only: Mapping | None = None) -> dict:
+    """key -> the kernel's ids [T, k] for every choice the reference made in ``first`` (``only``: of those, the keys
+    the kernel reports at all), in the order it made them; a choice the kernel made none of (None) fails closed
+    with a line of its own (its reference ids then stand in ``decided``)."""
+    got: dict = {}
+    for key in first.seen:
+        if only is not None and key not in only:
+            continue
+        ids, (t, k) = lookup(key), first.seen[key][1].shape
+        if ids is not None:
+            got[key] = np.asarray(ids, dtype=np.int64)[:t]
+        elif name_of(key) not in decided:
+            report.check(f"(r) {where}target {name_of(key)} [{t}x{k}] vs host f64 choice: the kernel made no choice",
+                         False)
+            decided[name_of(key)] = first.seen[key][1]
+    return got
+
+
+def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Chosen, got: dict,
+                  name_of: Callable[[Any], str], ops_of: Callable[[Any], Sequence[Op]], dtype: str, where: str,
+                  decided: dict) -> tuple[Any, Any]:
+    """The emulated run continuing with the kernel's ids ``got``; the exact run continuing with each choice's
+    ``use`` in the order they are made (a later choice's exact scores from a run with the earlier ``use``), its
+    line printed where ``decided`` has no ``use`` for it yet. -> (exact output, emulated output)."""
+    emu = emulate(dtype, lambda: runner(got))
+    exact, use, stale = first, {}, False                       # stale: exact ran with other upstream choices
+    for key in got:
         if stale:
-            exact, stale = pinned_run(layer, use), False
-        name = f"routing of layer {l}" if key == ROUTER else key
-        scores, own = exact.seen[key]
+            exact, stale = runner(use), False
+        name, (scores, own) = name_of(key), exact.seen[key]
         if name not in decided:
-            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops,
-                                        rule=exact.rules.get(key))
+            decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype,
+                                        ops_of(key), where, exact.rules.get(key))
         use[key] = decided[name]
         stale = not np.array_equal(use[key], own)
     if stale:
-        exact = pinned_run(layer, use)
+        exact = runner(use)
     return exact.out, emu.out
 
 
@@ -171,29 +193,10 @@ def state_choices(report: Report, where: str, forward: Callable[[], Any], routin
             return Chosen(out, dict(pin.seen), dict(pin.rules))
         return run(compute)
 
-    first = layered({})
-    got: dict = {}
-    for key in first.seen:
-        kind, l = key
-        ids = routing.get(l) if kind == ROUTER else choices.get(kind)
-        if ids is None:                      # the reference chose, the kernel reported no choice: fail closed
-            t, k = first.seen[key][1].shape
-            name = f"routing of layer {l}" if kind == ROUTER else kind
-            report.check(f"(r) {where}target {name} [{t}x{k}] vs host f64 choice: the kernel's passes did not "
-                         "report it", False)
-            continue
-        got[key] = np.asarray(ids, dtype=np.int64)
-    emu = emulate(dtype, lambda: layered(got))
-    exact, use, stale = first, {}, False
-    for key in got:
-        if stale:
-            exact, stale = layered(use), False
-        kind, l = key
-        scores, own = exact.seen[key]
-        name = f"routing of layer {l}" if kind == ROUTER else kind
-        use[key] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype, ops_of(l), where,
-                               exact.rules.get(key))
-        stale = not np.array_equal(use[key], own)
-    if stale:
-        exact = layered(use)
-    return exact.out, emu.out
+    def name_of(key: tuple) -> str:
+        return f"routing of layer {key[1]}" if key[0] == ROUTER else key[0]
+
+    first, decided = layered({}), {}
+    got = kernel_ids(report, first, lambda key: routing.get(key[1]) if key[0] == ROUTER else choices.get(key[0]),
+                     name_of, where, decided)
+    return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, where, decided)

@@ -36,6 +36,20 @@ def register_gguf(fixtures: Path, tmp: Path, name: str, target: str, export: dic
     return dst
 
 
+def export_from_hf(fixtures: Path, out: Path | None, name: str, target: str, write: Callable, check: Callable,
+                   export: dict[str, str], label: str | None = None) -> Path:
+    """``export_checked`` for a GGUF written from the HF fixture ``fixtures/target``: its spec and tokenizer read
+    here, then ``write(tmp, spec, tok)`` and ``check(tmp, spec)``."""
+    from tokenizers import Tokenizer
+
+    from ..loading import load_target
+
+    spec = load_target(fixtures / target)
+    tok = Tokenizer.from_file(str(fixtures / target / "tokenizer.json"))
+    return export_checked(fixtures, out, name, target, lambda tmp: write(tmp, spec, tok), lambda tmp: check(tmp, spec),
+                          export, label)
+
+
 def export_checked(fixtures: Path, out: Path | None, name: str, target: str, write: Callable[[Path], None],
                    check: Callable[[Path], None], export: dict[str, str], label: str | None = None) -> Path:
     """``write(tmp)`` then ``check(tmp)`` (the read-back against the HF fixture; raises on a difference), tmp

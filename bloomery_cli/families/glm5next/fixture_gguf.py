@@ -30,6 +30,7 @@ the HF fixture: a rerun reproduces the file (tests check the manifest's sha256).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -41,7 +42,7 @@ from bloomery_gates.spec import Glm5NextSpec
 from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_fields, same_tensors
-from ...fixturegen.gguf_register import export_checked
+from ...fixturegen.gguf_register import export_from_hf
 from .gguf_names import F32_SUFFIXES, to_gguf
 
 TARGET, GGUF = "glm5next-tiny", "glm5next-tiny.gguf"
@@ -156,12 +157,8 @@ def check_readback(path: Path, spec: Glm5NextSpec) -> None:
 def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") -> Path:
     """Write ``glm5next-tiny.gguf`` from ``fixtures/glm5next-tiny``: with ``out`` there, unregistered; without, into
     ``fixtures`` and its manifest (``gguf_register``)."""
-    from ...loading import load_target
-
-    spec = load_target(fixtures / TARGET)
-    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
-    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_glm5next_gguf(tmp, spec, tok, dtype=dtype),
-                          lambda tmp: check_readback(tmp, spec), {
+    return export_from_hf(fixtures, out, GGUF, TARGET, partial(write_glm5next_gguf, dtype=dtype),
+                          check_readback, {
         "command": "python -m bloomery_cli.families.glm5next.fixture_gguf --out fixtures",
         "from": f"{TARGET}/model.safetensors (the trained weights unchanged, the NextN block included)",
         "layout": "llama.cpp converter (conversion/glm.py), arch glm5-next, BF16, expert groups 2/1 as written by "

@@ -25,6 +25,7 @@ the file (tests check the manifest's sha256).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -36,7 +37,7 @@ from bloomery_gates.spec import Mimo2Spec
 from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_tensors
-from ...fixturegen.gguf_register import export_checked
+from ...fixturegen.gguf_register import export_from_hf
 
 TARGET, GGUF = "mimo2-tiny", "mimo2-tiny.gguf"
 ARCH = "mimo2"
@@ -163,12 +164,8 @@ def export_gguf(fixtures: Path, out: Path | None = None, qkv: str = "fused") -> 
     """Write ``mimo2-tiny.gguf`` from ``fixtures/mimo2-tiny``. With ``out``: there, unregistered; without: into
     ``fixtures`` and its manifest (entry ``mimo2-tiny`` gains the file), refused with nothing moved when the
     fixtures would store more than ``MAX_FIXTURE_BYTES`` distinct bytes."""
-    from ...loading import load_target
-
-    spec = load_target(fixtures / TARGET)
-    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
-    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_mimo2_gguf(tmp, spec, tok, qkv=qkv),
-                          lambda tmp: check_readback(tmp, spec), {
+    return export_from_hf(fixtures, out, GGUF, TARGET, partial(write_mimo2_gguf, qkv=qkv),
+                          check_readback, {
         "command": "python -m bloomery_cli.families.mimo2.fixture_gguf --out fixtures",
         "from": f"{TARGET}/model.safetensors (the trained weights unchanged)",
         "layout": "llama.cpp converter (conversion/mimo.py), arch mimo2, BF16, fused attn_qkv "

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -48,7 +49,7 @@ from bloomery_gates.spec import HybridShape, Qwen4ExpSpec
 from ...fixturegen.export_gguf import put_tensor, write_tokenizer
 from ...fixturegen.gguf_main import export_main
 from ...fixturegen.gguf_readback import same_fields, same_tensors
-from ...fixturegen.gguf_register import export_checked
+from ...fixturegen.gguf_register import export_from_hf
 from ...formats.rope_sections import writer_sections
 from ..qwen38.fixture import _gguf_array
 from ..qwen38.reader import gguf_name
@@ -216,12 +217,8 @@ def check_readback(path: Path, spec: Qwen4ExpSpec) -> None:
 def export_gguf(fixtures: Path, out: Path | None = None, dtype: str = "bf16") -> Path:
     """Write ``qwen4exp-tiny.gguf`` from ``fixtures/qwen4exp-tiny``: with ``out`` there, unregistered; without, into
     ``fixtures`` and its manifest (``gguf_register``)."""
-    from ...loading import load_target
-
-    spec = load_target(fixtures / TARGET)
-    tok = Tokenizer.from_file(str(fixtures / TARGET / "tokenizer.json"))
-    return export_checked(fixtures, out, GGUF, TARGET, lambda tmp: write_qwen4exp_gguf(tmp, spec, tok, dtype=dtype),
-                          lambda tmp: check_readback(tmp, spec), {
+    return export_from_hf(fixtures, out, GGUF, TARGET, partial(write_qwen4exp_gguf, dtype=dtype),
+                          check_readback, {
         "command": "python -m bloomery_cli.families.qwen4exp.fixture_gguf --out fixtures",
         "from": f"{TARGET}/model.safetensors (the trained weights unchanged; mtp.* left out, as the converter)",
         "layout": "llama.cpp converter (conversion/qwen4exp.py), arch qwen4exp, BF16, trunk only; "
