@@ -19,13 +19,14 @@ import triton
 import triton.language as tl
 
 from .. import graphs
-from . import gemv, interpreting
+from . import gemv, interpreting, pdl
 
 BM, BN, SPLITS = 64, 64, 16
 
 
 @triton.jit
-def _rms_kernel(x_ptr, w_ptr, out_ptr, H, eps, BH: tl.constexpr):
+def _rms_kernel(x_ptr, w_ptr, out_ptr, H, eps, BH: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
@@ -37,7 +38,8 @@ def _rms_kernel(x_ptr, w_ptr, out_ptr, H, eps, BH: tl.constexpr):
 
 @triton.jit
 def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr, kc_ptr, vc_ptr, cap, eps,
-                    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr):
+                    NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     r = tl.program_id(0)
     hd = tl.program_id(1)
     half = tl.arange(0, D // 2)
@@ -78,7 +80,8 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 @triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, F32DOT: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, F32DOT: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
     mb = tl.program_id(2)
@@ -128,7 +131,9 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, s
 
 @triton.jit
 def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, n_split,
-                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr):
+                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl.enter(PDL)
     row = tl.program_id(0)
     kv = tl.program_id(1)
     d = tl.arange(0, D)
@@ -229,14 +234,18 @@ class TritonOps:
         x = x.contiguous()
         r, h = x.shape
         out = torch.empty_like(x)
-        _rms_kernel[(r,)](x, w32, out, h, eps, BH=_pow2(h), num_warps=8 if h >= 2048 else 4)
+        m = pdl.mode(x.device)[0]
+        _rms_kernel[(r,)](x, w32, out, h, eps, BH=_pow2(h), PDL=m, num_warps=8 if h >= 2048 else 4,
+                          **pdl.launch_opts(m))
         return out
 
     @staticmethod
     def qk_rope_store(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps) -> None:
         r = qkv.shape[0]
+        m = pdl.mode(qkv.device)[0]
         _qk_rope_kernel[(r, nq + 2 * nkv)](qkv, qkv.stride(0), qn32 if qn32 is not None else kn32, kn32, cos, sin,
-                                            p0, kc, vc, kc.shape[1], eps, NQ=nq, NKV=nkv, D=d, num_warps=1)
+                                            p0, kc, vc, kc.shape[1], eps, NQ=nq, NKV=nkv, D=d, PDL=m, num_warps=1,
+                                            **pdl.launch_opts(m))
 
     @staticmethod
     def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None
@@ -246,19 +255,21 @@ class TritonOps:
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
         n_split = triton.cdiv(cap, chunk)
         dev = qkv.device
+        pm = pdl.mode(dev)[0]
         m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
         _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
             qkv, qkv.stride(0), kc, vc, p0, r, cap, chunk, 1.0 / math.sqrt(d), m, l, o, rg,
-            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), num_warps=4)
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
+            **pdl.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
         _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
                                         gate.stride(0) if gate is not None else 0,
                                         gate.stride(1) if gate is not None else 0, rg, n_split, NKV=nkv, G=g, D=d,
-                                        GATE=gate is not None, num_warps=1)
+                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl.launch_opts(pm))
         return out
 
     @staticmethod
@@ -267,12 +278,14 @@ class TritonOps:
         r, i2 = gu.shape
         i = i2 // 2
         out = torch.empty(r, i, dtype=gu.dtype, device=gu.device)
-        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, num_warps=4)
+        m = pdl.mode(gu.device)[0]
+        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, PDL=m, num_warps=4, **pdl.launch_opts(m))
         return out
 
 
 @triton.jit
-def _silu_kernel(gu_ptr, out_ptr, I, BI: tl.constexpr):
+def _silu_kernel(gu_ptr, out_ptr, I, BI: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BI + tl.arange(0, BI)
     m = c < I

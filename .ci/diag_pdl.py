@@ -1,0 +1,63 @@
+"""Issue 27 diagnostic (device only, never CI): programmatic dependent launch in the 8B decode step
+(kernels/triton/pdl.py). One process, the qwen3-8b shape's random weights made once; per BLOOMERY_PDL setting a
+fresh engine (its own graphs), the plain loop (ids, tok/s), the device time of one graphed plain step, and the
+chained plain decode at K = 16 (tok/s against the read roofline, ids equal to the plain loop's). Every setting's
+plain ids must equal those of PDL off: the setting changes when kernels start, never what they compute.
+
+python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]     (SETTING: off, on, on+early, on+l2, on+early+l2)
+"""
+import argparse
+import os
+
+import torch
+
+from bloomery_cli.bench.chain import host_share
+from bloomery_cli.bench.common import timed_generate
+from bloomery_cli.bench.dflash2 import copy_bandwidth
+from bloomery_cli.bench.shapes import SHAPES, random_pair, weight_bytes
+from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("settings", nargs="*", default=["off", "on", "on+l2", "on+early", "on+early+l2", "off"])
+    a = ap.parse_args()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    bw = copy_bandwidth(dev)
+    tspec, _ = random_pair(SHAPES[a.shape], dev, dt)
+    emb = tspec.tensors["model.embed_tokens.weight"]
+    read = weight_bytes(tspec.tensors) - (0 if tspec.tie_word_embeddings else emb.numel() * emb.element_size())
+    prompt = torch.randint(0, tspec.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    print(f"diag_pdl shape={a.shape} n={a.n} copy_GBps={bw / 1e9:.0f} read_per_step={read} "
+          f"roofline_read_tok_s={bw / read:.1f}", flush=True)
+    base = None
+    bad = 0
+    for s in a.settings:
+        os.environ["BLOOMERY_PDL"] = "" if s == "off" else s.replace("+", ",")
+        try:
+            target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
+            target.prefill([1, 2, 3])
+            target.capture([1])
+            plain, tok_s = timed_generate(target, None, prompt, a.n)
+            h = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), log=lambda *_: None)
+        except Exception as e:  # noqa: BLE001  (a setting that does not run is reported, the others go on)
+            print(f"pdl={s} error {type(e).__name__}: {str(e)[:300]}", flush=True)
+            bad += 1
+            continue
+        base = plain.ids if base is None else base
+        same = plain.ids == base
+        c = h["chains"][0]
+        bad += int(not (same and c["ids_identical"]))
+        print(f"pdl={s} plain tok_s={tok_s:.1f} device_step_ms={h['device_step_ms']:.3f} chain16 tok_s={c['tok_s']:.1f}"
+              f" ratio_roofline_read={c['tok_s'] * read / bw:.3f} host_share={c['host_share']:.4f}"
+              f" chain_ids_identical={c['ids_identical']} plain_ids_same_as_first={same}", flush=True)
+        del target
+        torch.cuda.empty_cache()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
