@@ -4,10 +4,15 @@ fresh engine (its own graphs), the plain loop (ids, tok/s), the device time of o
 chained plain decode at K = 16 (tok/s against the read roofline, ids equal to the plain loop's). Every setting's
 plain ids must equal those of PDL off: the setting changes when kernels start, never what they compute.
 
-python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]     (SETTING: off, on, on+early, on+l2, on+early+l2)
+python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
+  SETTING: off, or BLOOMERY_PDL's flags joined by "+" (on, early, l2=MB), and "gu": the 8B gate/up [24576, 4096]
+  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS
 """
 import argparse
+import json
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -16,6 +21,9 @@ from bloomery_cli.bench.common import timed_generate
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.shapes import SHAPES, random_pair, weight_bytes
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
+from bloomery_gates.kernels.triton import gemv
+
+GATE_UP = {"24576x4096": [128, 128, 4, 4, 1]}
 
 
 def main() -> int:
@@ -23,7 +31,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--shape", default="qwen3-8b")
-    ap.add_argument("settings", nargs="*", default=["off", "on", "on+l2", "on+early", "on+early+l2", "off"])
+    ap.add_argument("settings", nargs="*", default=["off", "on+early", "on+early+l2=4", "on+early+l2=12",
+                                                    "on+early+l2=24", "on+early+gu", "on+early+gu+l2=12", "off"])
     a = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = copy_bandwidth(dev)
@@ -36,7 +45,15 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        os.environ["BLOOMERY_PDL"] = "" if s == "off" else s.replace("+", ",")
+        flags = [f for f in s.split("+") if f not in ("off", "gu")]
+        os.environ["BLOOMERY_PDL"] = ",".join(flags)
+        if "gu" in s.split("+"):
+            cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
+            cfg.write_text(json.dumps(GATE_UP))
+            os.environ["BLOOMERY_GEMV_CONFIGS"] = str(cfg)
+        else:
+            os.environ.pop("BLOOMERY_GEMV_CONFIGS", None)
+        gemv._measured.cache_clear()
         try:
             target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
             target.prefill([1, 2, 3])

@@ -46,12 +46,12 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps, K: tl.constexpr,
                  NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, L2: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
-    if L2:                              # the slab's rows into L2 while the kernel before still runs (pdl.py)
-        pdl.prefetch_rows(w_ptr + n * sw + sid * KS, tl.full([BN], KS * 2, tl.int32))
+    if PF > 0:                          # the head of the slab's rows into L2 while the kernel before runs (pdl.py)
+        pdl.prefetch_rows(w_ptr + n * sw + sid * KS, tl.full([BN], PF, tl.int32))
     pdl.enter(PDL)
     rows = tl.arange(0, RP)
     rmask = rows < R
@@ -174,13 +174,14 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         stages = min(stages, 2)
     grid = (triton.cdiv(n, bn), splits)
     ws, cnt = _workspace(x.device, grid, rp, bn) if splits > 1 else (out, out)
-    mode, l2 = pdl.mode(x.device)
-    l2 = l2 and even and w.element_size() == 2 and (w.stride(0) * 2) % 16 == 0 and w.data_ptr() % 16 == 0
+    mode, budget = pdl.mode(x.device)
+    aligned = even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
+    pf = pdl.row_bytes(budget, n * splits, ks * w.element_size()) if aligned else 0
     _proj_kernel[grid](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, L2=l2, num_warps=warps, num_stages=stages, **pdl.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, num_warps=warps, num_stages=stages, **pdl.launch_opts(mode))
     return out
 
 

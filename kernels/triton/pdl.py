@@ -10,11 +10,13 @@ before it ends, so "finished" stays transitive along the chain and the step's nu
 projections' sums keep their order). A kernel not launched with PDL (cuBLAS, torch ops) runs after the one
 before it has finished, as without PDL.
 
-    BLOOMERY_PDL = "" | "on" | "on,early" | "on,l2" | "on,early,l2"
+    BLOOMERY_PDL = "" | "on" | "on,early" | "on,l2=MB" | "on,early,l2=MB"
       on     the Triton decode kernels launched with PDL; each waits first, then lets its successor launch
       early  each lets its successor launch first, then waits (the chain of launches runs ahead)
-      l2     the projection's programs prefetch their weight slab into L2 before the wait
-             (``cp.async.bulk.prefetch.L2``, one per slab row)
+      l2=MB  the projection's programs prefetch the head of each row of their weight slab into L2 before the
+             wait (``cp.async.bulk.prefetch.L2``, one per row), MB MiB a projection in all ("l2": the whole
+             slab; measured at 500f780: 0.8 ms a step slower at 8B, the 100 MB down_proj evicting its own
+             prefetched lines before they are read)
 
 ``mode()`` is read at each launch, so a graph captured under one setting keeps it.
 """
@@ -30,12 +32,24 @@ import triton.language as tl
 OFF, WAIT_FIRST, LAUNCH_FIRST = 0, 1, 2
 
 
-def mode(device: torch.device) -> tuple[int, bool]:
-    """(the kernels' PDL constexpr, whether the projections prefetch into L2) for a launch on ``device``."""
+def mode(device: torch.device) -> tuple[int, int | None]:
+    """(the kernels' PDL constexpr, the bytes a projection prefetches into L2: None none, 0 all of its weight)
+    for a launch on ``device``."""
     flags = {f.strip() for f in os.environ.get("BLOOMERY_PDL", "").split(",") if f.strip()}
     if "on" not in flags or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        return OFF, False
-    return (LAUNCH_FIRST if "early" in flags else WAIT_FIRST), "l2" in flags
+        return OFF, None
+    l2 = next((f for f in flags if f.split("=")[0] == "l2"), None)
+    budget = None if l2 is None else (int(float(l2.split("=")[1]) * (1 << 20)) if "=" in l2 else 0)
+    return (LAUNCH_FIRST if "early" in flags else WAIT_FIRST), budget
+
+
+def row_bytes(budget: int | None, rows: int, row_span: int) -> int:
+    """Bytes prefetched from the head of each of ``rows`` rows of ``row_span`` bytes for an L2 budget (``mode``):
+    whole 128-byte lines, at most the span; 0: none."""
+    if budget is None:
+        return 0
+    per = row_span if budget == 0 else min(row_span, budget // rows // 128 * 128)
+    return per if per % 16 == 0 else 0
 
 
 def launch_opts(pdl: int) -> dict:
