@@ -46,6 +46,15 @@ from .ops.rope import partial_rope
 # ---------------------------------------------------------------------------------------------- graphs
 
 
+_GRAPHING = [0]                         # GraphSet.capture's warm-up and capture under way (nesting depth)
+
+
+def graphing() -> bool:
+    """Whether the launches made now are a ``GraphSet``'s warm-up or capture: where ``kernels.triton.pdl`` lets
+    the decode kernels take programmatic dependent launch (the warm-up compiles what the capture will launch)."""
+    return _GRAPHING[0] > 0
+
+
 class GraphSet:
     """One CUDA graph per key (e.g. the pass width), captured on first use, sharing a memory pool."""
 
@@ -63,13 +72,17 @@ class GraphSet:
             self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup):
+        _GRAPHING[0] += 1
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.fn(key)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
                 self.fn(key)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.fn(key)
+        finally:
+            _GRAPHING[0] -= 1
         self.graphs[key] = graph
 
     def run(self, key: Any) -> None:

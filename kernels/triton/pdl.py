@@ -18,8 +18,9 @@ before it has finished, as without PDL.
              slab; measured at 500f780: 0.8 ms a step slower at 8B, the 100 MB down_proj evicting its own
              prefetched lines before they are read)
 
-``mode()`` is read at each launch, so a graph captured under one setting keeps it. Only launches inside a CUDA
-graph capture take PDL: launched one by one from the host (a prompt, an eager draft), the 27B MTP bench ran 9%
+``mode()`` is read at each launch, so a graph captured under one setting keeps it. Only the launches of a
+``GraphSet``'s warm-up and capture take PDL (``graphs.graphing``; the warm-up compiles the variant the capture
+launches): launched one by one from the host (a prompt, an eager draft), the 27B MTP bench ran 9%
 slower with it (results/h200/speed/c5d9074-pdl), its graphed chain 2% faster.
 """
 
@@ -31,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import graphs
+
 OFF, WAIT_FIRST, LAUNCH_FIRST = 0, 1, 2
 
 
@@ -38,7 +41,7 @@ def mode(device: torch.device) -> tuple[int, int | None]:
     """(the kernels' PDL constexpr, the bytes a projection prefetches into L2: None none, 0 all of its weight)
     for a launch on ``device``."""
     flags = {f.strip() for f in os.environ.get("BLOOMERY_PDL", "").split(",") if f.strip()}
-    if ("on" not in flags or device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if ("on" not in flags or device.type != "cuda" or not graphs.graphing()
             or torch.cuda.get_device_capability(device)[0] < 9):
         return OFF, None
     l2 = next((f for f in flags if f.split("=")[0] == "l2"), None)
