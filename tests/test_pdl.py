@@ -81,3 +81,23 @@ def test_graphing_during_a_capture_only():
     gs.run(1)
     gs.run(1)                                          # a replay: fn is not called again
     assert seen == [True, True, True] and not graphs.graphing()
+
+
+def test_a_record_names_the_engine_setting_it_ran_under(monkeypatch):
+    """A record made under BLOOMERY_PDL (or the projection's settings) says so, and its table rows stand apart."""
+    from bloomery_cli.results.records import conditions
+    from bloomery_cli.results.schema import check_record
+    from bloomery_cli.results.side import device_label
+
+    monkeypatch.delenv("BLOOMERY_PDL", raising=False)
+    plain = conditions(torch.device("cpu"))
+    assert "knobs" not in plain
+    monkeypatch.setenv("BLOOMERY_PDL", "on,early,l2=4")
+    c = conditions(torch.device("cpu"))
+    assert c["knobs"] == {"BLOOMERY_PDL": "on,early,l2=4"}
+    rec = {"gate": "g", "conditions": c}
+    assert check_record("r.json", rec) is rec
+    assert device_label(rec) == f"{c['device_name']} (BLOOMERY_PDL=on,early,l2=4)"
+    assert device_label({"gate": "g", "conditions": plain}) == plain["device_name"]
+    with pytest.raises(InputError, match="knobs"):
+        check_record("r.json", {"gate": "g", "conditions": {**c, "knobs": {"BLOOMERY_PDL": 1}}})

@@ -35,12 +35,21 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
 
 
+# The environment settings that change how the engines run (not what they compute): a record made under one names
+# it, and its rows stand apart in the tables (``side.device_label``)
+KNOBS = ("BLOOMERY_PDL", "BLOOMERY_GEMV", "BLOOMERY_GEMV_CONFIGS")
+
+
 def conditions(device: torch.device) -> dict[str, Any]:
-    return {
+    out = {
         "device_name": device_name(device), "commit": git_commit(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "torch": torch.__version__, "python": platform.python_version(),
     }
+    knobs = {k: os.environ[k] for k in KNOBS if os.environ.get(k)}
+    if knobs:
+        out["knobs"] = knobs
+    return out
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -62,6 +62,9 @@ def device_label(r: dict[str, Any]) -> str:
         name += f" (tp {load['tp']})"
     if load.get("engine"):                       # another engine under the gate (bloomery_cli.engines)
         name += f" (engine {load['engine']})"
+    knobs = (r.get("conditions") or {}).get("knobs") or {}
+    if knobs:                                    # an engine setting of the environment (records.KNOBS)
+        name += " (" + ", ".join(f"{k}={v}" for k, v in sorted(knobs.items())) + ")"
     return name
 
 
