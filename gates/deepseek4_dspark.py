@@ -29,12 +29,13 @@ from bloomery_gates.spec import Deepseek4DSparkSpec
 
 from ..kernels.families.deepseek4.dspark import Deepseek4DSparkDraft
 from ..reference.families.deepseek4 import dspark as ref_dspark
-from .close import close, exact_and_emulated
+from .close import close
 from .deepseek4_mtp import check_routing
 from .draft_checks import draft_ops, kernel_taps
 from .dspark_cut import check_cut_windows
 from .fixtures import FIXTURES, PROMPTS
 from .qwen3_dspark import CONFIDENCE_CUT, check_cut, check_rows
+from .routing_flips import state_choices
 from .state_decls_deepseek4 import DEEPSEEK4_DSPARK_STATE, collapse_op
 from .targets import to_np
 
@@ -75,8 +76,11 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
     prev = np.concatenate([[anchor], to_np(got.prev).astype(np.int64)[1:]])   # row 0 reads the anchor, always
-    ref, emu = exact_and_emulated(
-        c.dtype, lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev))
+    taps = kernel_taps(c)
+    ref, emu = state_choices(                # each stage's router with the kernel's choices (routing_flips)
+        report, "dspark block: ", lambda: ref_dspark.forward(c.draft_spec, c.target_spec, taps, anchor, prev=prev),
+        {i: to_np(ids) for i, ids in (got.routing or {}).items()}, {}, c.dtype,
+        lambda i: stage_ops(c, i + 1, False), who="draft", unit="stage")
     check_block(report, c, got, ref, emu, anchor)
     check_cut_windows(report, c, make=lambda t: Deepseek4DSparkDraft(c.draft_spec, c.engine, c.draft.max_len, t))
 

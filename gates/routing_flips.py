@@ -122,7 +122,7 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
 
 
 def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name_of: Callable[[Any], str],
-               where: str, decided: dict, only: Mapping | None = None) -> dict:
+               where: str, decided: dict, only: Mapping | None = None, who: str = "target") -> dict:
     """key -> the kernel's ids [T, k] for every choice the reference made in ``first`` (``only``: of those, the keys
     the kernel reports at all), in the order it made them; a choice the kernel made none of (None) fails closed
     with a line of its own (its reference ids then stand in ``decided``)."""
@@ -134,7 +134,7 @@ def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name
         if ids is not None:
             got[key] = np.asarray(ids, dtype=np.int64)[:t]
         elif name_of(key) not in decided:
-            report.check(f"(r) {where}target {name_of(key)} [{t}x{k}] vs host f64 choice: the kernel made no choice",
+            report.check(f"(r) {where}{who} {name_of(key)} [{t}x{k}] vs host f64 choice: the kernel made no choice",
                          False)
             decided[name_of(key)] = first.seen[key][1]
     return got
@@ -142,7 +142,7 @@ def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name
 
 def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Chosen, got: dict,
                   name_of: Callable[[Any], str], ops_of: Callable[[Any], Sequence[Op]], dtype: str, where: str,
-                  decided: dict) -> tuple[Any, Any]:
+                  decided: dict, who: str = "target") -> tuple[Any, Any]:
     """The emulated run continuing with the kernel's ids ``got``; the exact run continuing with each choice's
     ``use`` in the order they are made (a later choice's exact scores from a run with the earlier ``use``), its
     line printed where ``decided`` has no ``use`` for it yet. -> (exact output, emulated output)."""
@@ -154,7 +154,7 @@ def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Ch
         name, (scores, own) = name_of(key), exact.seen[key]
         if name not in decided:
             decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype,
-                                        ops_of(key), where, exact.rules.get(key))
+                                        ops_of(key), where, exact.rules.get(key), who)
         use[key] = decided[name]
         stale = not np.array_equal(use[key], own)
     if stale:
@@ -163,11 +163,12 @@ def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Ch
 
 
 def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
-                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "", rule=None) -> np.ndarray:
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "", rule=None,
+                who: str = "target") -> np.ndarray:
     """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``;
-    ``where`` prefixes the checked thing ("state after W windows: ")."""
+    ``where`` prefixes the checked thing ("state after W windows: "), ``who`` names the model."""
     t, k = own.shape
-    what = f"{where}target {name} [{t}x{k}]"
+    what = f"{where}{who} {name} [{t}x{k}]"
     band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
     flips = routing_flips(scores, own, got, band, rule)
     report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
@@ -180,11 +181,13 @@ def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, 
 
 def state_choices(report: Report, where: str, forward: Callable[[], Any], routing: Mapping[int, np.ndarray | None],
                   choices: Mapping[str, np.ndarray | None], dtype: str,
-                  ops_of: Callable[[int], Sequence[Op]]) -> tuple[Any, Any]:
+                  ops_of: Callable[[int], Sequence[Op]], who: str = "target", unit: str = "layer"
+                  ) -> tuple[Any, Any]:
     """The fresh runs of the state check with the kernel's choices (module docstring): ``forward()`` the family's
     reference over the sequence (its RefOut); ``routing`` layer -> the ids [T, k] the kernel's cache holds per
     position (None: a position the kernel's passes did not report), ``choices`` name -> the same for a named
-    choice; ``where`` prefixes each line's checked thing ("state after W windows: ", "end to end: ").
+    choice; ``where`` prefixes each line's checked thing ("state after W windows: ", "end to end: "); ``who`` and
+    ``unit`` name the model and its numbered parts ("draft", "stage": a MoE draft's block, its stages' routers).
     -> (exact RefOut continuing with ``use``, emulated RefOut continuing with K)."""
     def layered(pins: Mapping) -> Chosen:
         def compute() -> Chosen:
@@ -194,9 +197,10 @@ def state_choices(report: Report, where: str, forward: Callable[[], Any], routin
         return run(compute)
 
     def name_of(key: tuple) -> str:
-        return f"routing of layer {key[1]}" if key[0] == ROUTER else key[0]
+        return f"routing of {unit} {key[1]}" if key[0] == ROUTER else key[0]
 
     first, decided = layered({}), {}
     got = kernel_ids(report, first, lambda key: routing.get(key[1]) if key[0] == ROUTER else choices.get(key[0]),
-                     name_of, where, decided)
-    return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, where, decided)
+                     name_of, where, decided, who=who)
+    return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, where, decided,
+                         who)

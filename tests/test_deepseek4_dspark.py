@@ -120,6 +120,34 @@ def test_gate_dspark_lines_pass_in_bf16(tmp_path):
     code, lines = gate_lines(tmp_path)
     rows = dspark_lines(lines)
     assert code == 0 and len(rows) >= 8 and all(x.endswith("PASS") for x in rows), "\n".join(lines)
+    stages = [x for x in rows if x.startswith("(r) dspark block: draft routing of stage ")]
+    assert len(stages) == 2, "\n".join(lines)                  # each stage's router, with the kernel's choices
+
+
+def stage_router_off(monkeypatch) -> None:
+    """Stage 1's router sends every row to the experts next to the ones it ranked (ids + 1 mod E), weights kept."""
+    from dataclasses import replace
+
+    from bloomery_gates.kernels.families.deepseek4 import dspark as kd
+
+    real = kd.route_at
+
+    def planted(spec, t, m, kind, b, ids):
+        r = real(spec, t, m, kind, b, ids)
+        return replace(r, ids=(r.ids + 1) % spec.moe.num_experts) if m == "layers.1.mlp." else r
+
+    monkeypatch.setattr(kd, "route_at", planted)
+
+
+@needs_fixture
+def test_fail_first_a_stage_router_off_fails_its_choice_line_in_bf16(tmp_path, monkeypatch):
+    """The draft's own router is checked as the target's are (gates/routing_flips.py): a wrong pick is a FAIL on
+    the stage's choice line (not excused: its scores are far from the reference's choice), and the gate exits 1."""
+    stage_router_off(monkeypatch)
+    code, lines = gate_lines(tmp_path)
+    assert code == 1, "\n".join(lines)
+    line = next(x for x in lines if x.startswith("(r) dspark block: draft routing of stage 1 "))
+    assert line.endswith("FAIL") and "7 checked, 7 differ, 0 excused" in line, line
 
 
 def markov_own_row(monkeypatch) -> None:

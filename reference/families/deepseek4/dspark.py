@@ -45,6 +45,7 @@ from ...ops import mhc as rmhc
 from ...ops import mhc_lagged as rlag
 from ...ops import v4_attention as rv4
 from ...ops.attention import sink_attention
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...rounding import linear, st
 from ...weights import as_f64
@@ -193,8 +194,9 @@ def backbone(draft: Deepseek4DSparkSpec, target: Deepseek4Spec, ctx: list[np.nda
     ctx_ok, blk_ok = xp.ones((b, s), dtype=bool), xp.ones((b, b), dtype=bool)
     out = []
     for i in range(draft.num_layers):
-        x = stage(draft, w, i, x, lambda a, i=i: window_attention(draft, w, i, a, pos, ctx[i], ctx_pos, ctx_ok,
-                                                                  blk_ok))
+        with at_layer(i):                  # stage i's router is choice (ROUTER, i) in a layered pin
+            x = stage(draft, w, i, x, lambda a, i=i: window_attention(draft, w, i, a, pos, ctx[i], ctx_pos, ctx_ok,
+                                                                      blk_ok))
         out.append(x)
     return xp.stack(out)
 
