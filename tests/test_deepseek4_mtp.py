@@ -198,6 +198,27 @@ def test_gate_mtp_lines_pass_in_bf16(tmp_path):
     rows = mtp_lines(lines)
     assert len(rows) == 2 * WIDTH and all(x.endswith("PASS") for x in rows), "\n".join(lines)
     assert any(x.startswith("(r) state after") and "mtp store k = v" in x and x.endswith("PASS") for x in lines)
+    routers = [x for x in lines if x.startswith("(r) mtp: draft routing of chained row ")]
+    assert len(routers) == WIDTH and all(x.endswith("PASS") for x in routers), "\n".join(lines)
+
+
+@needs_fixture
+def test_fail_first_the_mtp_router_off_fails_its_choice_lines_in_bf16(tmp_path, monkeypatch):
+    """The MTP's own router is checked as the target's are (gates/routing_flips.py): every row sent to the experts
+    next to the ones it ranked is a FAIL on each chained row's choice line, and the gate exits 1. (Later chained rows
+    excuse a few: their emulation continues with the wrong experts, so its scores, and the band, move far.)"""
+    from dataclasses import replace
+
+    from bloomery_gates.kernels.families.deepseek4 import mtp as km
+
+    real = km.route_at
+    monkeypatch.setattr(km, "route_at", lambda spec, t, m, kind, b, ids: (lambda r: replace(
+        r, ids=(r.ids + 1) % spec.moe.num_experts))(real(spec, t, m, kind, b, ids)))
+    code, lines = gate_lines(tmp_path)
+    assert code == 1, "\n".join(lines)
+    routers = [x for x in lines if x.startswith("(r) mtp: draft routing of chained row ")]
+    assert len(routers) == WIDTH and all(x.endswith("FAIL") for x in routers), routers
+    assert "56 checked, 56 differ, 0 excused" in routers[0], routers[0]     # the prompt's rows: none excused
 
 
 @needs_fixture

@@ -30,6 +30,7 @@ from bloomery_gates.spec import Deepseek4MTPSpec, Deepseek4Spec
 
 from ...ops import mhc as rmhc
 from ...ops import v4_attention as rv4
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...rounding import linear
 from ...weights import as_f64
@@ -112,7 +113,8 @@ def draft(mtp: Deepseek4MTPSpec, target: Deepseek4Spec, ids: Sequence[int], stre
     xp = ns(hid)
     ys, logits, out = [], [], []
     for k in range(width):
-        run = rows(mtp, target, toks, hid)
+        with at_layer(k):                  # chained row k's router is choice (ROUTER, k) in a layered pin
+            run = rows(mtp, target, toks, hid)
         ys.append(run.y[-1])
         logits.append(run.logits[-1])
         out.append(int(xp.argmax(run.logits[-1])))
