@@ -33,7 +33,7 @@ from ..reference.ops.moe import topk_stable
 from .close import close
 from .fixtures import FIXTURES, PROMPTS
 from .moe_checks import HOST, chosen_experts, expert_load
-from .routing_flips import state_choices
+from .routing_flips import chained_ids, state_choices
 from .state_decls_deepseek4 import DEEPSEEK4_MTP_STATE
 from .targets import greedy_flips, to_np
 
@@ -70,16 +70,6 @@ def check_routing(report: Report, c: DraftCheck) -> None:
             chosen_experts(report, f"target layer {l}", r, lambda ch: topk_stable(ch, spec.moe.top_k))
 
 
-def chained_routing(calls, t: int, width: int) -> dict[int, np.ndarray]:
-    """The kernel's experts per block call (the T real rows, then one per chained row) -> chained row k -> the ids
-    of the T + k rows the reference's step k routes (``ref_mtp.draft`` re-runs the whole context at each step);
-    {} where the calls are not that shape (each choice's line then fails closed: the kernel made no choice)."""
-    ids = [to_np(x).astype(np.int64) for x in (calls or [])]
-    if len(ids) != width or ids[0].shape[0] != t or any(x.shape[0] != 1 for x in ids[1:]):
-        return {}
-    return {k: np.concatenate(ids[:k + 1]) for k in range(width)}
-
-
 def check_draft(report: Report, c: DraftCheck) -> None:
     check_routing(report, c)
     spec: Deepseek4MTPSpec = c.draft_spec
@@ -90,7 +80,7 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     ref, emu = state_choices(               # the MTP's router with the kernel's choices (routing_flips)
         report, "mtp: ", lambda: ref_mtp.draft(spec, c.target_spec, c.prompt, streams, anchor, c.draft.width,
                                                chain_ids=got.ids),
-        chained_routing(got.routing, len(c.prompt), c.draft.width), {}, c.dtype,
+        chained_ids([to_np(x) for x in got.routing or []], len(c.prompt), c.draft.width), {}, c.dtype,
         lambda k: mtp_ops(c, k + 1, logits=False), who="draft", unit="chained row")
     y, logits = to_np(got.layer_out[0]), to_np(got.logits)
     s, h, v = y.shape[1], y.shape[2], logits.shape[1]

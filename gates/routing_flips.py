@@ -204,3 +204,14 @@ def state_choices(report: Report, where: str, forward: Callable[[], Any], routin
                      name_of, where, decided, who=who)
     return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, where, decided,
                          who)
+
+
+def chained_ids(calls: Sequence[np.ndarray], t: int, width: int) -> dict[int, np.ndarray]:
+    """A chained draft's experts per block call (its T real rows, then one per chained row) -> chained row k -> the
+    ids of the T + k rows its reference's step k routes (an MTP / NextN reference re-runs the whole context at each
+    step, chained row k under ``at_layer(k)``); {} where the calls are not that shape (each choice's line then fails
+    closed: the kernel made no choice)."""
+    ids = [np.asarray(x, dtype=np.int64) for x in calls]
+    if len(ids) != width or ids[0].shape[0] != t or any(x.shape[0] != 1 for x in ids[1:]):
+        return {}
+    return {k: np.concatenate(ids[:k + 1]) for k in range(width)}

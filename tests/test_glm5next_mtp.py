@@ -133,6 +133,8 @@ def test_gate_control_passes_bf16():
     assert code == 0, "\n".join(lines)
     assert "ids identical 64" in lines and any(line.startswith("(r) nextn row 3 logits") for line in lines)
     assert any(line.startswith("(r) nextn indexer chained row 3 chosen tokens") for line in lines)
+    routers = [line for line in lines if line.startswith("(r) nextn: draft routing of chained row ")]
+    assert len(routers) == 3 and all(line.endswith("PASS") for line in routers), "\n".join(lines)
 
 
 def _pre_norm(self, taps):
@@ -152,6 +154,14 @@ def _no_tail(monkeypatch):
     monkeypatch.setattr(kmtp.Glm5NextNDraft, "__init__", without)
 
 
+def _router_off(monkeypatch):
+    from dataclasses import replace
+
+    real = kmtp.route
+    monkeypatch.setattr(kmtp, "route", lambda moe, t, m, x: (lambda r: replace(
+        r, ids=(r.ids + 1) % moe.num_experts))(real(moe, t, m, x)))
+
+
 PLANTS = {
     # the NextN fed the streams' mean before model.norm (pre-norm) instead of the head's post-norm row
     "pre-norm hidden": ("(r) nextn row 1", lambda mp: mp.setattr(kmtp.Glm5NextNDraft, "target_rows", _pre_norm)),
@@ -162,6 +172,9 @@ PLANTS = {
     # the DSA tail rule dropped in the NextN's indexer only (the trunk's keeps it): a row no longer sees its own
     # incomplete pool (itself included); the chosen tokens differ from the rule's
     "NextN tail rule dropped": ("(r) nextn indexer", _no_tail),
+    # the NextN's own router one expert off for every row (ids + 1 mod E, weights kept): its choice lines
+    # (routing_flips, the kernel's experts against the f64 group-limited rule) say FAIL
+    "NextN router off": ("(r) nextn: draft routing of chained row 0", _router_off),
 }
 
 

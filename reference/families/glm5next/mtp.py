@@ -31,6 +31,7 @@ from bloomery_gates.spec import Glm5NextSpec
 
 from ...ops import dsa as rdsa
 from ...ops import mla as rmla
+from ...ops.moe import at_layer
 from ...ops.norm import rms_norm
 from ...rounding import linear, st
 from ...weights import as_f64
@@ -110,11 +111,13 @@ def draft(spec: Glm5NextSpec, ids: Sequence[int], final: np.ndarray, anchor: int
     toks = list(ids)[1:] + [int(anchor)]
     final = here(final)
     xp, hid = ns(final), list(final[:t])
-    out = rows(spec, embed(spec, toks), xp.stack(hid))
+    with at_layer(0):                      # chained row i's router is choice (ROUTER, i) in a layered pin
+        out = rows(spec, embed(spec, toks), xp.stack(hid))
     for i in range(1, width):
         toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
         hid.append(out.g[-1])
-        out = rows(spec, embed(spec, toks), xp.stack(hid))
+        with at_layer(i):
+            out = rows(spec, embed(spec, toks), xp.stack(hid))
     k = slice(t - 1, t - 1 + width)
     return NextNOut(out.layer_out[k], out.g[k], out.logits[k], out.ids[k], out.a[k], out.latent[k])
 
