@@ -76,9 +76,9 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     c.draft.prompt(c.prefill.taps)
     got = c.draft.propose(anchor, detail=True)
     prev = np.concatenate([[anchor], to_np(got.prev).astype(np.int64)[1:]])   # row 0 reads the anchor, always
-    taps = kernel_taps(c)
     ref, emu = state_choices(                # each stage's router with the kernel's choices (routing_flips)
-        report, "dspark block: ", lambda: ref_dspark.forward(c.draft_spec, c.target_spec, taps, anchor, prev=prev),
+        report, "dspark block: ",
+        lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev),
         {i: to_np(ids) for i, ids in (got.routing or {}).items()}, {}, c.dtype,
         lambda i: stage_ops(c, i + 1, False), who="draft", unit="stage")
     check_block(report, c, got, ref, emu, anchor)

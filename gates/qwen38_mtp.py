@@ -28,10 +28,12 @@ from bloomery_gates.spec import MTPSpec
 
 from ..kernels.drafts.mtp import MTPDraft
 from ..kernels.drafts.mtp_fast import FastMTPDraft
+from ..kernels.families.ffn import record_routing
 from ..reference.drafts import mtp as ref_mtp
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
+from .routing_flips import chained_ids, state_choices
 from .state_decls import MTP_STATE
 from .targets import greedy_flips, to_np
 
@@ -59,9 +61,18 @@ def kernel_final(c: DraftCheck):
 def check_draft(report: Report, c: DraftCheck) -> None:
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
-    got = c.draft.propose(anchor, detail=True)
-    ref, emu = exact_and_emulated(c.dtype, lambda: ref_mtp.draft(c.draft_spec, c.target_spec, c.prompt, kernel_final(c),
-                                                                 anchor, c.draft.width, chain_ids=got.ids))
+    with record_routing() as calls:
+        got = c.draft.propose(anchor, detail=True)
+
+    def reference():                     # the final norm inside: the emulated run rounds it too
+        return ref_mtp.draft(c.draft_spec, c.target_spec, c.prompt, kernel_final(c), anchor, c.draft.width,
+                             chain_ids=got.ids)
+    if getattr(c.target_spec, "moe", None) is None:              # a dense MTP layer: no choice to check
+        ref, emu = exact_and_emulated(c.dtype, reference)
+    else:                                                         # qwen35moe: the MTP's router (routing_flips)
+        ref, emu = state_choices(report, "mtp: ", reference,
+                                 chained_ids([to_np(r.ids) for _, r in calls], len(c.prompt), c.draft.width), {},
+                                 c.dtype, lambda k: mtp_ops(c, k + 1, logits=False), who="draft", unit="chained row")
     layer_out, logits = to_np(got.layer_out[0]), to_np(got.logits)
     h, v = layer_out.shape[1], logits.shape[1]
     for i in range(layer_out.shape[0]):

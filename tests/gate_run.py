@@ -17,3 +17,20 @@ def run_named(name: str, n: int = 64, prompts: int = 2, **options) -> tuple[int,
 def failed(lines: list[str], head: str) -> bool:
     """Some line starting with ``head`` ended in FAIL."""
     return any(line.startswith(head) and line.endswith(" FAIL") for line in lines)
+
+
+def mtp_router_off(monkeypatch) -> None:
+    """Plant: the MoE FFN of an ``mtp.*`` layer (kernels.families.ffn: qwen35moe's and qwen4exp's MTP) sends every
+    row to the experts next to the ones its router ranked (ids + 1 mod E, weights kept); the target's layers are
+    untouched."""
+    from dataclasses import replace
+
+    from bloomery_gates.kernels.families import ffn
+
+    real = ffn.route
+
+    def planted(moe, t, m, x):
+        r = real(moe, t, m, x)
+        return replace(r, ids=(r.ids + 1) % moe.num_experts) if m.startswith("mtp.") else r
+
+    monkeypatch.setattr(ffn, "route", planted)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gate_run import failed, run_named
+from gate_run import failed, mtp_router_off, run_named
 
 from bloomery_gates.gates.fixtures import FIXTURES
 from bloomery_gates.kernels.families.qwen38 import model as kq38
@@ -29,6 +29,16 @@ def test_control_passes():
     assert code == 0, "\n".join(lines)
     assert "ids identical 64" in lines
     assert sum(1 for line in lines if " chosen experts " in line and line.endswith(" PASS")) == 4
+    routers = [line for line in lines if line.startswith("(r) mtp: draft routing of chained row ")]
+    assert len(routers) == 3 and all(line.endswith(" PASS") for line in routers), "\n".join(lines)
+
+
+def test_fail_first_the_mtp_router_off_bf16(monkeypatch):
+    """The MTP layer's own router one expert off: its choice lines FAIL in bf16, no target line does."""
+    mtp_router_off(monkeypatch)
+    code, lines = gate(dtype="bf16")
+    assert code == 1 and failed(lines, "(r) mtp: draft routing of chained row 0"), "\n".join(lines)
+    assert not any(line.startswith("(r) target") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
 
 
 def test_fail_first_shared_expert_gate_dropped(monkeypatch):

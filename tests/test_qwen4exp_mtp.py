@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gate_run import failed, run_named
+from gate_run import failed, mtp_router_off, run_named
 from qwen4exp_factory import make_qwen4exp, make_qwen4exp_mtp
 from safetensors.torch import load_file, save_file
 
@@ -177,6 +177,17 @@ def test_gate_control_passes(dtype):
     code, lines = gate(dtype=dtype)
     assert code == 0, "\n".join(lines)
     assert "ids identical 32" in lines and any("chosen experts" in line for line in lines)
+    routers = [line for line in lines if line.startswith("(r) mtp: draft routing of chained row ")]
+    assert len(routers) == 3 and all(line.endswith(" PASS") for line in routers), "\n".join(lines)
+
+
+@needs_fixture
+def test_gate_fails_the_mtp_router_off_bf16(monkeypatch):
+    """The MTP block's own router one expert off: its choice lines FAIL in bf16, no target line does."""
+    mtp_router_off(monkeypatch)
+    code, lines = gate(dtype="bf16")
+    assert code == 1 and failed(lines, "(r) mtp: draft routing of chained row 0"), "\n".join(lines)
+    assert not any(line.startswith("(r) target") and line.endswith(" FAIL") for line in lines), "\n".join(lines)
 
 
 @needs_fixture

@@ -31,6 +31,7 @@ from ..families.ffn import ffn_for
 from ..families.qwen3.model import embed_rows, head
 from ..families.qwen38.model import gated_attention, norm1p, project_kv
 from ..ops.attention import causal_mask
+from ..ops.moe import at_layer
 from ..rounding import linear, st
 from ..weights import as_f64
 from ..xp import here, ns
@@ -100,12 +101,14 @@ def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarra
     toks = list(ids[1:]) + [anchor]
     final = here(final)
     xp, hid = ns(final), list(final[:t])
-    out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
+    with at_layer(0):                      # chained row i's choices are layer i's in a layered pin (a MoE layer)
+        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
     for i in range(1, width):
         nxt = int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1])
         toks.append(nxt)
         hid.append(out.g[-1])
-        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
+        with at_layer(i):
+            out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
 

@@ -38,6 +38,7 @@ from bloomery_gates.spec import Qwen4ExpMTPSpec, Qwen4ExpSpec
 
 from ...ops import gated_hc as hc
 from ...ops.attention import causal_mask
+from ...ops.moe import at_layer
 from ...rounding import linear
 from ...weights import as_f64
 from ...xp import here, ns
@@ -113,11 +114,13 @@ def draft(mtp: Qwen4ExpMTPSpec, target: Qwen4ExpSpec, ids: Sequence[int], stream
     toks = list(ids[1:]) + [int(anchor)]
     streams = here(streams)
     xp, hid = ns(streams), list(streams[:t])
-    out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
+    with at_layer(0):                      # chained row i's router is choice (ROUTER, i) in a layered pin
+        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
     for i in range(1, width):
         toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
         hid.append(out.layer_out[-1])
-        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
+        with at_layer(i):
+            out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], f=out.f[k], logits=out.logits[k], ids=out.ids[k])
 
