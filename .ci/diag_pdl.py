@@ -19,7 +19,7 @@ import torch
 from bloomery_cli.bench.chain import host_share
 from bloomery_cli.bench.common import timed_generate
 from bloomery_cli.bench.dflash2 import copy_bandwidth
-from bloomery_cli.bench.shapes import SHAPES, random_pair, weight_bytes
+from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.triton import gemv
 
@@ -37,8 +37,7 @@ def main() -> int:
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = copy_bandwidth(dev)
     tspec, _ = random_pair(SHAPES[a.shape], dev, dt)
-    emb = tspec.tensors["model.embed_tokens.weight"]
-    read = weight_bytes(tspec.tensors) - (0 if tspec.tie_word_embeddings else emb.numel() * emb.element_size())
+    read = read_per_step(tspec)
     prompt = torch.randint(0, tspec.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"diag_pdl shape={a.shape} n={a.n} copy_GBps={bw / 1e9:.0f} read_per_step={read} "
           f"roofline_read_tok_s={bw / read:.1f}", flush=True)

@@ -28,6 +28,7 @@ from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_gates.spec import Deepseek4DSparkSpec
 
 from ..kernels.families.deepseek4.dspark import Deepseek4DSparkDraft
+from ..kernels.families.ffn import record_routing
 from ..reference.families.deepseek4 import dspark as ref_dspark
 from .close import close
 from .deepseek4_mtp import check_routing
@@ -74,12 +75,13 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     check_routing(report, c)
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
-    got = c.draft.propose(anchor, detail=True)
+    with record_routing() as calls:                       # each stage's router (prefix "layers.<i>.")
+        got = c.draft.propose(anchor, detail=True)
     prev = np.concatenate([[anchor], to_np(got.prev).astype(np.int64)[1:]])   # row 0 reads the anchor, always
     ref, emu = state_choices(                # each stage's router with the kernel's choices (routing_flips)
         report, "dspark block: ",
         lambda: ref_dspark.forward(c.draft_spec, c.target_spec, kernel_taps(c), anchor, prev=prev),
-        {i: to_np(ids) for i, ids in (got.routing or {}).items()}, {}, c.dtype,
+        {int(p.split(".")[1]): to_np(r.ids) for p, r in calls}, {}, c.dtype,
         lambda i: stage_ops(c, i + 1, False), who="draft", unit="stage")
     check_block(report, c, got, ref, emu, anchor)
     check_cut_windows(report, c, make=lambda t: Deepseek4DSparkDraft(c.draft_spec, c.engine, c.draft.max_len, t))

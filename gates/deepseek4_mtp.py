@@ -26,6 +26,7 @@ from bloomery_cli.bands import Op, layer_ops
 from bloomery_cli.contract import Report
 from bloomery_cli.gatekit import DraftCheck, GateDef
 from bloomery_gates.kernels.families.deepseek4.mtp import Deepseek4MTPDraft
+from bloomery_gates.kernels.families.ffn import record_routing
 from bloomery_gates.reference.families.deepseek4 import mtp as ref_mtp
 from bloomery_gates.spec import Deepseek4MTPSpec
 
@@ -33,7 +34,7 @@ from ..reference.ops.moe import topk_stable
 from .close import close
 from .fixtures import FIXTURES, PROMPTS
 from .moe_checks import HOST, chosen_experts, expert_load
-from .routing_flips import chained_ids, state_choices
+from .routing_flips import chained_choices
 from .state_decls_deepseek4 import DEEPSEEK4_MTP_STATE
 from .targets import greedy_flips, to_np
 
@@ -75,13 +76,13 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     spec: Deepseek4MTPSpec = c.draft_spec
     anchor = c.prefill.argmax[-1]
     c.draft.prompt(c.prefill.taps)
-    got = c.draft.propose(anchor, detail=True)
+    with record_routing() as calls:
+        got = c.draft.propose(anchor, detail=True)
     streams = to_np(c.prefill.taps[-1])
-    ref, emu = state_choices(               # the MTP's router with the kernel's choices (routing_flips)
+    ref, emu = chained_choices(             # the MTP's router with the kernel's choices (routing_flips)
         report, "mtp: ", lambda: ref_mtp.draft(spec, c.target_spec, c.prompt, streams, anchor, c.draft.width,
                                                chain_ids=got.ids),
-        chained_ids([to_np(x) for x in got.routing or []], len(c.prompt), c.draft.width), {}, c.dtype,
-        lambda k: mtp_ops(c, k + 1, logits=False), who="draft", unit="chained row")
+        [r for _, r in calls], len(c.prompt), c.draft.width, c.dtype, lambda k: mtp_ops(c, k + 1, logits=False))
     y, logits = to_np(got.layer_out[0]), to_np(got.logits)
     s, h, v = y.shape[1], y.shape[2], logits.shape[1]
     for i in range(y.shape[0]):

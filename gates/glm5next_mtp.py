@@ -35,7 +35,7 @@ from ..reference.ops import dsa as rdsa
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
 from .moe_checks import HOST, chosen_experts, rule_of
-from .routing_flips import chained_ids, state_choices
+from .routing_flips import chained_choices
 from .state_decls_glm5next import GLM5NEXT_NEXTN_STATE
 from .targets import greedy_flips, to_np
 
@@ -89,10 +89,9 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     for i, sel in enumerate(c.draft.selections):
         chosen_tokens(report, "nextn indexer " + ("(first window's real rows)" if i == 0 else f"chained row {i + 1}"),
                       sel, spec.dsa)
-    ref, emu = state_choices(               # the NextN's router with the kernel's choices (routing_flips)
+    ref, emu = chained_choices(             # the NextN's router with the kernel's choices (routing_flips)
         report, "nextn: ", lambda: ref_mtp.draft(spec, c.prompt, rows, anchor, c.draft.width, chain_ids=got.ids),
-        chained_ids([to_np(r.ids) for r in c.draft.routings], len(c.prompt), c.draft.width), {}, c.dtype,
-        lambda k: nextn_ops(c, k + 1, logits=False), who="draft", unit="chained row")
+        c.draft.routings, len(c.prompt), c.draft.width, c.dtype, lambda k: nextn_ops(c, k + 1, logits=False))
     out, logits = to_np(got.layer_out[0]), to_np(got.logits)
     h, v = out.shape[1], logits.shape[1]
     for i in range(out.shape[0]):

@@ -33,7 +33,7 @@ from ..reference.drafts import mtp as ref_mtp
 from ..reference.weights import as_f64
 from .close import close, exact_and_emulated
 from .fixtures import FIXTURES, PROMPTS
-from .routing_flips import chained_ids, state_choices
+from .routing_flips import chained_choices
 from .state_decls import MTP_STATE
 from .targets import greedy_flips, to_np
 
@@ -70,9 +70,8 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     if getattr(c.target_spec, "moe", None) is None:              # a dense MTP layer: no choice to check
         ref, emu = exact_and_emulated(c.dtype, reference)
     else:                                                         # qwen35moe: the MTP's router (routing_flips)
-        ref, emu = state_choices(report, "mtp: ", reference,
-                                 chained_ids([to_np(r.ids) for _, r in calls], len(c.prompt), c.draft.width), {},
-                                 c.dtype, lambda k: mtp_ops(c, k + 1, logits=False), who="draft", unit="chained row")
+        ref, emu = chained_choices(report, "mtp: ", reference, [r for _, r in calls], len(c.prompt), c.draft.width,
+                                   c.dtype, lambda k: mtp_ops(c, k + 1, logits=False))
     layer_out, logits = to_np(got.layer_out[0]), to_np(got.logits)
     h, v = layer_out.shape[1], logits.shape[1]
     for i in range(layer_out.shape[0]):

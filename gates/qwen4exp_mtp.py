@@ -29,7 +29,7 @@ from ..kernels.families.qwen4exp.mtp import WIDTH, Qwen4ExpMTPDraft
 from ..reference.families.qwen4exp import mtp as ref_mtp
 from .close import close
 from .fixtures import FIXTURES, PROMPTS
-from .routing_flips import chained_ids, state_choices
+from .routing_flips import chained_choices
 from .state_decls_qwen4exp import QWEN4EXP_MTP_STATE, hc_residual_ops
 from .targets import greedy_flips, to_np
 
@@ -51,11 +51,10 @@ def check_draft(report: Report, c: DraftCheck) -> None:
     with record_routing() as calls:
         got = c.draft.propose(anchor, detail=True)
     streams = to_np(c.prefill.taps[-1])                  # the engine's own raw streams of the last layer
-    ref, emu = state_choices(               # the MTP's router with the kernel's choices (routing_flips)
+    ref, emu = chained_choices(             # the MTP's router with the kernel's choices (routing_flips)
         report, "mtp: ", lambda: ref_mtp.draft(c.draft_spec, c.target_spec, c.prompt, streams, anchor,
                                                c.draft.width, chain_ids=got.ids),
-        chained_ids([to_np(r.ids) for _, r in calls], len(c.prompt), c.draft.width), {}, c.dtype,
-        lambda k: mtp_ops(c, k + 1, logits=False), who="draft", unit="chained row")
+        [r for _, r in calls], len(c.prompt), c.draft.width, c.dtype, lambda k: mtp_ops(c, k + 1, logits=False))
     out, logits = to_np(got.layer_out[0]), to_np(got.logits)
     sh, v = out.shape[1], logits.shape[1]
     for i in range(out.shape[0]):

@@ -116,16 +116,17 @@ def chosen_layer(report: Report, l: int, layer: Layer, picks: Mapping[str, np.nd
         return f"routing of layer {l}" if key == ROUTER else key
 
     first = pinned_run(layer, {})
-    got = kernel_ids(report, first, lambda key: picks.get(key), name_of, "", decided, only=picks)
+    got = kernel_ids(report, first, lambda key: picks.get(key), name_of, "target ", decided, only=picks)
     return continue_with(report, lambda pins: pinned_run(layer, pins), first, got, name_of, lambda key: ops, dtype,
-                         "", decided)
+                         "target ", decided)
 
 
 def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name_of: Callable[[Any], str],
-               where: str, decided: dict, only: Mapping | None = None, who: str = "target") -> dict:
+               label: str, decided: dict, only: Mapping | None = None) -> dict:
     """key -> the kernel's ids [T, k] for every choice the reference made in ``first`` (``only``: of those, the keys
     the kernel reports at all), in the order it made them; a choice the kernel made none of (None) fails closed
-    with a line of its own (its reference ids then stand in ``decided``)."""
+    with a line of its own (its reference ids then stand in ``decided``). ``label`` prefixes each line's name
+    ("target ", "state after W windows: target ", "mtp: draft ")."""
     got: dict = {}
     for key in first.seen:
         if only is not None and key not in only:
@@ -134,15 +135,14 @@ def kernel_ids(report: Report, first: Chosen, lookup: Callable[[Any], Any], name
         if ids is not None:
             got[key] = np.asarray(ids, dtype=np.int64)[:t]
         elif name_of(key) not in decided:
-            report.check(f"(r) {where}{who} {name_of(key)} [{t}x{k}] vs host f64 choice: the kernel made no choice",
-                         False)
+            report.check(f"(r) {label}{name_of(key)} [{t}x{k}] vs host f64 choice: the kernel made no choice", False)
             decided[name_of(key)] = first.seen[key][1]
     return got
 
 
 def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Chosen, got: dict,
-                  name_of: Callable[[Any], str], ops_of: Callable[[Any], Sequence[Op]], dtype: str, where: str,
-                  decided: dict, who: str = "target") -> tuple[Any, Any]:
+                  name_of: Callable[[Any], str], ops_of: Callable[[Any], Sequence[Op]], dtype: str, label: str,
+                  decided: dict) -> tuple[Any, Any]:
     """The emulated run continuing with the kernel's ids ``got``; the exact run continuing with each choice's
     ``use`` in the order they are made (a later choice's exact scores from a run with the earlier ``use``), its
     line printed where ``decided`` has no ``use`` for it yet. -> (exact output, emulated output)."""
@@ -154,7 +154,7 @@ def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Ch
         name, (scores, own) = name_of(key), exact.seen[key]
         if name not in decided:
             decided[name] = choice_line(report, name, scores, own, got[key], emu.seen[key][0], dtype,
-                                        ops_of(key), where, exact.rules.get(key), who)
+                                        ops_of(key), label, exact.rules.get(key))
         use[key] = decided[name]
         stale = not np.array_equal(use[key], own)
     if stale:
@@ -163,12 +163,11 @@ def continue_with(report: Report, runner: Callable[[Mapping], Chosen], first: Ch
 
 
 def choice_line(report: Report, name: str, scores: np.ndarray, own: np.ndarray, got: np.ndarray,
-                emulated: np.ndarray, dtype: str, ops: Sequence[Op], where: str = "", rule=None,
-                who: str = "target") -> np.ndarray:
+                emulated: np.ndarray, dtype: str, ops: Sequence[Op], label: str = "target ", rule=None) -> np.ndarray:
     """The line of one choice (exact scores and own ids, the kernel's ids, the emulated scores) -> its ``use``;
-    ``where`` prefixes the checked thing ("state after W windows: "), ``who`` names the model."""
+    ``label`` prefixes the checked thing ("target ", "state after W windows: target ")."""
     t, k = own.shape
-    what = f"{where}{who} {name} [{t}x{k}]"
+    what = f"{label}{name} [{t}x{k}]"
     band = emulated_band(dtype, visible(scores, scores), visible(emulated, scores), f"{what} scores", ops)
     flips = routing_flips(scores, own, got, band, rule)
     report.check(f"(r) {what} vs host f64 choice: {t} checked, {flips.differ} differ, {flips.excused} excused "
@@ -199,19 +198,20 @@ def state_choices(report: Report, where: str, forward: Callable[[], Any], routin
     def name_of(key: tuple) -> str:
         return f"routing of {unit} {key[1]}" if key[0] == ROUTER else key[0]
 
-    first, decided = layered({}), {}
+    first, decided, label = layered({}), {}, f"{where}{who} "
     got = kernel_ids(report, first, lambda key: routing.get(key[1]) if key[0] == ROUTER else choices.get(key[0]),
-                     name_of, where, decided, who=who)
-    return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, where, decided,
-                         who)
+                     name_of, label, decided)
+    return continue_with(report, layered, first, got, name_of, lambda key: ops_of(key[1]), dtype, label, decided)
 
 
-def chained_ids(calls: Sequence[np.ndarray], t: int, width: int) -> dict[int, np.ndarray]:
-    """A chained draft's experts per block call (its T real rows, then one per chained row) -> chained row k -> the
-    ids of the T + k rows its reference's step k routes (an MTP / NextN reference re-runs the whole context at each
-    step, chained row k under ``at_layer(k)``); {} where the calls are not that shape (each choice's line then fails
-    closed: the kernel made no choice)."""
-    ids = [np.asarray(x, dtype=np.int64) for x in calls]
-    if len(ids) != width or ids[0].shape[0] != t or any(x.shape[0] != 1 for x in ids[1:]):
-        return {}
-    return {k: np.concatenate(ids[:k + 1]) for k in range(width)}
+def chained_choices(report: Report, where: str, reference: Callable[[], Any], calls: Sequence[Any], t: int,
+                    width: int, dtype: str, ops_of: Callable[[int], Sequence[Op]]) -> tuple[Any, Any]:
+    """A chained draft's (an MTP / NextN with a MoE) router lines and its (exact, emulated) reference with the
+    kernel's choices (``state_choices``, who "draft"). ``calls``: the Routing of each block call of one propose
+    (its T real rows, then one per chained row); its reference re-runs the whole context at each chained row k
+    under ``at_layer(k)``, so row k's pin is the ids of those T + k rows. Calls of any other shape pin nothing: each
+    line then fails closed (the kernel made no choice). Lines ``(r) <where>draft routing of chained row <k> ...``."""
+    ids = [r.ids.detach().cpu().numpy().astype(np.int64) for r in calls]
+    shaped = len(ids) == width and ids[0].shape[0] == t and all(x.shape[0] == 1 for x in ids[1:])
+    routing = {k: np.concatenate(ids[:k + 1]) for k in range(width)} if shaped else {}
+    return state_choices(report, where, reference, routing, {}, dtype, ops_of, who="draft", unit="chained row")

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..results.records import conditions, write_atomic
     from .common import DTYPES, timed_generate
     from .dflash2 import copy_bandwidth
-    from .shapes import SHAPES, random_pair, weight_bytes
+    from .shapes import SHAPES, random_pair, read_per_step
 
     ap = argparse.ArgumentParser(prog="bench_chain")
     ap.add_argument("--shape", default="qwen3-8b")
@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     dt = DTYPES[a.dtype]
     bw = copy_bandwidth(dev)
     tspec, _ = random_pair(SHAPES[a.shape], dev, dt)
-    emb = tspec.tensors["model.embed_tokens.weight"]
-    read = weight_bytes(tspec.tensors) - (0 if tspec.tie_word_embeddings else emb.numel() * emb.element_size())
+    read = read_per_step(tspec)
     prompt = torch.randint(0, tspec.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=max(ks), graphs=True)
     target.prefill([1, 2, 3])

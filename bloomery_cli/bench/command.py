@@ -58,7 +58,7 @@ from .hybrid_shapes import HYBRID_SHAPES
 from .llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
 from .moe import bench_moe, plot_moe
 from .moe_shapes import MOE_SHAPES
-from .shapes import SHAPES, random_pair, weight_bytes
+from .shapes import SHAPES, random_pair, read_per_step, weight_bytes
 
 # the pieces the benches share (bench_hybrid, results_table) are in bench_common
 HYBRID_NAMES = ("qwen38-dflash2", "qwen38-mtp")
@@ -119,8 +119,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         cond["prompt_len"] = prompt_len = len(prompt)
         sync(dev)
         wb = weight_bytes(tspec.tensors)
-        read = wb - (0 if tspec.tie_word_embeddings else tspec.tensors["model.embed_tokens.weight"].numel() *
-                     tspec.tensors["model.embed_tokens.weight"].element_size())
+        read = read_per_step(tspec)
         b = dspec.block_size
         log(f"bench {name} shape={shape or tspec.source} device={dev} device_name={conditions(dev)['device_name']!r} "
             f"dtype={dtype} prompt_len={prompt_len} batch=1 width={width} n={n} block={b}")

@@ -101,6 +101,13 @@ def random_pair(s: BenchShape, device: torch.device, dtype: torch.dtype, seed: i
     return target, draft
 
 
+def read_per_step(spec) -> int:
+    """Bytes a dense plain step reads: every weight but the embedding table (one row of it), which a tied head
+    reads whole."""
+    emb = spec.tensors["model.embed_tokens.weight"]
+    return weight_bytes(spec.tensors) - (0 if spec.tie_word_embeddings else emb.numel() * emb.element_size())
+
+
 def weight_bytes(tensors) -> int:
     """Bytes of distinct storage (views of one buffer counted once)."""
     seen, total = set(), 0

@@ -43,7 +43,6 @@ class DSparkProposal(Proposal):
     prev: torch.Tensor | None = None            # [B] the id each row's Markov term read
     confidence: torch.Tensor | None = None      # [B] sigmoid(conf_logits), None without a confidence head
     conf_logits: torch.Tensor | None = None     # [B]
-    routing: dict[int, torch.Tensor] | None = None   # stage -> [B, k] the experts each row chose (a MoE draft, detail)
 
 
 def markov_decode(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor | None,

@@ -6,9 +6,10 @@ prefix ("model.layers.3." or "mtp.layers.0."), tensors under ``p + "mlp."``:
   MoE (spec.moe, ``bloomery_gates.spec.MoEShape``): router mlp.gate.weight (+ e_score_correction_bias), routed
       experts mlp.experts.{gate_up_proj, down_proj}, shared expert mlp.shared_expert.* (+ mlp.shared_expert_gate)
 
-Inside ``record_routing()`` every MoE FFN call appends (p, Routing) to the yielded list (the gates' tier-1 check of
-the chosen experts, and the fixtures' load-balancing loss). Inside ``forced_routing(fn)`` (benches only: the MoE
-bench's worst case, every row its own expert set) ``route`` returns ``fn(routing)`` instead of the router's choice.
+Inside ``record_routing()`` every MoE FFN call appends (p, Routing) to the yielded list (``note_routing``: the
+gates' tier-1 check of the chosen experts and a draft's router lines, the fixtures' load-balancing loss). Inside
+``forced_routing(fn)`` (benches only: the MoE bench's worst case, every row its own expert set) ``route`` returns
+``fn(routing)`` instead of the router's choice.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def record_routing() -> Iterator[list[tuple[str, kmoe.Routing]]]:
         yield rec
     finally:
         _RECORD.reset(token)
+
+
+def note_routing(p: str, routing: kmoe.Routing) -> None:
+    """Inside ``record_routing()``: append (the layer prefix ``p``, ``routing``). Every MoE FFN reports here (this
+    module's, and a family's own MoE: deepseek4's ``ffn_at``), so a gate can read a draft's experts off one
+    call without the draft carrying them."""
+    rec = _RECORD.get()
+    if rec is not None:
+        rec.append((p, routing))
 
 
 @contextmanager
@@ -73,9 +83,7 @@ def moe_ffn(spec, t: Mapping[str, T], p: str, a: T, routed: Callable = kmoe.rout
     m, shape = p + "mlp.", a.shape
     x = a.reshape(-1, shape[-1])
     routing = route(moe, t, m, x)
-    rec = _RECORD.get()
-    if rec is not None:
-        rec.append((p, routing))
+    note_routing(p, routing)
     out = routed(x, routing, t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"])
     if moe.shared_ff is not None:
         s = m + "shared_expert."

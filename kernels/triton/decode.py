@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import graphs
-from . import gemv, interpreting, pdl
+from . import gemv, interpreting, pdl, pdl_policy
 
 BM, BN, SPLITS = 64, 64, 16
 
@@ -234,18 +234,18 @@ class TritonOps:
         x = x.contiguous()
         r, h = x.shape
         out = torch.empty_like(x)
-        m = pdl.mode(x.device)[0]
+        m = pdl_policy.mode(x.device)[0]
         _rms_kernel[(r,)](x, w32, out, h, eps, BH=_pow2(h), PDL=m, num_warps=8 if h >= 2048 else 4,
-                          **pdl.launch_opts(m))
+                          **pdl_policy.launch_opts(m))
         return out
 
     @staticmethod
     def qk_rope_store(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps) -> None:
         r = qkv.shape[0]
-        m = pdl.mode(qkv.device)[0]
+        m = pdl_policy.mode(qkv.device)[0]
         _qk_rope_kernel[(r, nq + 2 * nkv)](qkv, qkv.stride(0), qn32 if qn32 is not None else kn32, kn32, cos, sin,
                                             p0, kc, vc, kc.shape[1], eps, NQ=nq, NKV=nkv, D=d, PDL=m, num_warps=1,
-                                            **pdl.launch_opts(m))
+                                            **pdl_policy.launch_opts(m))
 
     @staticmethod
     def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None
@@ -255,21 +255,21 @@ class TritonOps:
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
         n_split = triton.cdiv(cap, chunk)
         dev = qkv.device
-        pm = pdl.mode(dev)[0]
+        pm = pdl_policy.mode(dev)[0]
         m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
         _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
             qkv, qkv.stride(0), kc, vc, p0, r, cap, chunk, 1.0 / math.sqrt(d), m, l, o, rg,
             NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
-            **pdl.launch_opts(pm))
+            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
         _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
                                         gate.stride(0) if gate is not None else 0,
                                         gate.stride(1) if gate is not None else 0, rg, n_split, NKV=nkv, G=g, D=d,
-                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl.launch_opts(pm))
+                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
     @staticmethod
@@ -278,8 +278,8 @@ class TritonOps:
         r, i2 = gu.shape
         i = i2 // 2
         out = torch.empty(r, i, dtype=gu.dtype, device=gu.device)
-        m = pdl.mode(gu.device)[0]
-        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, PDL=m, num_warps=4, **pdl.launch_opts(m))
+        m = pdl_policy.mode(gu.device)[0]
+        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, PDL=m, num_warps=4, **pdl_policy.launch_opts(m))
         return out
 
 

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..graphs import rows_pad
-from . import interpreting, pdl
+from . import interpreting, pdl, pdl_policy
 
 SMALL_N = 8192                          # wider weights stay with cuBLAS (config)
 MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: compute-bound there
@@ -174,14 +174,15 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         stages = min(stages, 2)
     grid = (triton.cdiv(n, bn), splits)
     ws, cnt = _workspace(x.device, grid, rp, bn) if splits > 1 else (out, out)
-    mode, budget = pdl.mode(x.device)
-    aligned = even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
-    pf = pdl.row_bytes(budget, n * splits, ks * w.element_size()) if aligned else 0
+    mode, budget = pdl_policy.mode(x.device)
+    pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
+    if budget is not None and even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:
+        pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())
     _proj_kernel[grid](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, num_warps=warps, num_stages=stages, **pdl.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
     return out
 
 

@@ -1,14 +1,11 @@
-"""The device side of programmatic dependent launch (``pdl_policy`` says when, and documents it): the
-griddepcontrol entry every PDL-launched decode kernel runs first, and the L2 prefetch of a projection's weight."""
+"""The device side of programmatic dependent launch (``pdl_policy``, the host side, says when, and documents it):
+the griddepcontrol entry every PDL-launched decode kernel runs first, and the L2 prefetch of a projection's
+weight."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from .pdl_policy import OFF, launch_opts, mode, row_bytes
-
-__all__ = ["OFF", "enter", "launch_opts", "mode", "prefetch_rows", "row_bytes"]
 
 
 @triton.jit

@@ -73,9 +73,10 @@ def setting(text: str | None = None) -> Setting:
 def mode(device: torch.device) -> tuple[int, int | None]:
     """(the kernels' PDL constexpr, the bytes a projection prefetches into L2: None none, 0 all of its weight)
     for a launch on ``device`` now."""
+    if device.type != "cuda" or not graphs.graphing():       # every launch asks: the cheap answers first
+        return OFF, None
     s = setting()
-    if (not s.on or device.type != "cuda" or not graphs.graphing()
-            or torch.cuda.get_device_capability(device)[0] < 9):
+    if not s.on or torch.cuda.get_device_capability(device)[0] < 9:
         return OFF, None
     return (LAUNCH_FIRST if s.early else WAIT_FIRST), s.l2_bytes
 

@@ -101,14 +101,12 @@ def draft(mtp: MTPSpec, target: Qwen38Spec, ids: Sequence[int], final: np.ndarra
     toks = list(ids[1:]) + [anchor]
     final = here(final)
     xp, hid = ns(final), list(final[:t])
-    with at_layer(0):                      # chained row i's choices are layer i's in a layered pin (a MoE layer)
-        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
-    for i in range(1, width):
-        nxt = int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1])
-        toks.append(nxt)
-        hid.append(out.g[-1])
-        with at_layer(i):
+    for i in range(width):
+        with at_layer(i):                  # chained row i's choices are layer i's in a layered pin (a MoE layer)
             out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
+        if i + 1 < width:
+            toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i]))
+            hid.append(out.g[-1])
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], g=out.g[k], logits=out.logits[k], ids=out.ids[k])
 

@@ -108,33 +108,26 @@ def window_attention(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, a: T
     return kv4.grouped_output(o.reshape(a.shape[0], -1), aw.o_a, aw.o_b, s.o_groups)
 
 
-def moe_of(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, record: dict[int, T] | None = None
-           ) -> Callable[[T], T]:
-    """Stage i's MoE on normed rows b [R, H]: sqrt-softplus + bias top-k (never hashed) + the shared expert;
-    ``record`` (a dict) gets the experts each row chose under key i, [R, k]."""
+def moe_of(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int) -> Callable[[T], T]:
+    """Stage i's MoE on normed rows b [R, H]: sqrt-softplus + bias top-k (never hashed) + the shared expert."""
     m = f"layers.{i}.mlp."
 
     def moe(b: T) -> T:
         none = torch.zeros(b.shape[0], dtype=torch.long, device=b.device)
-        routing = route_at(spec, t, m, "moe", b, none)
-        if record is not None:
-            record[i] = routing.ids
-        return ffn_at(spec, t, m, routing, b)
+        return ffn_at(spec, t, m, route_at(spec, t, m, "moe", b, none), b)
     return moe
 
 
-def own_stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T],
-              record: dict[int, T] | None = None) -> T:
+def own_stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T]) -> T:
     """V4: stage i on streams x [R, S, H]: mHC attention sublayer ``attend`` then the sqrt-softplus MoE."""
-    return hc_block(spec, t, f"layers.{i}.", x, attend, moe_of(spec, t, i, record))
+    return hc_block(spec, t, f"layers.{i}.", x, attend, moe_of(spec, t, i))
 
 
-def lagged_stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T],
-                 record: dict[int, T] | None = None) -> T:
+def lagged_stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T]) -> T:
     """V4.1: stage i on the packed state x [R, S+1, H] (streams, lag): the attention sublayer folds by the lag in,
     the MoE sublayer by the attention's pre; returns the packed (streams, the MoE's pre) [R, S+1, H]."""
     p, hc, eps = f"layers.{i}.", spec.hc, spec.layer.rms_eps
-    moe = moe_of(spec, t, i, record)
+    moe = moe_of(spec, t, i)
     y, lag = klag.unpack_lag(x)
     y, pre = klag.lagged_sublayer(y, lag, t[p + "attn_hc.fn"], t[p + "attn_hc.base"], t[p + "attn_hc.scale"],
                                   hc.sinkhorn_iters, hc.eps, eps,
@@ -145,14 +138,13 @@ def lagged_stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, at
     return klag.pack_lag(y, lag)
 
 
-STAGE: dict[str, Callable[..., T]] = {"own": own_stage, "lagged": lagged_stage}
+STAGE: dict[str, Callable[[Deepseek4DSparkSpec, Mapping[str, T], int, T, Callable[[T], T]], T]] = {
+    "own": own_stage, "lagged": lagged_stage}
 
 
-def stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T],
-          record: dict[int, T] | None = None) -> T:
-    """Stage i of the spec's HC mix (``STAGE``): attention sublayer ``attend`` (normed rows) then the MoE (its
-    experts into ``record`` under i)."""
-    return STAGE[spec.hc_mix](spec, t, i, x, attend, record)
+def stage(spec: Deepseek4DSparkSpec, t: Mapping[str, T], i: int, x: T, attend: Callable[[T], T]) -> T:
+    """Stage i of the spec's HC mix (``STAGE``): attention sublayer ``attend`` (normed rows) then the MoE."""
+    return STAGE[spec.hc_mix](spec, t, i, x, attend)
 
 
 def streams_in(spec: Deepseek4DSparkSpec, h: T) -> T:
@@ -216,8 +208,8 @@ class Deepseek4DSparkDraft:
         """A read-only view of stage ``layer``'s context K = V, positions 0..ctx_len-1 [ctx_len, d]."""
         return self.kv_ctx[layer, :self.ctx_len]
 
-    def backbone(self, anchor: T, record: dict[int, T] | None = None) -> list[T]:
-        """anchor [1] -> each stage's output streams, n_layers x [B, S, H]; ``record`` gets each stage's experts."""
+    def backbone(self, anchor: T) -> list[T]:
+        """anchor [1] -> each stage's output streams, n_layers x [B, S, H]."""
         s, b, spec = self.ctx_len, self.b, self.spec
         if s + b > self.cap:
             raise ValueError(f"draft context of {self.cap} positions is full")
@@ -229,7 +221,7 @@ class Deepseek4DSparkDraft:
         outs = []
         for i in range(spec.num_layers):
             x = stage(spec, self.t, i, x, lambda a, i=i: window_attention(spec, self.t, i, a, pos, self.kv_ctx[i],
-                                                                          self.key_pos, ctx_ok, blk_ok), record)
+                                                                          self.key_pos, ctx_ok, blk_ok))
             outs.append(x)
         return outs
 
@@ -245,8 +237,7 @@ class Deepseek4DSparkDraft:
 
     def propose(self, anchor: int, detail: bool = False) -> DSparkProposal:
         a = torch.tensor([anchor], device=self.device)
-        routing: dict[int, T] | None = {} if detail else None
-        outs = self.backbone(a, routing)
+        outs = self.backbone(a)
         r = self.readout(outs[-1])
         logits, prev = markov_decode(F.linear(r.hn, self.head), a, self.w1, self.w2)
         z = self.confidence_logits(r.g, prev)
@@ -256,7 +247,7 @@ class Deepseek4DSparkDraft:
         drafts, keep = got[:self.b], got[self.b]
         if not detail:
             return DSparkProposal(drafts[:keep])
-        return DSparkProposal(drafts[:keep], logits, torch.stack(outs), drafts, prev, conf, z, routing)
+        return DSparkProposal(drafts[:keep], logits, torch.stack(outs), drafts, prev, conf, z)
 
 
 def forward_train(t: Mapping[str, T], spec: Deepseek4DSparkSpec, embed: T, head: T, feats: T, ids: T, anchors: T,

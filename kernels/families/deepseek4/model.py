@@ -30,6 +30,7 @@ from ...ops import v4_attention as kv4
 from ...ops.moe import Routing, router_logits
 from ...ops.norm import rms_norm
 from ...ops.swiglu_clamp import routed_experts_clamped, swiglu_clamped
+from ..ffn import note_routing
 from ..qwen38.model import Qwen38Pass
 from ..rows import RowPasses
 
@@ -89,6 +90,7 @@ def route(spec: Deepseek4Spec, t: Mapping[str, T], l: int, b: T, ids: T) -> Rout
 def ffn_at(spec: Deepseek4Spec, t: Mapping[str, T], m: str, routing: Routing, b: T) -> T:
     """The MoE under prefix ``m`` on normed rows b [R, H] with its routing: clamped routed experts + the ungated
     clamped shared expert."""
+    note_routing(m.removesuffix("mlp."), routing)   # the experts used, inside ffn.record_routing (the gates)
     lim = spec.swiglu_limit
     gu, dn = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
     if m + "experts.gate_up_proj_scale_inv" in t:                 # MXFP4: codes + e8m0 scales, decoded per chunk

@@ -40,11 +40,9 @@ def eh_input(t: Mapping[str, T], e: T, h: T, eps: float) -> T:
     return F.linear(torch.cat([en, hn], -1), torch.cat([t["e_proj.weight"], t["h_proj.weight"]], 1))
 
 
-def block(spec: Deepseek4Spec, t: Mapping[str, T], u: T, p0: int, cache: kv4.V4Cache | None,
-          record: list[T] | None = None) -> T:
+def block(spec: Deepseek4Spec, t: Mapping[str, T], u: T, p0: int, cache: kv4.V4Cache | None) -> T:
     """The MTP's mHC block on rows u [R, S, H] at positions p0.. (their K = V written to ``cache``; without one
-    the rows attend among themselves from position 0) -> y [R, S, H]; ``record`` gets the experts each row chose
-    [R, k] appended."""
+    the rows attend among themselves from position 0) -> y [R, S, H]."""
     a, eps = spec.attn, spec.layer.rms_eps
     aw, rope = attn_weights_at(t, "self_attn.", "sliding"), kv4.Rope(a.rope_theta, a.rope_dim)
     none = torch.zeros(u.shape[0], dtype=torch.long, device=u.device)
@@ -54,10 +52,7 @@ def block(spec: Deepseek4Spec, t: Mapping[str, T], u: T, p0: int, cache: kv4.V4C
                                 cache=cache)[0]
 
     def moe(b: T) -> T:
-        routing = route_at(spec, t, "mlp.", "moe", b, none)
-        if record is not None:
-            record.append(routing.ids)
-        return ffn_at(spec, t, "mlp.", routing, b)
+        return ffn_at(spec, t, "mlp.", route_at(spec, t, "mlp.", "moe", b, none), b)
 
     return hc_block(spec, t, "", u, attend, moe)
 
@@ -81,8 +76,6 @@ class Proposal:
     ids: list[int]                              # ``width`` drafts
     logits: T | None = None                     # [width, V] when asked
     layer_out: T | None = None                  # [1, width, S, H]: the block's output streams per drafted row
-    routing: list[T] | None = None              # the experts [R, k] of each block call: the real rows, then each
-    #                                             chained row (detail)
 
 
 class Deepseek4MTPDraft(ChainStore):
@@ -101,12 +94,12 @@ class Deepseek4MTPDraft(ChainStore):
         self.next_slot, self.anchor_written = 1, False
         self.pend_e = self.pend_h = self.last_h = None
 
-    def _rows(self, e: T, h: T, slot0: int, record: list[T] | None = None) -> tuple[T, T]:
+    def _rows(self, e: T, h: T, slot0: int) -> tuple[T, T]:
         """Rows (e [R, H], h [R, S, H]) at slots slot0.. (positions slot0-1..), written to the window KV ->
         (y [R, S, H], g [R, H])."""
         if slot0 - 1 + e.shape[0] > self.cap:
             raise ValueError(f"MTP window KV of {self.cap} positions is full (pass ends at {slot0 - 1 + e.shape[0]})")
-        y = block(self.tspec, self.t, eh_input(self.t, e, h, self.eps), slot0 - 1, self.cache, record)
+        y = block(self.tspec, self.t, eh_input(self.t, e, h, self.eps), slot0 - 1, self.cache)
         return y, head_in(self.tspec, self.t, y)
 
     def prompt(self, taps: T) -> None:
@@ -120,19 +113,18 @@ class Deepseek4MTPDraft(ChainStore):
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
         e, h = self.real_rows(self.embed[anchor])
-        record: list[T] | None = [] if detail else None
-        y, g = self._rows(e, h, self.next_slot, record)          # every row real: written for good
+        y, g = self._rows(e, h, self.next_slot)                  # every row real: written for good
         self.written(e.shape[0])
         ys, logits = [y[-1:]], [F.linear(g[-1:], self.head)]
         ids = [int(logits[-1].argmax(-1))]
         for i in range(1, self.width):                           # chained rows: transient positions
-            y, g = self._rows(self.embed[ids[-1]][None], ys[-1], self.next_slot + i - 1, record)
+            y, g = self._rows(self.embed[ids[-1]][None], ys[-1], self.next_slot + i - 1)
             ys.append(y)
             logits.append(F.linear(g, self.head))
             ids.append(int(logits[-1].argmax(-1)))
         if not detail:
             return Proposal(ids)
-        return Proposal(ids, torch.cat(logits), torch.cat(ys)[None], record)
+        return Proposal(ids, torch.cat(logits), torch.cat(ys)[None])
 
     def store_rows(self) -> T:
         """A read-only view of the window KV's real rows, positions 0..next_slot-2 [n, d]."""

@@ -111,13 +111,12 @@ def draft(spec: Glm5NextSpec, ids: Sequence[int], final: np.ndarray, anchor: int
     toks = list(ids)[1:] + [int(anchor)]
     final = here(final)
     xp, hid = ns(final), list(final[:t])
-    with at_layer(0):                      # chained row i's router is choice (ROUTER, i) in a layered pin
-        out = rows(spec, embed(spec, toks), xp.stack(hid))
-    for i in range(1, width):
-        toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
-        hid.append(out.g[-1])
-        with at_layer(i):
+    for i in range(width):
+        with at_layer(i):                  # chained row i's router is choice (ROUTER, i) in a layered pin
             out = rows(spec, embed(spec, toks), xp.stack(hid))
+        if i + 1 < width:
+            toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i]))
+            hid.append(out.g[-1])
     k = slice(t - 1, t - 1 + width)
     return NextNOut(out.layer_out[k], out.g[k], out.logits[k], out.ids[k], out.a[k], out.latent[k])
 

@@ -114,13 +114,12 @@ def draft(mtp: Qwen4ExpMTPSpec, target: Qwen4ExpSpec, ids: Sequence[int], stream
     toks = list(ids[1:]) + [int(anchor)]
     streams = here(streams)
     xp, hid = ns(streams), list(streams[:t])
-    with at_layer(0):                      # chained row i's router is choice (ROUTER, i) in a layered pin
-        out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1))
-    for i in range(1, width):
-        toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i - 1]))
-        hid.append(out.layer_out[-1])
-        with at_layer(i):
+    for i in range(width):
+        with at_layer(i):                  # chained row i's router is choice (ROUTER, i) in a layered pin
             out = rows(mtp, target, embed_rows(target, toks), xp.stack(hid), xp.arange(1, t + 1 + i))
+        if i + 1 < width:
+            toks.append(int(out.ids[-1]) if chain_ids is None else int(chain_ids[i]))
+            hid.append(out.layer_out[-1])
     k = slice(t - 1, t - 1 + width)
     return MTPRefOut(layer_out=out.layer_out[k], f=out.f[k], logits=out.logits[k], ids=out.ids[k])
 
