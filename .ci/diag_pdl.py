@@ -6,7 +6,8 @@ plain ids must equal those of PDL off: the setting changes when kernels start, n
 
 python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   SETTING: off, or BLOOMERY_PDL's flags joined by "+" (on, early, l2=MB), and "gu": the 8B gate/up [24576, 4096]
-  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS
+  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS,
+  and "chunk=N|all": BLOOMERY_ATTN_CHUNK (the attention's keys per split; all: one split, no combine launch)
 """
 import argparse
 import json
@@ -44,8 +45,9 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        flags = [f for f in s.split("+") if f not in ("off", "gu")]
+        flags = [f for f in s.split("+") if f not in ("off", "gu") and not f.startswith("chunk=")]
         os.environ["BLOOMERY_PDL"] = ",".join(flags)
+        os.environ["BLOOMERY_ATTN_CHUNK"] = "".join(f[6:] for f in s.split("+") if f.startswith("chunk="))
         if "gu" in s.split("+"):
             cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
             cfg.write_text(json.dumps(GATE_UP))

@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from .. import graphs
-from . import gemv, interpreting, pdl, pdl_policy
+from . import attn_policy, gemv, interpreting, pdl, pdl_policy
 
-BM, BN, SPLITS = 64, 64, 16
+BM, BN = 64, attn_policy.BLOCK
 
 
 @triton.jit
@@ -78,9 +78,11 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 
 @triton.jit
-def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
+def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
+                       out_ptr, g_ptr, sgr, sgh,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, F32DOT: tl.constexpr, PDL: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
+                       PDL: tl.constexpr, DIRECT: tl.constexpr, GATE: tl.constexpr):
     pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
@@ -101,8 +103,9 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, s
     acc = tl.zeros([BM, D], tl.float32)
     top = p0 + R - 1
     kbase = kv.to(tl.int64) * cap
-    for start in range(sp * chunk, tl.minimum((sp + 1) * chunk, cap), BN):
-        if start <= top:
+    for i in range(NB):                 # the split's NB blocks; the last split's tail past cap is skipped
+        start = sp * (NB * BN) + i * BN
+        if (start <= top) & (start < cap):
             keys = start + tl.arange(0, BN)
             kmask = keys < cap
             k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
@@ -123,14 +126,32 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, chunk, s
                 pv = tl.dot(pr.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-    part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
-    tl.store(m_ptr + part, m_i, mask=rmask)
-    tl.store(l_ptr + part, l_i, mask=rmask)
-    tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
+    if DIRECT:                          # one split: the combine's numbers (its weight exp(m - m) = 1), here
+        hd = (kv * G + rows % G)[:, None] * D + d[None, :]
+        _finish(acc / l_i[:, None], out_ptr + r.to(tl.int64)[:, None] * (NKV * G * D) + hd,
+                g_ptr + r.to(tl.int64)[:, None] * sgr + (kv * G + rows % G)[:, None] * sgh + d[None, :],
+                rmask[:, None], GATE)
+    else:
+        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
+        tl.store(m_ptr + part, m_i, mask=rmask)
+        tl.store(l_ptr + part, l_i, mask=rmask)
+        tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
 
 @triton.jit
-def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, n_split,
+def _finish(o, dst, gate, mask, GATE: tl.constexpr):
+    """The attention's output o (f32) rounded to the output dtype, times sigmoid(gate) with each factor rounded as
+    torch's bf16 ops round them (qwen38's gated attention), stored."""
+    dt = dst.dtype.element_ty
+    o = o.to(dt)
+    if GATE:
+        gt = tl.load(gate, mask=mask, other=0.0).to(tl.float32)
+        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
+    tl.store(dst, o, mask=mask)
+
+
+@triton.jit
+def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, NS: tl.constexpr,
                          NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
                          PDL: tl.constexpr):
     pdl.enter(PDL)
@@ -139,24 +160,19 @@ def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, 
     d = tl.arange(0, D)
     first = kv.to(tl.int64) * RG_PAD + row
     mx = tl.load(m_ptr + first)
-    for sp in range(1, n_split):
+    for sp in range(1, NS):
         mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + row))
     w = tl.exp(tl.load(m_ptr + first) - mx)
     den = w * tl.load(l_ptr + first)
     acc = w * tl.load(o_ptr + first * D + d)
-    for sp in range(1, n_split):
+    for sp in range(1, NS):
         part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
         w = tl.exp(tl.load(m_ptr + part) - mx)
         den += w * tl.load(l_ptr + part)
         acc += w * tl.load(o_ptr + part * D + d)
     r = row // G
-    dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
-    dt = out_ptr.dtype.element_ty
-    o = (acc / den).to(dt)
-    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
-        gt = tl.load(g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d).to(tl.float32)
-        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
-    tl.store(dst, o)
+    _finish(acc / den, out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d,
+            g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d, d < D, GATE)
 
 
 def _pow2(n: int) -> int:
@@ -252,24 +268,24 @@ class TritonOps:
                   ) -> torch.Tensor:
         r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
         rg = r * g
-        chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
-        n_split = triton.cdiv(cap, chunk)
+        chunk, n_split = attn_policy.splits(cap)
+        direct = n_split == 1
         dev = qkv.device
         pm = pdl_policy.mode(dev)[0]
-        m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
-        l = torch.empty_like(m)
-        o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
-        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
-            qkv, qkv.stride(0), kc, vc, p0, r, cap, chunk, 1.0 / math.sqrt(d), m, l, o, rg,
-            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
-            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
-        _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
-                                        gate.stride(0) if gate is not None else 0,
-                                        gate.stride(1) if gate is not None else 0, rg, n_split, NKV=nkv, G=g, D=d,
-                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
+        gargs = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (out, 0, 0)
+        m = torch.empty(1 if direct else n_split * nkv * rg, dtype=torch.float32, device=dev)
+        l = torch.empty_like(m)
+        o = torch.empty(1 if direct else n_split * nkv * rg * d, dtype=torch.float32, device=dev)
+        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, 1.0 / math.sqrt(d), m, l, o, rg, out, *gargs,
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm,
+            DIRECT=direct, GATE=gate is not None, num_warps=4, **pdl_policy.launch_opts(pm))
+        if not direct:
+            _attn_combine_kernel[(rg, nkv)](m, l, o, out, *gargs, rg, NS=n_split, NKV=nkv, G=g, D=d,
+                                            GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
     @staticmethod
