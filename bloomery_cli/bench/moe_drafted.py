@@ -24,6 +24,10 @@ Per draft, n ids a run (``--drafted-n``; the prefill and the draft's prompt excl
   policy_over_best = measured tok/s at policy_width / at best_width. The grid is small (a few widths, n ids each):
   best_width is what those runs measured, host noise included (the eager engines are host-bound).
 
+Cost (H200, from results/h200/speed/i27-moe: eager windows ~85 ms qwen35moe, ~20 ms mimo2 at 8 layers, plus a
+~0.3-0.5 s prefill a run): with n = 32 about 60-90 s for qwen35moe's two drafts (~60 runs, ~20 windows of n-1 ids
+per draft in all), 15-25 s for mimo2's MTP.
+
 Checks (any failing exits 1): ``drafted_ids_identical``: every drafted run's ids equal the plain run's first n
 (greedy, the target's argmax either way); ``drafted_ran``: every requested draft finished its sweep and every sweep
 run drafted (windows with proposals). No draft run never prints ok: both are False when nothing ran.
