@@ -25,12 +25,15 @@ Per draft, n ids a run (``--drafted-n``; the prefill and the draft's prompt excl
   best_width is what those runs measured, host noise included (the eager engines are host-bound).
 
 Cost (H200, from results/h200/speed/i27-moe: eager windows ~85 ms qwen35moe, ~20 ms mimo2 at 8 layers, plus a
-~0.3-0.5 s prefill a run): with n = 32 about 60-90 s for qwen35moe's two drafts (~60 runs, ~20 windows of n-1 ids
-per draft in all), 15-25 s for mimo2's MTP.
+~0.3-0.5 s prefill a run): with n = 32 about 60-90 s for qwen35moe's two drafts (~60 runs
+in all: ~11 (MTP) and ~9 (DFlash) x (n-1) windows), 15-25 s for mimo2's MTP.
 
 Checks (any failing exits 1): ``drafted_ids_identical``: every drafted run's ids equal the plain run's first n
 (greedy, the target's argmax either way); ``drafted_ran``: every requested draft finished its sweep and every sweep
-run drafted (windows with proposals). No draft run never prints ok: both are False when nothing ran.
+run drafted (windows with proposals). No draft run never prints ok: both are False when nothing ran. What the ids
+check sees: the emitted sequence (an id dropped, repeated or changed). At these random weights greedy decoding is a
+walk of the current token (``moe_shapes``), so a wrong cache or draft context does not show in the ids; the gates
+(qwen35moe-mtp, qwen35moe-dflash, mimo2-mtp) are what prove those.
 """
 
 from __future__ import annotations
