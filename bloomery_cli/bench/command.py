@@ -57,6 +57,7 @@ from .hybrid import bench_hybrid
 from .hybrid_shapes import HYBRID_SHAPES
 from .llamacpp import LLAMA_CPP_HELP, compare, find_llama_bench
 from .moe import bench_moe, plot_moe
+from .moe_draft_shapes import parse_drafts
 from .moe_shapes import MOE_SHAPES
 from .shapes import SHAPES, random_pair, read_per_step, weight_bytes
 
@@ -325,7 +326,13 @@ def bench_command(
         = False,
         llama_cpp: Annotated[Path | None, typer.Option("--llama-cpp", help=LLAMA_CPP_HELP)] = None,
         rows: Annotated[int, typer.Option("--rows", help="moe: verify widths 1..ROWS.")] = 16,
-        reps: Annotated[int, typer.Option("--reps", help="moe: timed verifies per width (median).")] = 5) -> None:
+        reps: Annotated[int, typer.Option("--reps", help="moe: timed verifies per width (median).")] = 5,
+        drafts: Annotated[str | None, typer.Option("--drafts", help="moe: the real drafts to run in the drafted "
+                          "loop over the synthetic acceptance sweep and the cost policy, a comma list of mtp, dflash "
+                          "(qwen35moe: mtp,dflash; mimo2: mtp), or none (default: every draft the shape has).")]
+        = None,
+        drafted_n: Annotated[int | None, typer.Option("--drafted-n", help="moe: ids per drafted run (1..-n; "
+                             "default min(32, -n)).")] = None) -> None:
     """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
@@ -340,13 +347,17 @@ def bench_command(
         if moe and hf:
             raise InputError("--hf", f"does not act on `bench {name}` (the MoE bench has no HF comparison)")
         prompt_len = check_bench_flags(name, shape, hybrid or moe, prompt_len, n, layers, block, mtp_width, hf)
+        if not moe and (drafts is not None or drafted_n is not None):
+            raise InputError("--drafts" if drafts is not None else "--drafted-n", f"does not act on `bench {name}` "
+                             "(the MoE bench's drafted runs only)")
+        kinds = parse_drafts(drafts, shape) if moe and shape in MOE_SHAPES else ()
         check_output_file(json, "--json")          # before the run, not after it
         peer = find_llama_bench(llama_cpp) if llama_cpp is not None else None
         apply_threads(threads, device)
         if moe:
             if shape not in MOE_SHAPES:
                 raise ValueError(f"{name}: the MoE bench needs --shape ({', '.join(MOE_SHAPES)})")
-            rec = bench_moe(shape, device, dtype, layers, prompt_len, n, rows, reps)
+            rec = bench_moe(shape, device, dtype, layers, prompt_len, n, rows, reps, drafts=kinds, drafted_n=drafted_n)
             save(rec)
             if json:
                 plot_moe(json.with_name("plot-" + json.stem + ".png"), [rec], [])

@@ -13,11 +13,15 @@ One run, random weights of the shape made on the device (bench_moe_shapes), the 
 - the cost width policy (``width.CostWidth``) fed the measured verify walls, per synthetic acceptance a (each
   proposal kept with probability a, chained): its choice of width against the best width by the measured
   walls, E(k) / wall(k) with E(k) = sum_{j<k} a^j. The draft is taken as free (the bound any draft of its size
-  approaches; MTP / DFlash drafts at these shapes are not run here).
+  approaches);
+- with ``drafts`` (``--drafts``, default every draft the shape has): the real MTP / DFlash drafts at these shapes
+  in the drafted loop over the synthetic acceptance sweep, and the cost policy with their measured cost against
+  the best measured width (``moe_drafted``).
 
 Checks (any failing exits 1; nothing measured never prints ok): every planted worst-case pass touched exactly
 min(E, R k) experts in every MoE layer; every realistic pass between k and min(E, R k); the verify of one row
-read a plain step's bytes.
+read a plain step's bytes; with drafts, every drafted run's ids equal the plain run's and every draft drafted
+(``moe_drafted``).
 """
 
 from __future__ import annotations
@@ -98,13 +102,16 @@ def expected_ids(a: float, k: int) -> float:
     return sum(a ** j for j in range(k))
 
 
-def policy_vs_best(table: list[dict[str, Any]], accepts=ACCEPTS, windows: int = 400, seed: int = 0
-                   ) -> list[dict[str, Any]]:
-    """Per acceptance a: the width CostWidth settles on, fed walls drawn from the measured ones, against the best
-    width by the measured median walls (the draft free)."""
-    rows = len(table)
-    walls = {r["rows"]: r["walls_ms"] for r in table}
-    med = {r["rows"]: r["ms"] for r in table}
+def policy_vs_best(table: list[dict[str, Any]], accepts=ACCEPTS, windows: int = 400, seed: int = 0,
+                   draft_ms: dict[int, float] | None = None, max_width: int | None = None) -> list[dict[str, Any]]:
+    """Per acceptance a: the width CostWidth (widths 1..``max_width``, default every row of ``table``) settles on,
+    fed walls drawn from the measured ones, against the best width by the measured median walls. The draft is free,
+    or with ``draft_ms`` (width k -> ms the draft takes in a window that verifies k ids, k >= 2) added to every
+    drafted wall."""
+    rows = max_width or len(table)
+    extra = {k: (draft_ms or {}).get(k, 0.0) if k > 1 else 0.0 for k in range(1, rows + 1)}
+    walls = {r["rows"]: [w + extra[r["rows"]] for w in r["walls_ms"]] for r in table if r["rows"] <= rows}
+    med = {r["rows"]: r["ms"] + extra[r["rows"]] for r in table if r["rows"] <= rows}
     out = []
     for a in accepts:
         rng = random.Random(seed)
@@ -151,7 +158,9 @@ def checks(b: MoEBytes, real: list[dict[str, Any]], worst: list[dict[str, Any]],
 
 
 def bench_moe(shape: str, device: str, dtype: str, layers: int | None, prompt_len: int, n: int, rows: int,
-              reps: int, log=print) -> dict[str, Any]:
+              reps: int, log=print, drafts: tuple[str, ...] = (), drafted_n: int | None = None) -> dict[str, Any]:
+    """The record; ``drafts``: also the drafted runs of those draft kinds (``moe_drafted``), ``drafted_n`` ids each
+    (default min(32, n))."""
     if shape not in MOE_SHAPES:
         raise ValueError(f"--shape {shape!r}: expected one of {', '.join(MOE_SHAPES)}")
     if dtype not in DTYPES:
@@ -162,10 +171,21 @@ def bench_moe(shape: str, device: str, dtype: str, layers: int | None, prompt_le
     if not 1 <= depth <= s.layers or rows < 1 or n < rows or prompt_len < 1:
         raise ValueError(f"--layers {depth} (1..{s.layers}), --rows {rows} (>= 1), -n {n} (>= rows), --prompt-len "
                          f"{prompt_len} (>= 1)")
+    nd = min(32, n) if drafted_n is None else drafted_n
+    if drafts:
+        from .moe_draft_shapes import DRAFTS
+
+        bad = [k for k in drafts if k not in DRAFTS.get(shape, {})]
+        if bad:
+            raise ValueError(f"--drafts {','.join(bad)}: {shape}'s drafts are {', '.join(DRAFTS.get(shape, {}))}")
+        wide = max(max(DRAFTS[shape][k].grid) for k in drafts)
+        if not 1 <= nd <= n or wide > rows:
+            raise ValueError(f"--drafted-n {nd} (1..n = {n}), --rows {rows} (>= {wide}, the widest drafted verify; "
+                             "or --drafts none)")
     rec: dict[str, Any] = {"bench": "moe", "shape": shape, "shape_facts": s.facts(), "complete": False,
                            "conditions": {**conditions(dev), "device": str(dev), "dtype": dtype,
                                           "prompt_len": prompt_len, "n": n, "layers": depth, "rows": rows,
-                                          "reps": reps, "batch": 1}}
+                                          "reps": reps, "batch": 1, "drafts": list(drafts), "drafted_n": nd}}
     log(f"bench moe shape={shape} layers={depth}/{s.layers} device={dev} "
         f"device_name={rec['conditions']['device_name']!r} dtype={dtype} prompt_len={prompt_len} n={n} rows={rows}")
     t0 = time.perf_counter()
@@ -231,6 +251,13 @@ def bench_moe(shape: str, device: str, dtype: str, layers: int | None, prompt_le
         log(f"cost_policy a={p['accept']} policy_width={p['policy_width']} best_width={p['best_width']} "
             f"policy_over_best={p['policy_over_best']:.3f} best_tok_s_free_draft={p['tok_s_best']:.1f}")
     rec["checks"] = checks(b, rec["verify"], rec["verify_worst"], rec["stack_worst"])
+    if drafts:
+        from .moe_drafted import bench_drafted
+
+        out = bench_drafted(engine, s, drafts, depth, prompt_len + n + rows + 8, prompt, [anchor, *ids], nd,
+                            rec["plain"]["tok_s"], rec["verify"], log)
+        rec["drafted"], rec["policy_drafted"] = out["drafted"], out["policy_drafted"]
+        rec["checks"].update(out["checks"])
     log("checks " + " ".join(f"{k}={'ok' if v else 'FAILED'}" for k, v in rec["checks"].items()))
     rec["complete"] = True
     return rec

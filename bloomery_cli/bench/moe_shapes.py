@@ -100,6 +100,15 @@ def _experts(m: _Maker, t: dict, p: str, s: MoEBenchShape, router_dtype: torch.d
     t[p + "experts.down_proj"] = torch.randn(e, h, f, generator=m.gen, device=m.dev, dtype=m.dt).mul_(0.002)
 
 
+def qwen35moe_ffn(m: _Maker, t: dict, p: str, s: MoEBenchShape, dtype: torch.dtype) -> None:
+    """One qwen35moe MoE FFN under ``p`` (".mlp."): the routed experts (``_experts``) and the gated shared expert."""
+    _experts(m, t, p, s, dtype)
+    gu = m.rnd(2 * s.shared_ff, s.hidden)
+    t[p + "shared_expert.gate_proj.weight"], t[p + "shared_expert.up_proj.weight"] = gu[:s.shared_ff], gu[s.shared_ff:]
+    t[p + "shared_expert.down_proj.weight"] = m.rnd(s.hidden, s.shared_ff)
+    t[p + "shared_expert_gate.weight"] = m.rnd(1, s.hidden)
+
+
 def random_qwen35moe(s: MoEBenchShape, device: torch.device, dtype: torch.dtype, layers: int,
                      seed: int = 0) -> Qwen35MoeSpec:
     """bench_hybrid_shapes' qwen38 trunk at this shape (``layers`` of the 3:1 pattern) with every FFN the MoE."""
@@ -108,13 +117,7 @@ def random_qwen35moe(s: MoEBenchShape, device: torch.device, dtype: torch.dtype,
     t = {n: x for n, x in q38.tensors.items() if ".mlp." not in n}
     m = _Maker(device, dtype, seed + 7)
     for i in range(layers):
-        p = f"model.layers.{i}.mlp."
-        _experts(m, t, p, s, dtype)
-        gu = m.rnd(2 * s.shared_ff, s.hidden)
-        t[p + "shared_expert.gate_proj.weight"], t[p + "shared_expert.up_proj.weight"] = \
-            gu[:s.shared_ff], gu[s.shared_ff:]
-        t[p + "shared_expert.down_proj.weight"] = m.rnd(s.hidden, s.shared_ff)
-        t[p + "shared_expert_gate.weight"] = m.rnd(1, s.hidden)
+        qwen35moe_ffn(m, t, f"model.layers.{i}.mlp.", s, dtype)
     fields = {f.name: getattr(q38, f.name) for f in dataclasses.fields(q38)}
     fields.update(family="qwen35moe", source=Path(f"random:{s.name}"), tensors=t)
     return Qwen35MoeSpec(**fields, moe=s.moe())
