@@ -6,9 +6,7 @@ plain ids must equal those of PDL off: the setting changes when kernels start, n
 
 python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   SETTING: off, or BLOOMERY_PDL's flags joined by "+" (on, early, l2=MB), and "gu": the 8B gate/up [24576, 4096]
-  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS,
-  and "chunk=N|all": BLOOMERY_ATTN_CHUNK (the attention's keys per split; all: one split, no combine launch),
-  and "launch": the attention's splits combined by a kernel of their own (decode.FUSED_COMBINE off)
+  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS
 """
 import argparse
 import json
@@ -23,7 +21,7 @@ from bloomery_cli.bench.common import timed_generate
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
-from bloomery_gates.kernels.triton import decode, gemv
+from bloomery_gates.kernels.triton import gemv
 
 GATE_UP = {"24576x4096": [128, 128, 4, 4, 1]}
 
@@ -46,10 +44,8 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        flags = [f for f in s.split("+") if f not in ("off", "gu", "launch") and not f.startswith("chunk=")]
-        decode.FUSED_COMBINE = "launch" not in s.split("+")
+        flags = [f for f in s.split("+") if f not in ("off", "gu")]
         os.environ["BLOOMERY_PDL"] = ",".join(flags)
-        os.environ["BLOOMERY_ATTN_CHUNK"] = "".join(f[6:] for f in s.split("+") if f.startswith("chunk="))
         if "gu" in s.split("+"):
             cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
             cfg.write_text(json.dumps(GATE_UP))

@@ -14,7 +14,7 @@ import torch
 
 from bloomery_gates.dtypes import TORCH
 from bloomery_gates.errors import InputError
-from bloomery_gates.kernels.triton import attn_policy, pdl_policy
+from bloomery_gates.kernels.triton import pdl_policy
 
 OWN_ENGINES = ("ours", "fast")      # the engines this harness builds (the gate pipeline runs them); others: engines/
 DTYPES = TORCH          # run dtype name -> torch dtype (bloomery_gates.dtypes, the one table)
@@ -98,8 +98,7 @@ class DraftCheck:
 
 
 def resolve_device(device: str) -> torch.device:
-    pdl_policy.setting()                # a bad BLOOMERY_PDL or BLOOMERY_ATTN_CHUNK: a named error before any work
-    attn_policy.setting()               # (exit 2)
+    pdl_policy.setting()                # a bad BLOOMERY_PDL is a named error before any work (exit 2)
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise InputError("--device", f"{device} asked for, but CUDA is not available on this machine")

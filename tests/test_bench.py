@@ -156,12 +156,9 @@ triton_only = pytest.mark.skipif(not ktriton.available("cpu") and not torch.cuda
 
 
 @triton_only
-@pytest.mark.parametrize("chunk", ["", "all"])                  # 2 splits + the combine; one split, no combine
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_decode_ops_match_torch(dtype, chunk, monkeypatch):
+def test_triton_decode_ops_match_torch(dtype):
     from bloomery_gates.kernels.triton.decode import TritonOps
-
-    monkeypatch.setenv("BLOOMERY_ATTN_CHUNK", chunk)
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(0)

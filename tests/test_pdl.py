@@ -101,31 +101,3 @@ def test_a_record_names_the_engine_setting_it_ran_under(monkeypatch):
     assert device_label({"gate": "g", "conditions": plain}) == plain["device_name"]
     with pytest.raises(InputError, match="knobs"):
         check_record("r.json", {"gate": "g", "conditions": {**c, "knobs": {"BLOOMERY_PDL": 1}}})
-
-
-@pytest.mark.parametrize("text, want", [("", 0), ("all", -1), ("256", 256), (" 64 ", 64)])
-def test_attention_chunk_setting_parses(text, want):
-    from bloomery_gates.kernels.triton import attn_policy
-
-    assert attn_policy.setting(text) == want
-
-
-@pytest.mark.parametrize("text", ["0", "100", "-64", "half", "64k"])
-def test_a_bad_attention_chunk_is_a_named_error_before_any_work(text, monkeypatch):
-    from bloomery_cli.gatekit import resolve_device
-    from bloomery_gates.kernels.triton import attn_policy
-
-    with pytest.raises(InputError, match="BLOOMERY_ATTN_CHUNK"):
-        attn_policy.setting(text)
-    monkeypatch.setenv("BLOOMERY_ATTN_CHUNK", text)
-    with pytest.raises(InputError, match="BLOOMERY_ATTN_CHUNK"):
-        resolve_device("cpu")
-
-
-@pytest.mark.parametrize("cap, chunk_min, want", [
-    (96, 0, (64, 2)), (1024, 0, (64, 16)), (4096, 0, (256, 16)), (33000, 0, (2112, 16)),   # 16 splits of the cache
-    (1024, 256, (256, 4)), (4096, 128, (256, 16)), (96, -1, (128, 1)), (1024, -1, (1024, 1))])
-def test_attention_splits_depend_on_the_cache_only(cap, chunk_min, want):
-    from bloomery_gates.kernels.triton import attn_policy
-
-    assert attn_policy.splits(cap, chunk_min) == want

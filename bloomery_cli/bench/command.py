@@ -404,9 +404,7 @@ def bench_command(
 bench_command.__doc__ = (                 # --help: one paragraph per setting group, wrapped by the terminal
     f"{bench_command.__doc__}\n\nEngine settings from the environment, named in the record (conditions.knobs): "
     "BLOOMERY_PDL=on,early,l2=4 (programmatic dependent launch in the graphed passes, CUDA sm_90+; docs/SPEED.md), "
-    "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles), "
-    "BLOOMERY_ATTN_CHUNK=N|all (the decode attention's keys per split: N a multiple of 64, all for one split and no "
-    "combine launch).")
+    "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles).")
 
 def _device_verdict(rec: dict) -> None:
     """Exit 1 unless the device-accept loop ran every drafted row with the reference's ids (``bench.accept``)."""

@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from .. import graphs
-from . import attn_policy, gemv, interpreting, pdl, pdl_policy
+from . import gemv, interpreting, pdl, pdl_policy
 
-BM, BN = 64, attn_policy.BLOCK
+BM, BN, SPLITS = 64, 64, 16
 
 
 @triton.jit
@@ -79,10 +79,9 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 @triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
-                       out_ptr, g_ptr, sgr, sgh, cnt_ptr,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, NS: tl.constexpr, F32DOT: tl.constexpr,
-                       PDL: tl.constexpr, DIRECT: tl.constexpr, FUSE: tl.constexpr, GATE: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
+                       PDL: tl.constexpr):
     pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
@@ -103,8 +102,8 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
     acc = tl.zeros([BM, D], tl.float32)
     top = p0 + R - 1
     kbase = kv.to(tl.int64) * cap
-    for i in range(NB):                 # the split's NB blocks; the last split's tail past cap is skipped
-        start = sp * (NB * BN) + i * BN
+    for i in range(NB):                 # the split's NB blocks (constexpr bounds: the CPU interpreter takes no tensor
+        start = sp * (NB * BN) + i * BN  # bounds with numpy 2); the last split's tail past cap is skipped
         if (start <= top) & (start < cap):
             keys = start + tl.arange(0, BN)
             kmask = keys < cap
@@ -126,53 +125,10 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
                 pv = tl.dot(pr.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-    if DIRECT:                          # one split: the combine's numbers (its weight exp(m - m) = 1), here
-        hd = (kv * G + rows % G)[:, None] * D + d[None, :]
-        _finish(acc / l_i[:, None], out_ptr + r.to(tl.int64)[:, None] * (NKV * G * D) + hd,
-                g_ptr + r.to(tl.int64)[:, None] * sgr + (kv * G + rows % G)[:, None] * sgh + d[None, :],
-                rmask[:, None], GATE)
-    else:
-        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
-        tl.store(m_ptr + part, m_i, mask=rmask)
-        tl.store(l_ptr + part, l_i, mask=rmask)
-        tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
-        if FUSE:                        # the (kv, row block)'s last split to arrive combines them all
-            tl.debug_barrier()          # every thread's partials written before the one release below
-            tile = kv * tl.num_programs(2) + mb
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == NS - 1:
-                first = kv.to(tl.int64) * RG_PAD + rows
-                mx = tl.load(m_ptr + first, mask=rmask, other=0.0, volatile=True)
-                for j in range(1, NS):
-                    mx = tl.maximum(mx, tl.load(m_ptr + (j * NKV + kv).to(tl.int64) * RG_PAD + rows, mask=rmask,
-                                                other=0.0, volatile=True))
-                w = tl.exp(tl.load(m_ptr + first, mask=rmask, other=0.0, volatile=True) - mx)
-                den = w * tl.load(l_ptr + first, mask=rmask, other=1.0, volatile=True)
-                acc = w[:, None] * tl.load(o_ptr + first[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0,
-                                           volatile=True)
-                for j in range(1, NS):
-                    nxt = (j * NKV + kv).to(tl.int64) * RG_PAD + rows
-                    w = tl.exp(tl.load(m_ptr + nxt, mask=rmask, other=0.0, volatile=True) - mx)
-                    den += w * tl.load(l_ptr + nxt, mask=rmask, other=0.0, volatile=True)
-                    acc += w[:, None] * tl.load(o_ptr + nxt[:, None] * D + d[None, :], mask=rmask[:, None],
-                                                other=0.0, volatile=True)
-                hd = (kv * G + rows % G)[:, None] * D + d[None, :]
-                _finish(acc / den[:, None], out_ptr + r.to(tl.int64)[:, None] * (NKV * G * D) + hd,
-                        g_ptr + r.to(tl.int64)[:, None] * sgr + (kv * G + rows % G)[:, None] * sgh + d[None, :],
-                        rmask[:, None], GATE)
-                tl.atomic_xchg(cnt_ptr + tile, 0)        # the counter ready for the next call
-
-
-@triton.jit
-def _finish(o, dst, gate, mask, GATE: tl.constexpr):
-    """The attention's output o (f32) rounded to the output dtype, times sigmoid(gate) with each factor rounded as
-    torch's bf16 ops round them (qwen38's gated attention), stored."""
-    dt = dst.dtype.element_ty
-    o = o.to(dt)
-    if GATE:
-        gt = tl.load(gate, mask=mask, other=0.0).to(tl.float32)
-        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
-    tl.store(dst, o, mask=mask)
+    part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
+    tl.store(m_ptr + part, m_i, mask=rmask)
+    tl.store(l_ptr + part, l_i, mask=rmask)
+    tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
 
 @triton.jit
@@ -196,8 +152,13 @@ def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, 
         den += w * tl.load(l_ptr + part)
         acc += w * tl.load(o_ptr + part * D + d)
     r = row // G
-    _finish(acc / den, out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d,
-            g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d, d < D, GATE)
+    dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
+    dt = out_ptr.dtype.element_ty
+    o = (acc / den).to(dt)
+    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
+        gt = tl.load(g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d).to(tl.float32)
+        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
+    tl.store(dst, o)
 
 
 def _pow2(n: int) -> int:
@@ -232,20 +193,6 @@ def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr
     if V:                               # the row's V head beside its K head (the same cache layout)
         vv = tl.load(v_ptr + r.to(tl.int64) * svr + hd * svh + c, mask=c < D, other=0.0)
         tl.store(vc_ptr + row.to(tl.int64) * sor + hd * soh + c, vv, mask=c < D)
-
-
-FUSED_COMBINE = True                    # the splits' combine in the split kernel's last program (False: a launch)
-_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """The attention's arrival counters, one per (kv head, row block), int32, zero between calls (the last split
-    resets its own); one per size and device, made on first use, so before a CUDA graph capture (an engine's
-    warm-up pass runs the attention first; a buffer made inside a capture would belong to that graph's pool)."""
-    key = (str(device), n)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
-    return _COUNTERS[key]
 
 
 class TritonOps:
@@ -307,27 +254,24 @@ class TritonOps:
                   ) -> torch.Tensor:
         r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
         rg = r * g
-        chunk, n_split = attn_policy.splits(cap)
-        direct = n_split == 1
+        chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
+        n_split = triton.cdiv(cap, chunk)
         dev = qkv.device
         pm = pdl_policy.mode(dev)[0]
+        m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
+        l = torch.empty_like(m)
+        o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
+        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, 1.0 / math.sqrt(d), m, l, o, rg,
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
+            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
-        gargs = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (out, 0, 0)
-        m = torch.empty(1 if direct else n_split * nkv * rg, dtype=torch.float32, device=dev)
-        l = torch.empty_like(m)
-        o = torch.empty(1 if direct else n_split * nkv * rg * d, dtype=torch.float32, device=dev)
-        grid = (nkv, n_split, triton.cdiv(rg, BM))
-        fuse = FUSED_COMBINE and not direct
-        cnt = _counters(dev, nkv * grid[2]) if fuse else m
-        _attn_split_kernel[grid](
-            qkv, qkv.stride(0), kc, vc, p0, r, cap, 1.0 / math.sqrt(d), m, l, o, rg, out, *gargs, cnt,
-            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, NS=n_split, F32DOT=interpreting(),
-            PDL=pm, DIRECT=direct, FUSE=fuse, GATE=gate is not None, num_warps=4, **pdl_policy.launch_opts(pm))
-        if not direct and not fuse:
-            _attn_combine_kernel[(rg, nkv)](m, l, o, out, *gargs, rg, NS=n_split, NKV=nkv, G=g, D=d,
-                                            GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
+        _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
+                                        gate.stride(0) if gate is not None else 0,
+                                        gate.stride(1) if gate is not None else 0, rg, NS=n_split, NKV=nkv, G=g, D=d,
+                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
     @staticmethod
