@@ -45,7 +45,7 @@ def main() -> int:
     bad = 0
     for s in a.settings:
         flags = [f for f in s.split("+") if f not in ("off", "gu")]
-        os.environ["BLOOMERY_PDL"] = ",".join(flags)
+        os.environ["BLOOMERY_PDL"] = ",".join(flags) or "off"
         if "gu" in s.split("+"):
             cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
             cfg.write_text(json.dumps(GATE_UP))

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from bloomery_cli import speculative
 from bloomery_cli.bench import moe_drafted
-from bloomery_cli.bench.moe import ACCEPTS, policy_vs_best
 from bloomery_cli.bench.moe_draft_shapes import DRAFTS, parse_drafts
+from bloomery_cli.bench.moe_policy import ACCEPTS, policy_vs_best
 from bloomery_cli.cli import app
 from bloomery_gates.errors import InputError
 

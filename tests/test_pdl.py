@@ -14,7 +14,9 @@ from bloomery_gates.kernels.triton import pdl_policy as p
 
 
 @pytest.mark.parametrize("text, want", [
-    ("", p.Setting()),
+    ("", p.Setting(on=True, early=True, l2_bytes=4 << 20)),         # the default: DEFAULT
+    ("off", p.Setting()),
+    (" off ", p.Setting()),
     ("on", p.Setting(on=True)),
     ("on,early", p.Setting(on=True, early=True)),
     (" on , early , l2=4 ", p.Setting(on=True, early=True, l2_bytes=4 << 20)),
@@ -25,7 +27,8 @@ def test_setting_parses(text, want):
     assert p.setting(text) == want
 
 
-@pytest.mark.parametrize("text", ["yes", "on,l2=abc", "on,l2=-1", "on,l2=0", "early", "l2=4", "on,early,late"])
+@pytest.mark.parametrize("text", ["yes", "on,l2=abc", "on,l2=-1", "on,l2=0", "early", "l2=4", "on,early,late",
+                                  "off,on"])
 def test_a_bad_setting_is_a_named_error(text):
     with pytest.raises(InputError, match="BLOOMERY_PDL"):
         p.setting(text)
@@ -101,3 +104,15 @@ def test_a_record_names_the_engine_setting_it_ran_under(monkeypatch):
     assert device_label({"gate": "g", "conditions": plain}) == plain["device_name"]
     with pytest.raises(InputError, match="knobs"):
         check_record("r.json", {"gate": "g", "conditions": {**c, "knobs": {"BLOOMERY_PDL": 1}}})
+
+
+def test_describe_names_what_a_record_ran_under(monkeypatch):
+    monkeypatch.delenv("BLOOMERY_PDL", raising=False)
+    assert p.describe(torch.device("cpu")) is None                # off CUDA: nothing to name
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
+        dev = torch.device("cuda")
+        assert p.describe(dev) == "on,early,l2=4"
+        monkeypatch.setenv("BLOOMERY_PDL", "off")
+        assert p.describe(dev) == "off"
+        monkeypatch.setenv("BLOOMERY_PDL", "on,l2")
+        assert p.describe(dev) == "on,l2"

@@ -26,7 +26,6 @@ read a plain step's bytes; with drafts, every drafted run's ids equal the plain 
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from pathlib import Path
@@ -39,14 +38,12 @@ from bloomery_gates.kernels.ops.moe import Routing
 
 from ..gatekit import resolve_device
 from ..results.records import conditions
-from ..width import CostWidth
 from .common import DTYPES, sync
 from .dflash2 import copy_bandwidth
 from .moe_bytes import MoEBytes, disjoint_ids, distinct_of, distinct_uniform, distinct_worst, load_spread, moe_bytes
+from .moe_policy import policy_vs_best
 from .moe_shapes import MOE_SHAPES, MoEBenchShape, build_engine, mimo2_layer_types
 from .moe_stack import stack_table
-
-ACCEPTS = (0.5, 0.7, 0.8, 0.9, 0.95)
 
 
 def pass_routing(engine, out) -> dict[int, Routing]:
@@ -96,40 +93,6 @@ def verify_table(engine, b: MoEBytes, anchor: int, cont: list[int], rows: int, r
         row["rel_plain"] = row["ms"] / base_ms
         row["bytes_rel"] = row["bytes"] / base_bytes
     return table
-
-
-def expected_ids(a: float, k: int) -> float:
-    return sum(a ** j for j in range(k))
-
-
-def policy_vs_best(table: list[dict[str, Any]], accepts=ACCEPTS, windows: int = 400, seed: int = 0,
-                   draft_ms: dict[int, float] | None = None, max_width: int | None = None) -> list[dict[str, Any]]:
-    """Per acceptance a: the width CostWidth (widths 1..``max_width``, default every row of ``table``) settles on,
-    fed walls drawn from the measured ones, against the best width by the measured median walls. The draft is free,
-    or with ``draft_ms`` (width k -> ms the draft takes in a window that verifies k ids, k >= 2) added to every
-    drafted wall."""
-    rows = max_width or len(table)
-    extra = {k: (draft_ms or {}).get(k, 0.0) if k > 1 else 0.0 for k in range(1, rows + 1)}
-    walls = {r["rows"]: [w + extra[r["rows"]] for w in r["walls_ms"]] for r in table if r["rows"] <= rows}
-    med = {r["rows"]: r["ms"] + extra[r["rows"]] for r in table if r["rows"] <= rows}
-    out = []
-    for a in accepts:
-        rng = random.Random(seed)
-        pol = CostWidth(rows)
-        for _ in range(windows):
-            k = pol.choose()
-            kept = 1
-            while kept < k and rng.random() < a:
-                kept += 1
-            pol.observe(k, kept, rng.choice(walls[k]) / 1e3)
-        rate = {k: expected_ids(a, k) / med[k] for k in range(1, rows + 1)}
-        best = max(rate, key=lambda j: (rate[j], -j))
-        chosen = pol.best()
-        tail = pol.chosen[-windows // 4:]
-        out.append({"accept": a, "policy_width": chosen, "policy_mode_last": max(set(tail), key=tail.count),
-                    "best_width": best, "best_ids_per_ms": rate[best], "policy_ids_per_ms": rate[chosen],
-                    "policy_over_best": rate[chosen] / rate[best], "tok_s_best": rate[best] * 1e3})
-    return out
 
 
 def _spread(routings: list[dict[int, Routing]], experts: int) -> dict[str, float]:

@@ -17,7 +17,7 @@ Per draft, n ids a run (``--drafted-n``; the prefill and the draft's prompt excl
   draft_ms = that draft time per drafted window;
 - the grid: the drafted loop at every verify width k of the draft's ``grid`` (k = 1: one plain run with the draft's
   context following, shared by every a), per a (the sweep's run reused at the natural width);
-- the policy, per a: ``moe.policy_vs_best`` (CostWidth over widths 1..max(grid) fed walls drawn from the verify
+- the policy, per a: ``moe_policy.policy_vs_best`` (CostWidth over widths 1..max(grid) fed walls drawn from the verify
   table's measured walls of k rows plus draft_ms(k), the draft time per window measured in the grid at this a,
   linear between grid widths, 0 at k = 1) -> policy_width and the model's best width; against best_width, the width
   of the fastest measured run of the grid (a policy width outside the grid is run too and joins the comparison):
@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .common import ReplayDraft, sync, timed_generate
-from .moe import ACCEPTS, expected_ids, policy_vs_best
 from .moe_draft_shapes import DraftShape, build_draft, set_width
+from .moe_policy import ACCEPTS, expected_ids, policy_vs_best
 
 
 @dataclass

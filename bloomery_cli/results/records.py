@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from bloomery_gates.kernels.triton import pdl_policy
+
 
 def git_commit() -> str:
     """The checkout's commit (``-dirty`` when tracked files changed); $BLOOMERY_COMMIT where there is no
@@ -46,6 +48,9 @@ def conditions(device: torch.device) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "torch": torch.__version__, "python": platform.python_version(),
     }
+    pdl = pdl_policy.describe(device)
+    if pdl is not None:                         # what the graphed passes took (on by default since issue 27)
+        out["pdl"] = pdl
     knobs = {k: os.environ[k] for k in KNOBS if os.environ.get(k)}
     if knobs:
         out["knobs"] = knobs

@@ -24,7 +24,8 @@ _OPT = "?"                                   # suffix: null allowed
 _ACCEPTANCE = {"accept_mean": NUM, "accept_mean_macro": NUM, "windows": INT, "kept": [INT], "pos_accept": [NUM],
                "pos_accept_cond": [NUM], "draft_share": NUM, "verify_rows": INT}
 _CONDITIONS = {"device_name": STR, "date": STR, "commit": STR, "dtype": STR, "device": STR, "prompt_len": INT,
-               "engine": STR, "verify_rows": INT, "layers": INT, "width": STR, "n": INT, "knobs": {"*": STR}}
+               "engine": STR, "verify_rows": INT, "layers": INT, "width": STR, "n": INT, "knobs": {"*": STR},
+               "pdl": STR}
 SCHEMA: dict[str, Any] = {
     "gate": STR, "bench": STR, "passed": BOOL, "complete": BOOL, "dtype": STR, "device": STR, "target": STR,
     "n": INT, "ctx": INT, "within": BOOL, "plan_measure": STR, "measured_what": STR, "prompt_len": INT,

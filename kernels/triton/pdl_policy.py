@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (PDL, Hopper and later) for the decode step's Triton kernels: an experiment of
-issue 27, off unless ``BLOOMERY_PDL`` asks for it.
+"""Programmatic dependent launch (PDL, Hopper and later) for the decode step's Triton kernels (issue 27): on by
+default in a graph's warm-up and capture, ``BLOOMERY_PDL=off`` turns it off.
 
 A decode step is ~330 kernels in a row; each boundary drains one kernel and fills the next, and the latency-bound
 ones (attention, rope, rms, silu: ~12 us a layer at 8B) leave HBM idle. With PDL a kernel may be launched while
@@ -10,7 +10,8 @@ before it ends, so "finished" stays transitive along the chain and the step's nu
 projections' sums keep their order). A kernel not launched with PDL (cuBLAS, torch ops) runs after the one
 before it has finished, as without PDL.
 
-    BLOOMERY_PDL = "" | "on" | "on,early" | "on,l2=MB" | "on,early,l2=MB"
+    BLOOMERY_PDL = unset or "" (DEFAULT: "on,early,l2=4") | "off" | "on" | "on,early" | "on,l2=MB" | "on,early,l2=MB"
+      off    every launch as without PDL
       on     the Triton decode kernels launched with PDL; each waits first, then lets its successor launch
       early  each lets its successor launch first, then waits (the chain of launches runs ahead)
       l2=MB  the projection's programs prefetch the head of each row of their weight slab into L2 before the
@@ -18,10 +19,12 @@ before it has finished, as without PDL.
              slab; measured at 500f780: 0.8 ms a step slower at 8B, the 100 MB down_proj evicting its own
              prefetched lines before they are read)
 
-``mode()`` is read at each launch, so a graph captured under one setting keeps it. Only the launches of a
-``GraphSet``'s warm-up and capture take PDL (``graphs.graphing``; the warm-up compiles the variant the capture
-launches): launched one by one from the host (a prompt, an eager draft), the 27B MTP bench ran 9%
-slower with it (results/h200/speed/c5d9074-pdl), its graphed chain 2% faster.
+The default is the setting measured best (results/h200/speed/ec34bc2-pdl: the 8B chain 0.790 -> 0.825 of the read
+roofline, the 27B MTP drafted run +12%), made the default once every fast-engine gate had passed under it on the
+H200 (results/h200/fast/). ``mode()`` is read at each launch, so a graph captured under one setting keeps it. Only
+the launches of a ``GraphSet``'s warm-up and capture take PDL (``graphs.graphing``; the warm-up compiles the variant
+the capture launches): launched one by one from the host (a prompt, an eager draft), the 27B MTP bench ran 9% slower
+with it (results/h200/speed/c5d9074-pdl), its graphed chain 2% faster.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .. import graphs
 
 OFF, WAIT_FIRST, LAUNCH_FIRST = 0, 1, 2
 VAR = "BLOOMERY_PDL"
+DEFAULT = "on,early,l2=4"
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,11 @@ class Setting:
 
 
 def setting(text: str | None = None) -> Setting:
-    """``text`` (default: the environment's BLOOMERY_PDL) parsed; a flag it does not know is an InputError."""
-    text = os.environ.get(VAR, "") if text is None else text
+    """``text`` (default: the environment's BLOOMERY_PDL) parsed, unset or empty meaning DEFAULT; a flag it does not
+    know is an InputError."""
+    text = (os.environ.get(VAR, "") if text is None else text).strip() or DEFAULT
+    if text == "off":
+        return Setting()
     on = early = False
     l2: int | None = None
     for flag in (f.strip() for f in text.split(",") if f.strip()):
@@ -64,7 +71,8 @@ def setting(text: str | None = None) -> Setting:
             if l2 < 0 or (value and l2 == 0):
                 raise InputError(VAR, f"{flag!r}: l2 takes a positive size in MiB (l2=4), or no size (the whole slab)")
         else:
-            raise InputError(VAR, f"{flag!r}: expected a comma list of on, early, l2[=MiB] (e.g. on,early,l2=4)")
+            raise InputError(VAR, f"{flag!r}: expected off, or a comma list of on, early, l2[=MiB] "
+                                  "(e.g. on,early,l2=4)")
     if (early or l2 is not None) and not on:
         raise InputError(VAR, f"{text!r}: early and l2 need on (e.g. on,early,l2=4)")
     return Setting(on, early, l2)
@@ -79,6 +87,20 @@ def mode(device: torch.device) -> tuple[int, int | None]:
     if not s.on or torch.cuda.get_device_capability(device)[0] < 9:
         return OFF, None
     return (LAUNCH_FIRST if s.early else WAIT_FIRST), s.l2_bytes
+
+
+def describe(device: torch.device) -> str | None:
+    """What the graphed passes on ``device`` take, for a record: the setting (e.g. "on,early,l2=4"), "off", or
+    "off (compute capability < 9)"; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    s = setting()
+    if not s.on:
+        return "off"
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return "off (compute capability < 9)"
+    l2 = "" if s.l2_bytes is None else ",l2" if s.l2_bytes == 0 else f",l2={s.l2_bytes / (1 << 20):g}"
+    return "on" + (",early" if s.early else "") + l2
 
 
 def row_bytes(budget: int | None, rows: int, row_span: int) -> int:
