@@ -403,7 +403,8 @@ def bench_command(
 
 bench_command.__doc__ = (                 # --help: one paragraph per setting group, wrapped by the terminal
     f"{bench_command.__doc__}\n\nEngine settings from the environment, named in the record (conditions.knobs): "
-    "BLOOMERY_PDL=on,early,l2=4 (programmatic dependent launch in the graphed passes, CUDA sm_90+; docs/SPEED.md), "
+    "BLOOMERY_PDL=off (programmatic dependent launch in the graphed passes, CUDA sm_90+, is on by default: "
+    "on,early,l2=4; docs/SPEED.md), "
     "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles).")
 
 def _device_verdict(rec: dict) -> None:
