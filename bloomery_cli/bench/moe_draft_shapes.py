@@ -36,7 +36,7 @@ from bloomery_gates.spec import DFlashSpec, Mimo2MTPSpec, MTPSpec
 
 from ..formats.dflash import default_target_layer_ids
 from .hybrid_shapes import _Maker
-from .moe_shapes import MOE_SHAPES, MoEBenchShape, _hybrid, qwen35moe_ffn
+from .moe_shapes import MOE_SHAPES, MoEBenchShape, _hybrid, dense_mlp, mimo2_attention, qwen35moe_ffn
 from .shapes import BenchShape, _layer, weight_bytes
 
 KINDS = ("mtp", "dflash")
@@ -125,16 +125,8 @@ def random_mimo2_mtp(s: MoEBenchShape, target, layers: int, device: torch.device
         for n in ("enorm", "hnorm", "input_layernorm", "pre_mlp_layernorm", "final_layernorm"):
             t[p + n + ".weight"] = m.full(h, 1.0)
         t[p + "eh_proj.weight"] = m.rnd(h, 2 * h)
-        nq, nk, nv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.v_head_dim
-        qkv = m.rnd(nq + nk + nv, h)
-        t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"], t[p + "self_attn.v_proj.weight"] = \
-            qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
-        t[p + "self_attn.o_proj.weight"] = m.rnd(h, a.num_heads * a.v_head_dim)
-        if a.sinks:
-            t[p + "self_attn.attention_sink_bias"] = torch.zeros(a.num_heads, device=device, dtype=dtype)
-        gu = m.rnd(2 * ff, h)
-        t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
-        t[p + "mlp.down_proj.weight"] = m.rnd(h, ff)
+        mimo2_attention(m, t, p, a, h)
+        dense_mlp(m, t, p, h, ff)
     return Mimo2MTPSpec(kind="mimo2-mtp", source=Path(f"random:{s.name}-mtp"), source_format="random", attn=a,
                         hidden_size=h, intermediate_size=ff, rms_eps=target.layer.rms_eps,
                         value_scale=target.mimo.value_scale, num_layers=layers, vocab_size=s.vocab, tensors=t)

@@ -123,6 +123,25 @@ def random_qwen35moe(s: MoEBenchShape, device: torch.device, dtype: torch.dtype,
     return Qwen35MoeSpec(**fields, moe=s.moe())
 
 
+def mimo2_attention(m: _Maker, t: dict, p: str, a: AttnShape, h: int) -> None:
+    """A MiMo-V2 attention's tensors under prefix p (q/k/v rows of one draw, o_proj, the sink bias when it has
+    sinks): the trunk's layers and its MTP layers alike."""
+    nq, nk, nv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.v_head_dim
+    qkv = m.rnd(nq + nk + nv, h)
+    t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"], t[p + "self_attn.v_proj.weight"] = \
+        qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+    t[p + "self_attn.o_proj.weight"] = m.rnd(h, a.num_heads * a.v_head_dim)
+    if a.sinks:
+        t[p + "self_attn.attention_sink_bias"] = torch.zeros(a.num_heads, device=qkv.device, dtype=qkv.dtype)
+
+
+def dense_mlp(m: _Maker, t: dict, p: str, h: int, ff: int) -> None:
+    """A dense SwiGLU MLP's gate/up (rows of one draw) and down under prefix p."""
+    gu = m.rnd(2 * ff, h)
+    t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
+    t[p + "mlp.down_proj.weight"] = m.rnd(h, ff)
+
+
 def mimo2_layer_types(s: MoEBenchShape, layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     attn = tuple("full_attention" if i % s.full_every == 0 else "sliding_attention" for i in range(layers))
     mlp = tuple("dense" if i < s.dense_layers else "sparse" for i in range(layers))
@@ -143,17 +162,9 @@ def random_mimo2(s: MoEBenchShape, device: torch.device, dtype: torch.dtype, lay
     for i in range(layers):
         p, a = f"model.layers.{i}.", swa if attn[i] == "sliding_attention" else full
         t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = m.full(h, 1.0), m.full(h, 1.0)
-        nq, nk, nv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.v_head_dim
-        qkv = m.rnd(nq + nk + nv, h)
-        t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"], t[p + "self_attn.v_proj.weight"] = \
-            qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
-        t[p + "self_attn.o_proj.weight"] = m.rnd(h, a.num_heads * a.v_head_dim)
-        if a.sinks:
-            t[p + "self_attn.attention_sink_bias"] = torch.zeros(a.num_heads, device=device, dtype=dtype)
+        mimo2_attention(m, t, p, a, h)
         if mlp[i] == "dense":
-            gu = m.rnd(2 * s.dense_ff, h)
-            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = gu[:s.dense_ff], gu[s.dense_ff:]
-            t[p + "mlp.down_proj.weight"] = m.rnd(h, s.dense_ff)
+            dense_mlp(m, t, p, h, s.dense_ff)
         else:
             _experts(m, t, p + "mlp.", s, torch.float32)
             t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(s.experts, device=device)
