@@ -10,7 +10,9 @@ import pytest
 def test_no_top_level_kernels_shadow():
     spec = importlib.util.find_spec("kernels")
     if spec is not None:   # the PyPI `kernels` package may be installed; it must not be ours
-        assert "bloomery" not in str(spec.origin) and "/work/" not in str(spec.origin)
+        assert "bloomery" not in str(spec.origin) and "/work/" not in str(spec.origin), (
+            f"a top-level `kernels` resolves to {spec.origin}: run `pytest`, not `python -m pytest` from the repo root "
+            "(which puts the root, and its kernels/ folder, on sys.path)")
     import bloomery_gates.kernels as ours
     import bloomery_gates.reference  # noqa: F401
 
