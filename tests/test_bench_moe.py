@@ -93,7 +93,7 @@ def _bench(tmp_path, shape, *extra):
 
 @pytest.mark.parametrize("name", ["qwen35moe-tiny", "mimo2-tiny"])
 def test_bench_moe_record(tmp_path, name):
-    res, rec = _bench(tmp_path, name)
+    res, rec = _bench(tmp_path, name, "--drafts", "none")      # the drafted runs: tests/test_bench_moe_drafted.py
     assert res.exit_code == 0, res.output
     assert rec["complete"] and all(rec["checks"].values())
     s = MOE_SHAPES[name]
@@ -116,7 +116,7 @@ def _not_forced(fn):
 def test_fail_first_worst_case_not_planted(tmp_path, monkeypatch):
     """Planted defect: the worst case's routing never reaches the engine -> the check fails, exit 1."""
     monkeypatch.setattr(bench_moe, "forced_routing", _not_forced)
-    res, rec = _bench(tmp_path, "qwen35moe-tiny")
+    res, rec = _bench(tmp_path, "qwen35moe-tiny", "--drafts", "none")
     assert res.exit_code == 1 and not rec["checks"]["worst_case_planted"]
 
 
@@ -125,14 +125,14 @@ def test_fail_first_stack_worst_not_planted(tmp_path, monkeypatch):
     from bloomery_cli.bench import moe_stack as bench_moe_stack
 
     monkeypatch.setattr(bench_moe_stack, "forced_routing", _not_forced)
-    res, rec = _bench(tmp_path, "mimo2-tiny")
+    res, rec = _bench(tmp_path, "mimo2-tiny", "--drafts", "none")
     assert res.exit_code == 1 and not rec["checks"]["stack_worst_planted"] and rec["checks"]["worst_case_planted"]
 
 
 def test_fail_first_distinct_counted_as_pairs(tmp_path, monkeypatch):
     """Planted defect: 'distinct' counts (row, slot) pairs (R k, what the gather reads) -> exit 1."""
     monkeypatch.setattr(bench_moe, "distinct_of", lambda ids: int(ids.numel()))
-    res, rec = _bench(tmp_path, "mimo2-tiny")
+    res, rec = _bench(tmp_path, "mimo2-tiny", "--drafts", "none")
     assert res.exit_code == 1 and not rec["checks"]["realistic_in_range"]
 
 

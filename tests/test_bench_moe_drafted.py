@@ -3,9 +3,8 @@ record, the cost policy fed the draft's cost, and the checks shown failing on th
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from test_bench_moe import _bench  # the tiny bench run and its record (one helper)
 from typer.testing import CliRunner
 
 from bloomery_cli import speculative
@@ -14,14 +13,6 @@ from bloomery_cli.bench.moe_draft_shapes import DRAFTS, parse_drafts
 from bloomery_cli.bench.moe_policy import ACCEPTS, policy_vs_best
 from bloomery_cli.cli import app
 from bloomery_gates.errors import InputError
-
-FAST = ["--device", "cpu", "--dtype", "f32", "--prompt-len", "8", "-n", "8", "--rows", "6", "--reps", "1"]
-
-
-def _bench(tmp_path, shape, *extra):
-    out = tmp_path / f"{shape}.json"
-    res = CliRunner().invoke(app, ["bench", "moe", "--shape", shape, *FAST, *extra, "--json", str(out)])
-    return res, (json.loads(out.read_text()) if out.exists() else None)
 
 
 @pytest.mark.parametrize("name", ["qwen35moe-tiny", "mimo2-tiny"])

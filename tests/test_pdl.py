@@ -25,6 +25,7 @@ from bloomery_gates.kernels.triton import pdl_policy as p
 ])
 def test_setting_parses(text, want):
     assert p.setting(text) == want
+    assert p.setting(str(want)) == want                # a record's spelling (describe) reads back as the same
 
 
 @pytest.mark.parametrize("text", ["yes", "on,l2=abc", "on,l2=-1", "on,l2=0", "early", "l2=4", "on,early,late",

@@ -98,10 +98,14 @@ class _Maker:
     def full(self, n: int, value: float) -> torch.Tensor:
         return torch.full((n,), value, device=self.dev, dtype=self.dt)
 
-    def mlp(self, t: dict, p: str, h: int, i: int, norm: float) -> None:
+    def swiglu(self, t: dict, p: str, h: int, i: int) -> None:
+        """A dense SwiGLU MLP under p: gate/up (row blocks of one draw) and down."""
         gu = self.rnd(2 * i, h)
         t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = gu[:i], gu[i:]
         t[p + "mlp.down_proj.weight"] = self.rnd(h, i)
+
+    def mlp(self, t: dict, p: str, h: int, i: int, norm: float) -> None:
+        self.swiglu(t, p, h, i)
         t[p + "input_layernorm.weight"] = self.full(h, norm)
         t[p + "post_attention_layernorm.weight"] = self.full(h, norm)
 

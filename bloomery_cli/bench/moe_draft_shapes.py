@@ -36,8 +36,8 @@ from bloomery_gates.spec import DFlashSpec, Mimo2MTPSpec, MTPSpec
 
 from ..formats.dflash import default_target_layer_ids
 from .hybrid_shapes import _Maker
-from .moe_shapes import MOE_SHAPES, MoEBenchShape, _hybrid, dense_mlp, mimo2_attention, qwen35moe_ffn
-from .shapes import BenchShape, _layer, weight_bytes
+from .moe_shapes import MOE_SHAPES, MoEBenchShape, _hybrid, mimo2_attention, qwen35moe_ffn
+from .shapes import BenchShape, random_dflash, weight_bytes
 
 KINDS = ("mtp", "dflash")
 
@@ -126,35 +126,23 @@ def random_mimo2_mtp(s: MoEBenchShape, target, layers: int, device: torch.device
             t[p + n + ".weight"] = m.full(h, 1.0)
         t[p + "eh_proj.weight"] = m.rnd(h, 2 * h)
         mimo2_attention(m, t, p, a, h)
-        dense_mlp(m, t, p, h, ff)
+        m.swiglu(t, p, h, ff)
     return Mimo2MTPSpec(kind="mimo2-mtp", source=Path(f"random:{s.name}-mtp"), source_format="random", attn=a,
                         hidden_size=h, intermediate_size=ff, rms_eps=target.layer.rms_eps,
                         value_scale=target.mimo.value_scale, num_layers=layers, vocab_size=s.vocab, tensors=t)
 
 
-def random_dflash(s: MoEBenchShape, ds: DraftShape, depth: int, device: torch.device, dtype: torch.dtype,
+def random_moe_dflash(s: MoEBenchShape, ds: DraftShape, depth: int, device: torch.device, dtype: torch.dtype,
                   seed: int = 13) -> DFlashSpec:
-    """A DFlash drafter of ``ds``'s shape (``bench.shapes``' layers), reading the target layers ``ds`` names, or
-    z-lab's default spread over the ``depth`` layers run when ``--layers`` cut one of them away."""
+    """A DFlash drafter of ``ds``'s shape (``bench.shapes.random_dflash``), reading the target layers ``ds`` names,
+    or z-lab's default spread over the ``depth`` layers run when ``--layers`` cut one of them away."""
     bs = BenchShape(f"{s.name}-dflash", s.hidden, depth, ds.heads, ds.kv_heads, ds.head_dim, ds.intermediate,
                     s.vocab, ds.layers, ds.width, rope_theta=1e7 if s.hidden > 64 else 10000.0)
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def rnd(rows: int, cols: int, std: float) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=gen, device=device, dtype=dtype).mul_(std)
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, device=device, dtype=dtype)
-
     ids = ds.target_layer_ids
     if max(ids) >= depth:
         ids = default_target_layer_ids(len(ids), depth) if depth >= 4 else tuple(range(min(len(ids), depth)))
-    d: dict[str, torch.Tensor] = {"fc.weight": rnd(s.hidden, len(ids) * s.hidden, 0.002),
-                                  "hidden_norm.weight": ones(s.hidden), "norm.weight": ones(s.hidden)}
-    for i in range(ds.layers):
-        _layer(d, f"layers.{i}.", bs, rnd, ones)
-    return DFlashSpec("dflash", Path(f"random:{s.name}-dflash-b{ds.width}"), bs.layer_shape(), ds.layers, ds.width,
-                      s.vocab - 1, tuple(ids), s.vocab, d)
+    m = _Maker(device, dtype, seed)
+    return random_dflash(bs, ids, m.rnd, lambda n: m.full(n, 1.0), f"random:{s.name}-dflash-b{ds.width}")
 
 
 def build_draft(kind: str, s: MoEBenchShape, engine, depth: int, max_len: int):
@@ -164,7 +152,7 @@ def build_draft(kind: str, s: MoEBenchShape, engine, depth: int, max_len: int):
     if kind == "dflash":
         from bloomery_gates.kernels.drafts.dflash import DFlashDraft
 
-        dspec = random_dflash(s, ds, depth, dev, dt)
+        dspec = random_moe_dflash(s, ds, depth, dev, dt)
         return DFlashDraft(dspec, engine, max_len), weight_bytes(dspec.tensors), ds
     if s.family == "mimo2":
         from bloomery_gates.kernels.families.mimo2.mtp import Mimo2MTPDraft

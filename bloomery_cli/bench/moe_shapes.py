@@ -135,13 +135,6 @@ def mimo2_attention(m: _Maker, t: dict, p: str, a: AttnShape, h: int) -> None:
         t[p + "self_attn.attention_sink_bias"] = torch.zeros(a.num_heads, device=qkv.device, dtype=qkv.dtype)
 
 
-def dense_mlp(m: _Maker, t: dict, p: str, h: int, ff: int) -> None:
-    """A dense SwiGLU MLP's gate/up (rows of one draw) and down under prefix p."""
-    gu = m.rnd(2 * ff, h)
-    t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
-    t[p + "mlp.down_proj.weight"] = m.rnd(h, ff)
-
-
 def mimo2_layer_types(s: MoEBenchShape, layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     attn = tuple("full_attention" if i % s.full_every == 0 else "sliding_attention" for i in range(layers))
     mlp = tuple("dense" if i < s.dense_layers else "sparse" for i in range(layers))
@@ -164,7 +157,7 @@ def random_mimo2(s: MoEBenchShape, device: torch.device, dtype: torch.dtype, lay
         t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = m.full(h, 1.0), m.full(h, 1.0)
         mimo2_attention(m, t, p, a, h)
         if mlp[i] == "dense":
-            dense_mlp(m, t, p, h, s.dense_ff)
+            m.swiglu(t, p, h, s.dense_ff)
         else:
             _experts(m, t, p + "mlp.", s, torch.float32)
             t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(s.experts, device=device)

@@ -91,14 +91,19 @@ def random_pair(s: BenchShape, device: torch.device, dtype: torch.dtype, seed: i
         _layer(t, f"model.layers.{i}.", s, rnd, ones)
     target = ModelSpec("qwen3", Path(f"random:{s.name}"), "random", s.layer_shape(), s.layers, s.vocab, False,
                        1 << 20, t)
-    ids = default_target_layer_ids(s.draft_layers, s.layers)
+    return target, random_dflash(s, default_target_layer_ids(s.draft_layers, s.layers), rnd, ones)
+
+
+def random_dflash(s: BenchShape, ids: tuple[int, ...], rnd, ones, source: str | None = None) -> DFlashSpec:
+    """A DFlash drafter at ``s``: s.draft_layers layers of s's layer shape, block s.block, fc over the target
+    layers ``ids``; ``rnd(rows, cols, std)`` / ``ones(n)`` make its tensors (the caller's generator, so the draws
+    continue its own)."""
     d: dict[str, torch.Tensor] = {"fc.weight": rnd(s.hidden, len(ids) * s.hidden, 0.002),
                                   "hidden_norm.weight": ones(s.hidden), "norm.weight": ones(s.hidden)}
     for i in range(s.draft_layers):
         _layer(d, f"layers.{i}.", s, rnd, ones)
-    draft = DFlashSpec("dflash", Path(f"random:{s.name}-dflash"), s.layer_shape(), s.draft_layers, s.block,
-                       s.vocab - 1, ids, s.vocab, d)
-    return target, draft
+    return DFlashSpec("dflash", Path(source or f"random:{s.name}-dflash"), s.layer_shape(), s.draft_layers, s.block,
+                      s.vocab - 1, tuple(ids), s.vocab, d)
 
 
 def read_per_step(spec) -> int:

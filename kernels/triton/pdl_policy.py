@@ -50,6 +50,13 @@ class Setting:
     early: bool = False
     l2_bytes: int | None = None
 
+    def __str__(self) -> str:
+        """The setting as BLOOMERY_PDL spells it ("off", "on,early,l2=4")."""
+        if not self.on:
+            return "off"
+        l2 = "" if self.l2_bytes is None else ",l2" if self.l2_bytes == 0 else f",l2={self.l2_bytes / (1 << 20):g}"
+        return "on" + (",early" if self.early else "") + l2
+
 
 def setting(text: str | None = None) -> Setting:
     """``text`` (default: the environment's BLOOMERY_PDL) parsed, unset or empty meaning DEFAULT; a flag it does not
@@ -84,9 +91,14 @@ def mode(device: torch.device) -> tuple[int, int | None]:
     if device.type != "cuda" or not graphs.graphing():       # every launch asks: the cheap answers first
         return OFF, None
     s = setting()
-    if not s.on or torch.cuda.get_device_capability(device)[0] < 9:
+    if not s.on or not _capable(device):
         return OFF, None
     return (LAUNCH_FIRST if s.early else WAIT_FIRST), s.l2_bytes
+
+
+def _capable(device: torch.device) -> bool:
+    """PDL needs compute capability 9 (Hopper) or later."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def describe(device: torch.device) -> str | None:
@@ -95,12 +107,7 @@ def describe(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     s = setting()
-    if not s.on:
-        return "off"
-    if torch.cuda.get_device_capability(device)[0] < 9:
-        return "off (compute capability < 9)"
-    l2 = "" if s.l2_bytes is None else ",l2" if s.l2_bytes == 0 else f",l2={s.l2_bytes / (1 << 20):g}"
-    return "on" + (",early" if s.early else "") + l2
+    return str(s) if not s.on or _capable(device) else "off (compute capability < 9)"
 
 
 def row_bytes(budget: int | None, rows: int, row_span: int) -> int:
