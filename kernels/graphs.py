@@ -219,9 +219,9 @@ def rows_pad(r: int) -> int:
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, idle: bool = False) -> torch.Tensor:
-    """(rms(x, g32, eps) if g32 is given else x) @ w^T, plus res when given, into out when given (``rp`` the
-    Triton kernel's padding and ``idle`` its L2 prefetch hint; unused here)."""
+         out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
+    """(rms(x, g32, eps) if g32 is given else x) @ w^T, plus res when given, into out when given (``rp`` is the
+    Triton kernel's padding; unused here)."""
     a = x if g32 is None else rms(x, g32, eps)
     if res is None:
         return torch.mm(a, w.t()) if out is None else torch.mm(a, w.t(), out=out)

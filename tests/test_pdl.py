@@ -22,8 +22,6 @@ from bloomery_gates.kernels.triton import pdl_policy as p
     (" on , early , l2=4 ", p.Setting(on=True, early=True, l2_bytes=4 << 20)),
     ("on,l2", p.Setting(on=True, l2_bytes=0)),
     ("on,l2=0.5", p.Setting(on=True, l2_bytes=1 << 19)),
-    ("on,early,l2=4,l2attn=24", p.Setting(on=True, early=True, l2_bytes=4 << 20, l2_attn_bytes=24 << 20)),
-    ("on,l2attn=8", p.Setting(on=True, l2_attn_bytes=8 << 20)),
 ])
 def test_setting_parses(text, want):
     assert p.setting(text) == want
@@ -31,7 +29,7 @@ def test_setting_parses(text, want):
 
 
 @pytest.mark.parametrize("text", ["yes", "on,l2=abc", "on,l2=-1", "on,l2=0", "early", "l2=4", "on,early,late",
-                                  "off,on", "on,l2attn", "on,l2attn=0", "l2attn=4"])
+                                  "off,on"])
 def test_a_bad_setting_is_a_named_error(text):
     with pytest.raises(InputError, match="BLOOMERY_PDL"):
         p.setting(text)
@@ -119,21 +117,3 @@ def test_describe_names_what_a_record_ran_under(monkeypatch):
         assert p.describe(dev) == "off"
         monkeypatch.setenv("BLOOMERY_PDL", "on,l2")
         assert p.describe(dev) == "on,l2"
-
-
-def test_the_projection_after_the_attention_takes_the_l2attn_budget(monkeypatch):
-    """``mode(dev, idle=True)``: the l2attn budget where set, l2's otherwise (the capability asked of a CUDA
-    device is stubbed: the rule, not the hardware, is under test)."""
-    monkeypatch.setattr(p, "_capable", lambda dev: True)
-    dev = torch.device("cuda")
-    graphs._GRAPHING[0] += 1
-    try:
-        monkeypatch.setenv("BLOOMERY_PDL", "on,early,l2=4,l2attn=24")
-        assert p.mode(dev) == (p.LAUNCH_FIRST, 4 << 20)
-        assert p.mode(dev, idle=True) == (p.LAUNCH_FIRST, 24 << 20)
-        monkeypatch.setenv("BLOOMERY_PDL", "on,early,l2=4")
-        assert p.mode(dev, idle=True) == (p.LAUNCH_FIRST, 4 << 20)
-        monkeypatch.setenv("BLOOMERY_PDL", "off")
-        assert p.mode(dev, idle=True) == (p.OFF, None)
-    finally:
-        graphs._GRAPHING[0] -= 1

@@ -200,14 +200,13 @@ class TritonOps:
 
     @staticmethod
     def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-             out: torch.Tensor | None = None, rp: int | None = None, idle: bool = False) -> torch.Tensor:
+             out: torch.Tensor | None = None, rp: int | None = None) -> torch.Tensor:
         """``kernels.graphs.proj``'s y: one launch of ``gemv.proj`` where it takes the rows (``gemv.tiles``: decode
-        widths, the shapes with tiles), else the Triton rms kernel and cuBLAS (a prompt; gate/up and the head).
-        ``idle``: gemv.proj's (the projection right after the attention)."""
+        widths, the shapes with tiles), else the Triton rms kernel and cuBLAS (a prompt; gate/up and the head)."""
         rp = rp or graphs.rows_pad(x.shape[0])
         cfg = gemv.tiles(x.shape[0], rp, *w.shape)
         if cfg is not None:
-            return gemv.proj(x, w, g32, eps, res, out, rp, cfg, idle)
+            return gemv.proj(x, w, g32, eps, res, out, rp, cfg)
         return graphs.proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
 
     @staticmethod

@@ -148,12 +148,11 @@ def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None,
-         idle: bool = False) -> torch.Tensor:
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None
+         ) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
-    its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s);
-    ``idle``: the kernels before it leave HBM idle (the attention), its L2 prefetch takes ``pdl_policy``'s l2attn
-    budget. Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
+    its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
+    Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
@@ -175,7 +174,7 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         stages = min(stages, 2)
     grid = (triton.cdiv(n, bn), splits)
     ws, cnt = _workspace(x.device, grid, rp, bn) if splits > 1 else (out, out)
-    mode, budget = pdl_policy.mode(x.device, idle)
+    mode, budget = pdl_policy.mode(x.device)
     pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
     if budget is not None and even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:
         pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())

@@ -11,7 +11,6 @@ projections' sums keep their order). A kernel not launched with PDL (cuBLAS, tor
 before it has finished, as without PDL.
 
     BLOOMERY_PDL = unset or "" (DEFAULT: "on,early,l2=4") | "off" | "on" | "on,early" | "on,l2=MB" | "on,early,l2=MB"
-                   (each with ",l2attn=MB" too)
       off    every launch as without PDL
       on     the Triton decode kernels launched with PDL; each waits first, then lets its successor launch
       early  each lets its successor launch first, then waits (the chain of launches runs ahead)
@@ -19,8 +18,6 @@ before it has finished, as without PDL.
              wait (``cp.async.bulk.prefetch.L2``, one per row), MB MiB a projection in all ("l2": the whole
              slab; measured at 500f780: 0.8 ms a step slower at 8B, the 100 MB down_proj evicting its own
              prefetched lines before they are read)
-      l2attn=MB  the budget of a projection right after the attention (``proj(..., idle=True)``: o_proj, the
-             DeltaNet's out_proj), whose kernels before it leave HBM idle for several microseconds; default: l2's
 
 The default is the setting measured best (results/h200/speed/ec34bc2-pdl: the 8B chain 0.790 -> 0.825 of the read
 roofline, the 27B MTP drafted run +12%), made the default once every fast-engine gate had passed under it on the
@@ -52,15 +49,12 @@ class Setting:
     on: bool = False
     early: bool = False
     l2_bytes: int | None = None
-    l2_attn_bytes: int | None = None        # None: l2_bytes
 
     def __str__(self) -> str:
         """The setting as BLOOMERY_PDL spells it ("off", "on,early,l2=4")."""
         if not self.on:
             return "off"
         l2 = "" if self.l2_bytes is None else ",l2" if self.l2_bytes == 0 else f",l2={self.l2_bytes / (1 << 20):g}"
-        if self.l2_attn_bytes is not None:
-            l2 += f",l2attn={self.l2_attn_bytes / (1 << 20):g}"
         return "on" + (",early" if self.early else "") + l2
 
 
@@ -72,46 +66,34 @@ def setting(text: str | None = None) -> Setting:
         return Setting()
     on = early = False
     l2: int | None = None
-    l2a: int | None = None
     for flag in (f.strip() for f in text.split(",") if f.strip()):
         name, _, value = flag.partition("=")
         if flag in ("on", "early"):
             on, early = on or flag == "on", early or flag == "early"
         elif name == "l2":
-            l2 = _mib(flag, value, whole=True)
-        elif name == "l2attn":
-            l2a = _mib(flag, value, whole=False)
+            try:
+                l2 = int(float(value) * (1 << 20)) if value else 0
+            except ValueError:
+                l2 = -1
+            if l2 < 0 or (value and l2 == 0):
+                raise InputError(VAR, f"{flag!r}: l2 takes a positive size in MiB (l2=4), or no size (the whole slab)")
         else:
-            raise InputError(VAR, f"{flag!r}: expected off, or a comma list of on, early, l2[=MiB], l2attn=MiB "
+            raise InputError(VAR, f"{flag!r}: expected off, or a comma list of on, early, l2[=MiB] "
                                   "(e.g. on,early,l2=4)")
-    if (early or l2 is not None or l2a is not None) and not on:
-        raise InputError(VAR, f"{text!r}: early, l2 and l2attn need on (e.g. on,early,l2=4)")
-    return Setting(on, early, l2, l2a)
+    if (early or l2 is not None) and not on:
+        raise InputError(VAR, f"{text!r}: early and l2 need on (e.g. on,early,l2=4)")
+    return Setting(on, early, l2)
 
 
-def _mib(flag: str, value: str, whole: bool) -> int:
-    """A flag's size in MiB as bytes; no size: 0 (the whole slab) where ``whole`` allows it."""
-    try:
-        n = int(float(value) * (1 << 20)) if value else 0
-    except ValueError:
-        n = -1
-    if n < 0 or (value and n == 0) or (not value and not whole):
-        name = flag.partition("=")[0]
-        raise InputError(VAR, f"{flag!r}: {name} takes a positive size in MiB ({name}=4)"
-                              + (", or no size (the whole slab)" if whole else ""))
-    return n
-
-
-def mode(device: torch.device, idle: bool = False) -> tuple[int, int | None]:
+def mode(device: torch.device) -> tuple[int, int | None]:
     """(the kernels' PDL constexpr, the bytes a projection prefetches into L2: None none, 0 all of its weight)
-    for a launch on ``device`` now; ``idle``: a projection right after the attention (its l2attn budget)."""
+    for a launch on ``device`` now."""
     if device.type != "cuda" or not graphs.graphing():       # every launch asks: the cheap answers first
         return OFF, None
     s = setting()
     if not s.on or not _capable(device):
         return OFF, None
-    budget = s.l2_attn_bytes if idle and s.l2_attn_bytes is not None else s.l2_bytes
-    return (LAUNCH_FIRST if s.early else WAIT_FIRST), budget
+    return (LAUNCH_FIRST if s.early else WAIT_FIRST), s.l2_bytes
 
 
 def _capable(device: torch.device) -> bool:

@@ -139,7 +139,7 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
         o = sigmoid_gate(o, qg[..., d:])
     else:                               # the sigmoid gate applied in the attention's last kernel
         o = ops.attention(q, nh, nkv, d, kc, vc, p0, gate=qg[..., d:])
-    return ops.proj(o, w.wo, None, eps, res=h, rp=rp, idle=True)
+    return ops.proj(o, w.wo, None, eps, res=h, rp=rp)
 
 
 def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None, rp: int | None = None) -> T:
@@ -414,7 +414,7 @@ class FastQwen38Target:
             self._prepare_into(args, rows)
             o = self.recur(*rows, self.state[i])[0]                                   # outputs only
         o = self.out_norm(o, w.norm_w, x[:, c:c + vd].reshape(1, r, nv, dv), eps, self.dtype).reshape(r, vd)
-        return self.ops.proj(o, w.w_out, None, eps, res=h, rp=self.rp, idle=True)
+        return self.ops.proj(o, w.w_out, None, eps, res=h, rp=self.rp)
 
     def _prepare_into(self, args: tuple, rows: tuple[T, ...]) -> None:
         if self.impl == "triton":
