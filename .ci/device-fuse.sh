@@ -3,6 +3,8 @@
 # inside the attention's split kernel (BLOOMERY_FUSE_ROPE, on in the code under test), gate/up + SiLU fused in the
 # projection kernel (gemv.proj(glu=True), tiles from BLOOMERY_GEMV_CONFIGS "glu:NxK"), the gates and llama.cpp in
 # the same run under the fastest setting.
+# Ran once at 020c7a3 (results/h200/speed/020c7a3-fuse); both fusions measured slower and were removed after it,
+# so its diag settings (rope=off, glu=) no longer parse at later commits.
 #   BLOOMERY_COMMIT=<sha> [STEPS="build diag b27 gates bench8 tests"] bash .ci/device-fuse.sh   (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # diag    .ci/diag_pdl.py at qwen3-8b: rope=off (the two kernels) against the fused RoPE, with and without glu / gu

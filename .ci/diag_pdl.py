@@ -6,10 +6,7 @@ plain ids must equal those of PDL off: the setting changes when kernels start, n
 
 python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   SETTING: off, or BLOOMERY_PDL's flags joined by "+" (on, early, l2=MB), and "gu": the 8B gate/up [24576, 4096]
-  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS;
-  "gu=BNxBKxWARPSxSTAGES" the same with those tiles; "glu=BNxBKxWARPSxSTAGES" gate/up and the SiLU fused in one
-  kernel (``gemv.proj(glu=True)``) with those tiles; "rope=off": q/k norm + RoPE as their own kernel before the
-  attention (BLOOMERY_FUSE_ROPE=off) instead of inside its split kernel
+  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS
 """
 import argparse
 import json
@@ -47,17 +44,11 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        flags = [f for f in s.split("+") if f != "off" and f.partition("=")[0] not in ("gu", "glu", "rope")]
-        os.environ["BLOOMERY_FUSE_ROPE"] = "off" if "rope=off" in s.split("+") else "on"
+        flags = [f for f in s.split("+") if f not in ("off", "gu")]
         os.environ["BLOOMERY_PDL"] = ",".join(flags) or "off"
-        tiles = dict(GATE_UP) if "gu" in s.split("+") else {}
-        for f in s.split("+"):
-            name, _, spec = f.partition("=")
-            if name in ("gu", "glu") and spec:
-                tiles[("glu:" if name == "glu" else "") + "24576x4096"] = [int(v) for v in spec.split("x")] + [1]
-        if tiles:
+        if "gu" in s.split("+"):
             cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
-            cfg.write_text(json.dumps(tiles))
+            cfg.write_text(json.dumps(GATE_UP))
             os.environ["BLOOMERY_GEMV_CONFIGS"] = str(cfg)
         else:
             os.environ.pop("BLOOMERY_GEMV_CONFIGS", None)

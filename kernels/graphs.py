@@ -21,11 +21,7 @@ else these torch versions (same signatures, same rule, more launches):
                                                 -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
                                                 k <= p0+R-1 (a bidirectional block), over the whole static cache;
                                                 times sigmoid(gate [R, nq, d]) when given (``sigmoid_gate``)
-    rope_attention(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps)
-                                                -> qk_rope_store then attention (causal); the Triton version in one
-                                                pair of launches, qkv left unroped
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
-    swiglu(x [R, H], wgu [2I, H], g32 | None, eps)  -> silu_mul(proj(x, wgu, g32, eps)): the MLP's activation
     norm_rope(x [R, heads, d], w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None)
                                                 -> rms per head, RoPE on the first rot channels (partial rotary);
                                                 with kc: stored into the cache at pos instead of returned (and v
@@ -232,26 +228,11 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     return torch.addmm(res, a, w.t()) if out is None else torch.addmm(res, a, w.t(), out=out)
 
 
-def swiglu(x: torch.Tensor, wgu: torch.Tensor, g32: torch.Tensor | None, eps: float, rp: int | None = None
-           ) -> torch.Tensor:
-    """silu_mul(proj(x, wgu, g32, eps)): the MLP's gated activation [R, I] of rows x [R, H], wgu = [gate; up]."""
-    return silu_mul(proj(x, wgu, g32, eps, rp=rp))
-
-
-def rope_attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, qn32, kn32, cos, sin, p0, kc, vc,
-                   eps: float) -> torch.Tensor:
-    """qk_rope_store, then the causal attention of the rows over the cache."""
-    qk_rope_store(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps)
-    return attention(qkv, nq, nkv, d, kc, vc, p0)
-
-
 class TorchOps:
     name = "torch"
     proj = staticmethod(proj)
-    swiglu = staticmethod(swiglu)
     norm_rope = staticmethod(norm_rope)
     rms = staticmethod(rms)
     qk_rope_store = staticmethod(qk_rope_store)
-    rope_attention = staticmethod(rope_attention)
     attention = staticmethod(attention)
     silu_mul = staticmethod(silu_mul)

@@ -196,50 +196,6 @@ def test_triton_decode_ops_match_torch(dtype):
         assert not torch.allclose(gated[0], outs[0][3], **attn_tol)        # the gate is applied, not dropped
 
 
-@triton_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_in_the_attention_equals_the_two_ops(dtype, monkeypatch):
-    """``TritonOps.rope_attention`` (the split kernel norms and ropes q, and makes this pass's K/V rows itself)
-    against ``qk_rope_store`` then ``attention`` (Triton, BLOOMERY_FUSE_ROPE=off) and the torch ops, pass after
-    pass over one cache: a plain row, rows across the split boundary (keys 64 | 65), a prompt of 3 row blocks. The
-    caches must agree too: a later pass reads the rows an earlier one stored. Fail-first: a pass over a cache
-    missing the earlier pass's rows is seen."""
-    from bloomery_gates.kernels.ops.rope import rope_tables
-    from bloomery_gates.kernels.triton.decode import TritonOps
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(1)
-    nq, nkv, d, cap = 8, 2, 32, 96
-    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
-    attn_tol = {"atol": 5e-3, "rtol": 5e-3} if dev == "cuda" and dtype == torch.float32 else tol
-    cos, sin = rope_tables(d, 10000.0, cap, dev)
-    qn, kn = (torch.rand(d, generator=gen).to(dev) + 0.5 for _ in range(2))
-    start = torch.randn(nkv, cap, d, generator=gen).to(dev, dtype)
-    caches = {name: (start.clone(), start.clone()) for name in ("fused", "two", "torch")}
-
-    def run(name, qkv, p):
-        kc, vc = caches[name]
-        if name == "torch":
-            return TorchOps.rope_attention(qkv.clone(), nq, nkv, d, qn, kn, cos, sin, p, kc, vc, 1e-6)
-        monkeypatch.setenv("BLOOMERY_FUSE_ROPE", "on" if name == "fused" else "off")
-        return TritonOps.rope_attention(qkv.clone(), nq, nkv, d, qn, kn, cos, sin, p, kc, vc, 1e-6)
-
-    for r, p0 in ((40, 10), (1, 50), (6, 60), (1, 66)):
-        qkv = torch.randn(r, (nq + 2 * nkv) * d, generator=gen).to(dev, dtype)
-        p = torch.tensor([p0], device=dev)
-        fused, two, ref = (run(name, qkv, p) for name in ("fused", "two", "torch"))
-        torch.testing.assert_close(fused, two, **attn_tol)
-        torch.testing.assert_close(fused, ref, **attn_tol)
-        for i in range(2):
-            torch.testing.assert_close(caches["fused"][i], caches["two"][i], **tol)
-            torch.testing.assert_close(caches["fused"][i][:, p0 + r:], start[:, p0 + r:], rtol=0, atol=0)
-    qkv = torch.randn(1, (nq + 2 * nkv) * d, generator=gen).to(dev, dtype)
-    p = torch.tensor([67], device=dev)
-    caches["fused"] = (start.clone(), start.clone())                     # the earlier passes' rows never stored
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(run("fused", qkv, p), run("torch", qkv, p), **attn_tol)
-
-
 def test_stack_rows_copies_neighbours_from_different_storages():
     big = torch.zeros(8, 4)
     a, b = big[:4].clone(), big[4:].clone()            # separate storages, whatever their addresses

@@ -19,8 +19,6 @@ pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
 CFG = (16, 128, 4, 2)                 # tiles that fit every test shape (the rule sends wide weights to cuBLAS)
 SPLIT = (16, 128, 4, 2, 3)            # the same, K summed in 3 splits (uneven ones too: 520 and 1024 are not 3 x 128 m)
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
-# silu(gate) * up of two such sums: each within TOL of torch's, their product within about twice it
-GLU_TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 4e-2, "rtol": 4e-2}}
 
 
 def _case(n: int, k: int, r: int, dtype: torch.dtype, seed: int = 0):
@@ -132,61 +130,3 @@ def test_a_row_does_not_depend_on_its_place_in_the_pass(dtype):
     assert torch.equal(proj(x[perm], w, g, 1e-6, res[perm], rp=16, cfg=CFG), want)
     one = proj(x[5:6], w, g, 1e-6, res[5:6], rp=16, cfg=CFG)            # the plain step: that row alone, at place 0
     assert torch.equal(one[0], proj(x, w, g, 1e-6, res, rp=16, cfg=CFG)[5])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n2,k", [(96, 64), (128, 1024), (80, 520)])
-def test_the_fused_swiglu_is_the_projection_then_silu_mul(dtype, n2, k):
-    """``proj(glu=True)`` on [gate; up]: bit for bit the projection (same tiles) then the silu kernel, for every
-    width and with or without the folded norm; and close to the torch version (``graphs.swiglu``)."""
-    from bloomery_gates.kernels.graphs import swiglu
-    from bloomery_gates.kernels.triton.decode import TritonOps
-    from bloomery_gates.kernels.triton.gemv import proj
-
-    for r in (1, 5, 16):
-        x, w, g, _ = _case(n2, k, r, dtype, seed=r)
-        for gain in (None, g):
-            fused = proj(x, w, gain, 1e-6, rp=16, cfg=CFG, glu=True)
-            assert fused.shape == (r, n2 // 2)
-            assert torch.equal(fused, TritonOps.silu_mul(proj(x, w, gain, 1e-6, rp=16, cfg=CFG)))
-            torch.testing.assert_close(fused, swiglu(x, w, gain, 1e-6), **GLU_TOL[dtype])
-    wide = proj(x, w, g, 1e-6, rp=16, cfg=CFG, glu=True)                  # a row alone equals its row in a pass
-    assert torch.equal(proj(x[3:4], w, g, 1e-6, rp=16, cfg=CFG, glu=True)[0], wide[3])
-
-
-def test_the_fused_swiglu_sees_gate_and_up_swapped_and_refuses_what_it_cannot_run(monkeypatch, tmp_path):
-    """Fail-first: the comparison sees the halves swapped (silu on the up rows); a split-K tile, a residual or an
-    odd height are refused; ``TritonOps.swiglu`` takes the fused kernel only where BLOOMERY_GEMV_CONFIGS (or the
-    measured table) names the shape, with the same numbers either way."""
-    import json
-
-    from bloomery_gates.kernels.graphs import swiglu
-    from bloomery_gates.kernels.triton import gemv
-    from bloomery_gates.kernels.triton.decode import TritonOps
-
-    x, w, g, res = _case(96, 64, 3, torch.bfloat16)
-    swapped = torch.cat([w[48:], w[:48]])
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(gemv.proj(x, swapped, g, 1e-6, rp=16, cfg=CFG, glu=True), swiglu(x, w, g, 1e-6),
-                                   **GLU_TOL[torch.bfloat16])
-    for bad in ({"cfg": SPLIT}, {"res": res[:, :48]}):
-        with pytest.raises(ValueError, match="glu"):
-            gemv.proj(x, w, g, 1e-6, rp=16, glu=True, **({"cfg": CFG} | bad))
-    with pytest.raises(ValueError, match="glu"):
-        gemv.proj(x, w[:95], g, 1e-6, rp=16, cfg=CFG, glu=True)
-    calls = []
-    real = gemv.proj
-    monkeypatch.setattr(gemv, "proj", lambda *a, **kw: calls.append(kw.get("glu", False)) or real(*a, **kw))
-    unfused = TritonOps.swiglu(x, w, g, 1e-6, rp=16)
-    assert calls == [False]                                 # no fused tiles for 96x64: the projection, then silu
-    cfgs = tmp_path / "gemv.json"
-    cfgs.write_text(json.dumps({"glu:96x64": list(CFG), "96x64": list(CFG)}))
-    monkeypatch.setenv("BLOOMERY_GEMV_CONFIGS", str(cfgs))
-    gemv._measured.cache_clear()
-    try:
-        fused = TritonOps.swiglu(x, w, g, 1e-6, rp=16)
-        assert calls == [False, True]
-        assert torch.equal(fused, TritonOps.silu_mul(TritonOps.proj(x, w, g, 1e-6, rp=16)))
-        torch.testing.assert_close(fused, unfused, **GLU_TOL[torch.bfloat16])
-    finally:
-        gemv._measured.cache_clear()

@@ -405,9 +405,7 @@ bench_command.__doc__ = (                 # --help: one paragraph per setting gr
     f"{bench_command.__doc__}\n\nEngine settings from the environment, named in the record (conditions.knobs): "
     "BLOOMERY_PDL=off (programmatic dependent launch in the graphed passes, CUDA sm_90+, is on by default: "
     "on,early,l2=4; docs/SPEED.md), "
-    "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles; "
-    "\"glu:NxK\" entries fuse gate/up and the SiLU), BLOOMERY_FUSE_ROPE=off (qwen3's q/k norm and RoPE as their own "
-    "kernel before the attention).")
+    "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles).")
 
 def _device_verdict(rec: dict) -> None:
     """Exit 1 unless the device-accept loop ran every drafted row with the reference's ids (``bench.accept``)."""

@@ -39,7 +39,7 @@ def device_name(device: torch.device) -> str:
 
 # The environment settings that change how the engines run (not what they compute): a record made under one names
 # it, and its rows stand apart in the tables (``side.device_label``)
-KNOBS = ("BLOOMERY_PDL", "BLOOMERY_GEMV", "BLOOMERY_GEMV_CONFIGS", "BLOOMERY_FUSE_ROPE")
+KNOBS = ("BLOOMERY_PDL", "BLOOMERY_GEMV", "BLOOMERY_GEMV_CONFIGS")
 
 
 def conditions(device: torch.device) -> dict[str, Any]:

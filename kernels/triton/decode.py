@@ -13,7 +13,6 @@ Forward only.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -79,32 +78,10 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 
 @triton.jit
-def _normed_roped(src, ok, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, dt: tl.constexpr):
-    """Rows src [M] (each a head of D channels; ``ok`` [M] the real ones) at positions pos [M]: the RMSNorm with
-    the f32 gain w_ptr, rounded to dt, then the RoPE (tables [positions, D]), rounded to dt: ``_qk_rope_kernel``'s
-    arithmetic, as [M, D] (the two halves joined)."""
-    half = tl.arange(0, D // 2)
-    x1 = tl.load(src[:, None] + half[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    x2 = tl.load(src[:, None] + D // 2 + half[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
-    y1 = (x1 * rstd * tl.load(w_ptr + half)[None, :]).to(dt).to(tl.float32)
-    y2 = (x2 * rstd * tl.load(w_ptr + D // 2 + half)[None, :]).to(dt).to(tl.float32)
-    tab = pos.to(tl.int64)[:, None] * D
-    c1 = tl.load(cos_ptr + tab + half[None, :], mask=ok[:, None], other=0.0)
-    s1 = tl.load(sin_ptr + tab + half[None, :], mask=ok[:, None], other=0.0)
-    c2 = tl.load(cos_ptr + tab + D // 2 + half[None, :], mask=ok[:, None], other=0.0)
-    s2 = tl.load(sin_ptr + tab + D // 2 + half[None, :], mask=ok[:, None], other=0.0)
-    o1 = (y1 * c1 - y2 * s1).to(dt)
-    o2 = (y2 * c2 + y1 * s2).to(dt)
-    return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), [src.shape[0], D])
-
-
-@triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
-                       qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
-                       PDL: tl.constexpr, ROPE: tl.constexpr):
+                       PDL: tl.constexpr):
     pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
@@ -118,13 +95,8 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
         lim = p0 + r
     else:
         lim = p0 + R - 1 + r * 0
-    dt = kc_ptr.dtype.element_ty
-    if ROPE:                            # q's norm and RoPE here (``rope_attention``), not by a kernel before
-        q = _normed_roped(q_ptr + r.to(tl.int64) * stride_r + (kv * G + rows % G) * D, rmask, qn_ptr, cos_ptr,
-                          sin_ptr, p0 + r, eps, D, dt)
-    else:
-        q = tl.load(q_ptr + r.to(tl.int64)[:, None] * stride_r + (kv * G + rows % G)[:, None] * D + d[None, :],
-                    mask=rmask[:, None], other=0.0)
+    q = tl.load(q_ptr + r.to(tl.int64)[:, None] * stride_r + (kv * G + rows % G)[:, None] * D + d[None, :],
+                mask=rmask[:, None], other=0.0)
     m_i = tl.full([BM], -1e30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -135,20 +107,7 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
         if (start <= top) & (start < cap):
             keys = start + tl.arange(0, BN)
             kmask = keys < cap
-            new = (keys >= p0) & (keys <= top) & kmask  # ROPE: this pass's rows, made here from qkv
-            old = kmask & ~new if ROPE else kmask
-            k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=old[:, None], other=0.0)
-            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=old[:, None], other=0.0)
-            if ROPE:  # noqa: SIM102  (a constexpr branch around a runtime one)
-                if tl.sum(new.to(tl.int32), axis=0) > 0:
-                    src = q_ptr + (keys - p0).to(tl.int64) * stride_r
-                    kn = _normed_roped(src + (G * NKV + kv) * D, new, kn_ptr, cos_ptr, sin_ptr, keys, eps, D, dt)
-                    vn = tl.load(src[:, None] + ((G + 1) * NKV + kv) * D + d[None, :], mask=new[:, None], other=0.0)
-                    dst = (kbase + keys)[:, None] * D + d[None, :]
-                    tl.store(kc_ptr + dst, kn, mask=new[:, None])          # the cache rows for later passes
-                    tl.store(vc_ptr + dst, vn, mask=new[:, None])
-                    k = tl.where(new[:, None], kn, k)
-                    v = tl.where(new[:, None], vn, v)
+            k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             if F32DOT:                     # the CPU interpreter's bf16 dot is wrong; compiled kernels use bf16
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
             else:
@@ -158,6 +117,7 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(s - m_new[:, None])
+            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             l_i = l_i * alpha + tl.sum(pr, 1)
             if F32DOT:  # noqa: SIM108
                 pv = tl.dot(pr.to(v.dtype).to(tl.float32), v.to(tl.float32))
@@ -250,17 +210,6 @@ class TritonOps:
         return graphs.proj(x if g32 is None else TritonOps.rms(x, g32, eps), w, None, eps, res, out)
 
     @staticmethod
-    def swiglu(x: torch.Tensor, wgu: torch.Tensor, g32: torch.Tensor | None, eps: float, rp: int | None = None
-               ) -> torch.Tensor:
-        """``kernels.graphs.swiglu``: one launch of ``gemv.proj(glu=True)`` where the shape has fused tiles
-        (``gemv.glu_tiles``), else ``proj`` then ``silu_mul`` (the same numbers: each sum rounded, then the gate)."""
-        rp = rp or graphs.rows_pad(x.shape[0])
-        cfg = gemv.glu_tiles(x.shape[0], rp, *wgu.shape)
-        if cfg is not None:
-            return gemv.proj(x, wgu, g32, eps, None, None, rp, cfg, glu=True)
-        return TritonOps.silu_mul(TritonOps.proj(x, wgu, g32, eps, rp=rp))
-
-    @staticmethod
     def norm_rope(x, w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None):
         """``kernels.graphs.norm_rope`` in one launch: per (row, head) the RMSNorm, the partial RoPE, and the store
         (into a new [R, heads, d] tensor, or the cache kc [heads, cap, d] at pos[r]; with v [R, heads, d] and vc
@@ -301,18 +250,8 @@ class TritonOps:
                                             **pdl_policy.launch_opts(m))
 
     @staticmethod
-    def rope_attention(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps) -> torch.Tensor:
-        """``qk_rope_store`` then ``attention`` (causal) in the attention's two launches: the split kernel norms and
-        ropes its q rows itself, and makes this pass's K/V rows from qkv in the key blocks that hold them (storing
-        them into the cache for later passes). qkv is left as it came. ``BLOOMERY_FUSE_ROPE=off``: the two ops."""
-        if os.environ.get("BLOOMERY_FUSE_ROPE") == "off" or qn32 is None or d & (d - 1) or cos.shape[-1] != d:
-            TritonOps.qk_rope_store(qkv, nq, nkv, d, qn32, kn32, cos, sin, p0, kc, vc, eps)
-            return TritonOps.attention(qkv, nq, nkv, d, kc, vc, p0)
-        return TritonOps.attention(qkv, nq, nkv, d, kc, vc, p0, rope=(qn32, kn32, cos, sin, eps))
-
-    @staticmethod
-    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None,
-                  rope: tuple | None = None) -> torch.Tensor:
+    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
         rg = r * g
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
@@ -324,8 +263,8 @@ class TritonOps:
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
         _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
             qkv, qkv.stride(0), kc, vc, p0, r, cap, 1.0 / math.sqrt(d), m, l, o, rg,
-            *(rope or (m, m, m, m, 0.0)), NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN,
-            F32DOT=interpreting(), PDL=pm, ROPE=rope is not None, num_warps=4, **pdl_policy.launch_opts(pm))
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
+            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()

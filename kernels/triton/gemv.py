@@ -46,32 +46,24 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps, K: tl.constexpr,
                  NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr, GLU: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
     if PF > 0:                          # the head of the slab's rows into L2 while the kernel before runs (pdl.py)
         pdl.prefetch_rows(w_ptr + n * sw + sid * KS, tl.full([BN], PF, tl.int32))
-        if GLU:
-            pdl.prefetch_rows(w_ptr + (n + N) * sw, tl.full([BN], PF, tl.int32))
     pdl.enter(PDL)
     rows = tl.arange(0, RP)
     rmask = rows < R
     nmask = n < N
     ss = tl.zeros([RP], tl.float32)
     acc = tl.zeros([BN, RP], tl.float32)
-    acc_u = tl.zeros([BN, RP], tl.float32)      # GLU: the up rows' sums (rows N + n of w)
     for k0 in range(0, KS, BK):
         kk = sid * KS + k0 + tl.arange(0, BK)
         if EVEN:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :])
-            if GLU:
-                wu = tl.load(w_ptr + (n + N)[:, None] * sw + kk[None, :])
         else:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :], mask=nmask[:, None] & (kk[None, :] < K), other=0.0)
-            if GLU:
-                wu = tl.load(w_ptr + (n + N)[:, None] * sw + kk[None, :], mask=nmask[:, None] & (kk[None, :] < K),
-                             other=0.0)
         xm = rmask[None, :] & (kk[:, None] < K)
         a = tl.load(x_ptr + rows[None, :] * sx + kk[:, None], mask=xm, other=0.0)          # [BK, RP]
         if NORM:                        # rms(x) * g = rstd * (x * g): the sum of squares rides along
@@ -81,12 +73,8 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_
             a = (xf * gk[:, None]).to(x_ptr.dtype.element_ty)
         if F32DOT:                      # f32 engines (and the CPU interpreter): exact f32 products
             acc += tl.dot(w.to(tl.float32), a.to(tl.float32), input_precision="ieee")
-            if GLU:
-                acc_u += tl.dot(wu.to(tl.float32), a.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(w, a.to(w.dtype))
-            if GLU:
-                acc_u += tl.dot(wu, a.to(w.dtype))
     last = True
     if S > 1:                           # park the partial sums; the tile's last split to arrive adds them all
         nt = tl.num_programs(0)
@@ -109,12 +97,6 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_
     if last:
         if NORM:
             acc = acc * tl.rsqrt(ss / K + eps)[None, :]
-            if GLU:
-                acc_u = acc_u * tl.rsqrt(ss / K + eps)[None, :]
-        if GLU:                         # silu(gate) * up of the two rounded sums (``silu_mul``'s rule on proj's gu)
-            dt = o_ptr.dtype.element_ty
-            gt = acc.to(dt).to(tl.float32)
-            acc = gt * tl.sigmoid(gt) * acc_u.to(dt).to(tl.float32)
         omask = nmask[:, None] & rmask[None, :]
         if RES:
             acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
@@ -158,20 +140,6 @@ MEASURED = {(6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 256, 4, 4, 1), 
             (16480, 5120): (128, 128, 4, 4, 1), (14336, 5120): (128, 128, 4, 4, 1)}
 
 
-# The fused gate/up + SiLU (``proj(..., glu=True)``) where measured faster than the projection then the silu kernel:
-# none yet. ``BLOOMERY_GEMV_CONFIGS`` entries "glu:NxK" (N = 2I, the [gate; up] height) turn it on for a shape.
-MEASURED_GLU: dict[tuple[int, int], tuple[int, ...]] = {}
-
-
-def glu_tiles(r: int, rp: int, n2: int, k: int) -> tuple[int, ...] | None:
-    """The fused gate/up's tiles for R rows of a [gate; up] weight [n2, k], or None: the projection (``tiles``)
-    then ``silu_mul``."""
-    if os.environ.get("BLOOMERY_GEMV") == "off" or not r <= rp <= MAX_ROWS:
-        return None
-    table = _measured()
-    return table.get(f"glu:{n2}x{k}") or MEASURED_GLU.get((n2, k))
-
-
 def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
     """``proj``'s tiles for R rows (padded to rp) of an [n, k] weight, or None where it does not take them: a
     prompt (compute-bound) and the shapes cuBLAS reads best (``config`` None). ``TritonOps.proj`` sends those to
@@ -180,18 +148,13 @@ def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None,
-         glu: bool = False) -> torch.Tensor:
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None
+         ) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
     its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
-    ``glu``: w is [gate; up] [2I, K] and y = silu(gate sums) * (up sums) [R, I], each sum rounded to the output
-    dtype first (``swiglu``). Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
+    Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
     r = x.shape[0]
     n, k = w.shape
-    if glu:
-        if n % 2 or res is not None:
-            raise ValueError(f"proj(glu): a [gate; up] weight of even height and no residual, got [{n}, {k}]")
-        n //= 2
     if x.shape[1] != k:
         raise ValueError(f"proj: x of width {x.shape[1]} for a weight [{n}, {k}]")
     rp = rp or rows_pad(r)
@@ -204,8 +167,6 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
     bn, bk, warps, stages, splits = (*cfg, 1)[:5]
-    if glu and splits > 1:
-        raise ValueError(f"proj(glu): tiles {cfg} split K; the fused gate/up takes one sum")
     ks = triton.cdiv(triton.cdiv(k, bk), splits) * bk                 # each split's K span, whole BK chunks
     even = n % bn == 0 and ks * splits == k
     f32dot = interpreting() or w.dtype == torch.float32
@@ -216,12 +177,12 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     mode, budget = pdl_policy.mode(x.device)
     pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
     if budget is not None and even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:
-        pf = pdl_policy.row_bytes(budget, n * splits * (2 if glu else 1), ks * w.element_size())
+        pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())
     _proj_kernel[grid](
         x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, GLU=glu, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
     return out
 
 

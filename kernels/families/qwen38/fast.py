@@ -144,7 +144,8 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
 
 def ffn_into(ops, h: T, m: FastMLP, eps: float, out: T | None = None, rp: int | None = None) -> T:
     """h + swiglu(rms(h, post_attention_layernorm)), into ``out`` when given (``rp``: ``ops.proj``'s padding)."""
-    return ops.proj(ops.swiglu(h, m.wgu, m.ln_post, eps, rp=rp), m.wd, None, eps, res=h, out=out, rp=rp)
+    gu = ops.proj(h, m.wgu, m.ln_post, eps, rp=rp)
+    return ops.proj(ops.silu_mul(gu), m.wd, None, eps, res=h, out=out, rp=rp)
 
 
 class FastQwen38Target:
