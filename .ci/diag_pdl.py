@@ -6,7 +6,10 @@ plain ids must equal those of PDL off: the setting changes when kernels start, n
 
 python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   SETTING: off, or BLOOMERY_PDL's flags joined by "+" (on, early, l2=MB), and "gu": the 8B gate/up [24576, 4096]
-  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS
+  in the projection kernel too (tiles 128 x 128, its RMSNorm folded; BLOOMERY_GEMV_CONFIGS) instead of cuBLAS;
+  "tNxK=BNxBKxWARPSxSTAGESxSPLITS": the projection kernel's tiles for the [N, K] weight (BLOOMERY_GEMV_CONFIGS).
+  A setting whose tiles change a sum's order may change the plain ids (reported, not a defect); its chain must
+  still equal its own plain run.
 """
 import argparse
 import json
@@ -44,11 +47,16 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        flags = [f for f in s.split("+") if f not in ("off", "gu")]
+        tiles = dict(GATE_UP) if "gu" in s.split("+") else {}
+        for f in s.split("+"):
+            if f.startswith("t") and "=" in f:
+                shape, _, spec = f[1:].partition("=")
+                tiles[shape] = [int(v) for v in spec.split("x")]
+        flags = [f for f in s.split("+") if f not in ("off", "gu") and not (f.startswith("t") and "=" in f)]
         os.environ["BLOOMERY_PDL"] = ",".join(flags) or "off"
-        if "gu" in s.split("+"):
+        if tiles:
             cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
-            cfg.write_text(json.dumps(GATE_UP))
+            cfg.write_text(json.dumps(tiles))
             os.environ["BLOOMERY_GEMV_CONFIGS"] = str(cfg)
         else:
             os.environ.pop("BLOOMERY_GEMV_CONFIGS", None)
