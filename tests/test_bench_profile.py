@@ -32,6 +32,19 @@ def test_profile_records_each_pass_and_its_ops():
     assert bound["frac_max"] == pytest.approx(1 / (bound["verify_rel"] + bound["draft_read_rel"]))
 
 
+def test_profile_says_when_pdl_overlaps_the_kernel_times(monkeypatch):
+    """Under PDL (stubbed: the CPU never takes it) the profile names the setting and says the kernel times overlap;
+    without it, nothing is said (the test above)."""
+    from bloomery_gates.kernels.triton import pdl_policy
+
+    monkeypatch.setattr(pdl_policy, "describe", lambda dev: "on,early,l2=4")
+    lines: list[str] = []
+    rec = bench_hybrid("qwen38-dflash2", "qwen38-tiny", "cpu", "f32", prompt_len=16, n=8, block=4, iters=1,
+                       emit=lines.append, quiet=True, profile=True)
+    assert rec["profile"]["pdl"] == "on,early,l2=4"
+    assert any(line.startswith("profile note pdl=on,early,l2=4:") and "overlap" in line for line in lines)
+
+
 def test_criterion_bound_is_plain_over_verify_plus_the_drafts_read():
     verify = [{"rows": 1, "ms": 10.0, "rel_plain": 1.0}, {"rows": 8, "ms": 11.0, "rel_plain": 1.1}]
     b = criterion_bound(verify, 8, 4 * 10 ** 9, 4000.0)                # 4 GB at 4000 GB/s: 1 ms

@@ -17,6 +17,11 @@ Two views of the same pass (a plain step of one row unless told otherwise):
 
 The profile is measured after the bench's own figures (it never runs inside a timed region); on a CPU the same lines
 come from CPU op times. Names are cut to 72 characters.
+
+Under programmatic dependent launch (the graphed passes' default on sm_90+, ``kernels.triton.pdl_policy``) a kernel
+is launched while the one before it still runs and waits for it inside its own time: the kernels' times overlap,
+their sum can pass the wall (``gaps_ms`` < 0), and a short kernel after a long one shows the long one's tail. The
+profile says so (``profile note``, the record's ``pdl``); ``BLOOMERY_PDL=off`` gives each kernel's own time.
 """
 
 from __future__ import annotations
@@ -140,8 +145,15 @@ def profile_engine(target, draft, prompt: list[int], verify_rows: list[dict[str,
                    copy_GBps: float, log) -> dict[str, Any]:
     """The plain step, the widest verify and the draft's block of a bench's engines (``target.graphs`` a
     ``kernels.graphs.GraphSet`` over the engine's pass of R rows), each with the wall ms the bench measured."""
+    from bloomery_gates.kernels.triton import pdl_policy
+
     esize = target.embed.element_size()
     out: dict[str, Any] = {}
+    pdl = pdl_policy.describe(target.device)
+    if pdl is not None and pdl.startswith("on"):
+        out["pdl"] = pdl
+        log(f"profile note pdl={pdl}: a kernel launched early waits for the one before inside its own time, so the "
+            "kernel times overlap (gaps_ms can be < 0); BLOOMERY_PDL=off for each kernel's own time")
     widest = verify_rows[-1]
     for label, r, ms in (("plain", 1, verify_rows[0]["ms"]), (f"verify{widest['rows']}", widest["rows"],
                                                              widest["ms"])):
