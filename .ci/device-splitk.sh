@@ -14,21 +14,8 @@ R=/tmp/splitk && mkdir -p $R && device_info "splitk" | tee $R/device.txt
 LL=/tmp/llama-cuda
 SRC=$(ls $PWD/.llama-src/*.tar.gz 2>/dev/null | head -1)
 BEST="on+early+l2=4"
-knobs() {  # a diag setting -> the environment the engines read ($R/env.sh)
-  python3 - "$1" "$R" <<'PY'
-import json, sys
-s, r = sys.argv[1], sys.argv[2]
-flags = s.split("+")
-tiles = {f[1:].partition("=")[0]: [int(v) for v in f.partition("=")[2].split("x")]
-         for f in flags if f.startswith("t") and "=" in f}
-pdl = ",".join(f for f in flags if f not in ("off",) and f not in [g for g in flags if g.startswith("t") and "=" in g])
-env = f"export BLOOMERY_PDL={pdl or 'off'}\n"
-if tiles:
-    json.dump(tiles, open(f"{r}/tiles.json", "w"))
-    env += f"export BLOOMERY_GEMV_CONFIGS={r}/tiles.json\n"
-open(f"{r}/env.sh", "w").write(env)
-print(f"{r}/env.sh")
-PY
+knobs() {  # a diag setting -> the environment the engines read ($R/env.sh; diag_pdl's own rule)
+  python3 -P .ci/diag_pdl.py --env $R "$1"
 }
 B=on+early+l2=4
 for s in ${STEPS:-build diag gates bench8}; do

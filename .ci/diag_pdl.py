@@ -10,6 +10,8 @@ python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   "tNxK=BNxBKxWARPSxSTAGESxSPLITS": the projection kernel's tiles for the [N, K] weight (BLOOMERY_GEMV_CONFIGS).
   A setting whose tiles change a sum's order may change the plain ids (reported, not a defect); its chain must
   still equal its own plain run.
+python3 -P .ci/diag_pdl.py --env DIR SETTING: write the environment that SETTING runs under to DIR/env.sh (export
+  lines; its tiles as DIR/tiles.json), print that path, run nothing (the device scripts run a bench under it)
 """
 import argparse
 import json
@@ -29,14 +31,45 @@ from bloomery_gates.kernels.triton import gemv
 GATE_UP = {"24576x4096": [128, 128, 4, 4, 1]}
 
 
+def environment(setting: str, folder: Path) -> dict[str, str | None]:
+    """A SETTING's environment: BLOOMERY_PDL, and BLOOMERY_GEMV_CONFIGS (its tiles written to folder/tiles.json, or
+    None: unset)."""
+    flags = setting.split("+")
+    tiles = dict(GATE_UP) if "gu" in flags else {}
+    for f in flags:
+        if f.startswith("t") and "=" in f:
+            shape, _, spec = f[1:].partition("=")
+            tiles[shape] = [int(v) for v in spec.split("x")]
+    pdl = [f for f in flags if f not in ("off", "gu") and not (f.startswith("t") and "=" in f)]
+    cfg = None
+    if tiles:
+        cfg = folder / "tiles.json"
+        cfg.write_text(json.dumps(tiles))
+    return {"BLOOMERY_PDL": ",".join(pdl) or "off", "BLOOMERY_GEMV_CONFIGS": str(cfg) if cfg else None}
+
+
+def write_env(setting: str, folder: Path) -> Path:
+    """``environment`` as folder/env.sh (export / unset lines)."""
+    env = environment(setting, folder)
+    out = folder / "env.sh"
+    out.write_text("".join(f"export {k}={v}\n" if v is not None else f"unset {k}\n" for k, v in env.items()))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--env", type=Path, default=None, help="write the one SETTING's environment there, run nothing")
     ap.add_argument("settings", nargs="*", default=["off", "on+early", "on+early+l2=4", "on+early+l2=12",
                                                     "on+early+l2=24", "on+early+gu", "on+early+gu+l2=12", "off"])
     a = ap.parse_args()
+    if a.env is not None:
+        if len(a.settings) != 1:
+            ap.error("--env takes exactly one SETTING")
+        print(write_env(a.settings[0], a.env))
+        return 0
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = copy_bandwidth(dev)
     tspec, _ = random_pair(SHAPES[a.shape], dev, dt)
@@ -47,19 +80,13 @@ def main() -> int:
     base = None
     bad = 0
     for s in a.settings:
-        tiles = dict(GATE_UP) if "gu" in s.split("+") else {}
-        for f in s.split("+"):
-            if f.startswith("t") and "=" in f:
-                shape, _, spec = f[1:].partition("=")
-                tiles[shape] = [int(v) for v in spec.split("x")]
-        flags = [f for f in s.split("+") if f not in ("off", "gu") and not (f.startswith("t") and "=" in f)]
-        os.environ["BLOOMERY_PDL"] = ",".join(flags) or "off"
-        if tiles:
-            cfg = Path(tempfile.mkdtemp()) / "gemv-configs.json"
-            cfg.write_text(json.dumps(tiles))
-            os.environ["BLOOMERY_GEMV_CONFIGS"] = str(cfg)
-        else:
-            os.environ.pop("BLOOMERY_GEMV_CONFIGS", None)
+        env = environment(s, Path(tempfile.mkdtemp()))
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tiles = env["BLOOMERY_GEMV_CONFIGS"] is not None
         gemv._measured.cache_clear()
         try:
             target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)

@@ -37,6 +37,7 @@ def test_profile_says_when_pdl_overlaps_the_kernel_times(monkeypatch):
     without it, nothing is said (the test above)."""
     from bloomery_gates.kernels.triton import pdl_policy
 
+    monkeypatch.setattr(pdl_policy, "in_effect", lambda dev: True)
     monkeypatch.setattr(pdl_policy, "describe", lambda dev: "on,early,l2=4")
     lines: list[str] = []
     rec = bench_hybrid("qwen38-dflash2", "qwen38-tiny", "cpu", "f32", prompt_len=16, n=8, block=4, iters=1,

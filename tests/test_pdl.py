@@ -117,3 +117,17 @@ def test_describe_names_what_a_record_ran_under(monkeypatch):
         assert p.describe(dev) == "off"
         monkeypatch.setenv("BLOOMERY_PDL", "on,l2")
         assert p.describe(dev) == "on,l2"
+
+
+def test_in_effect_is_on_and_a_capable_cuda_device(monkeypatch):
+    """``in_effect``: the setting on and the device CUDA of compute capability 9+ (the capability stubbed: the rule
+    is under test, not the card)."""
+    monkeypatch.setenv("BLOOMERY_PDL", "on,early,l2=4")
+    assert not p.in_effect(torch.device("cpu"))
+    monkeypatch.setattr(p, "_capable", lambda dev: True)
+    assert p.in_effect(torch.device("cuda"))
+    monkeypatch.setattr(p, "_capable", lambda dev: False)
+    assert not p.in_effect(torch.device("cuda"))
+    monkeypatch.setattr(p, "_capable", lambda dev: True)
+    monkeypatch.setenv("BLOOMERY_PDL", "off")
+    assert not p.in_effect(torch.device("cuda"))

@@ -136,9 +136,9 @@ def bench_moe(shape: str, device: str, dtype: str, layers: int | None, prompt_le
                          f"{prompt_len} (>= 1)")
     nd = min(32, n) if drafted_n is None else drafted_n
     if drafts:
-        from .moe_draft_shapes import DRAFTS, parse_drafts
+        from .moe_draft_shapes import DRAFTS, check_drafts
 
-        parse_drafts(",".join(drafts), shape)               # the --drafts rule: each a draft the shape has, once
+        check_drafts(tuple(drafts), shape)                  # the --drafts rule: each a draft the shape has, once
         wide = max(max(DRAFTS[shape][k].grid) for k in drafts)
         if not 1 <= nd <= n or wide > rows:
             raise ValueError(f"--drafted-n {nd} (1..n = {n}), --rows {rows} (>= {wide}, the widest drafted verify; "

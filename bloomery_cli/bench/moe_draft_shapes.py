@@ -88,14 +88,19 @@ def parse_drafts(value: str | None, shape: str) -> tuple[str, ...]:
         return have
     if value.strip() == "none":
         return ()
-    kinds = tuple(k.strip() for k in value.split(","))
+    return check_drafts(tuple(k.strip() for k in value.split(",")), shape)
+
+
+def check_drafts(kinds: tuple[str, ...], shape: str) -> tuple[str, ...]:
+    """``kinds`` if each is a draft ``shape`` has, named once; else an ``InputError`` naming ``--drafts`` (exit 2)."""
+    have = tuple(DRAFTS.get(shape, {}))
     for k in kinds:
         if k not in KINDS:
             raise InputError("--drafts", f"{k!r}: expected a comma list of {', '.join(KINDS)}, or none")
         if k not in have:
             raise InputError("--drafts", f"{k}: {shape} has no {k} draft (its drafts: {', '.join(have) or 'none'})")
     if len(set(kinds)) != len(kinds):
-        raise InputError("--drafts", f"{value!r}: a draft named twice")
+        raise InputError("--drafts", f"{','.join(kinds)!r}: a draft named twice")
     return kinds
 
 
@@ -133,7 +138,7 @@ def random_mimo2_mtp(s: MoEBenchShape, target, layers: int, device: torch.device
 
 
 def random_moe_dflash(s: MoEBenchShape, ds: DraftShape, depth: int, device: torch.device, dtype: torch.dtype,
-                  seed: int = 13) -> DFlashSpec:
+                      seed: int = 13) -> DFlashSpec:
     """A DFlash drafter of ``ds``'s shape (``bench.shapes.random_dflash``), reading the target layers ``ds`` names,
     or z-lab's default spread over the ``depth`` layers run when ``--layers`` cut one of them away."""
     bs = BenchShape(f"{s.name}-dflash", s.hidden, depth, ds.heads, ds.kv_heads, ds.head_dim, ds.intermediate,

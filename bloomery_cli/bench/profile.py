@@ -149,9 +149,8 @@ def profile_engine(target, draft, prompt: list[int], verify_rows: list[dict[str,
 
     esize = target.embed.element_size()
     out: dict[str, Any] = {}
-    pdl = pdl_policy.describe(target.device)
-    if pdl is not None and pdl.startswith("on"):
-        out["pdl"] = pdl
+    if pdl_policy.in_effect(target.device):
+        out["pdl"] = pdl = pdl_policy.describe(target.device)
         log(f"profile note pdl={pdl}: a kernel launched early waits for the one before inside its own time, so the "
             "kernel times overlap (gaps_ms can be < 0); BLOOMERY_PDL=off for each kernel's own time")
     widest = verify_rows[-1]

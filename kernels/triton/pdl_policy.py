@@ -110,6 +110,11 @@ def describe(device: torch.device) -> str | None:
     return str(s) if not s.on or _capable(device) else "off (compute capability < 9)"
 
 
+def in_effect(device: torch.device) -> bool:
+    """Whether the graphed passes on ``device`` take PDL (``describe`` names the setting)."""
+    return device.type == "cuda" and setting().on and _capable(device)
+
+
 def row_bytes(budget: int | None, rows: int, row_span: int) -> int:
     """Bytes prefetched from the head of each of ``rows`` rows of ``row_span`` bytes for an L2 budget (``mode``):
     whole 128-byte lines, at most the span; 0: none."""
