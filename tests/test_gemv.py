@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
 
 CFG = (16, 128, 4, 2)                 # tiles that fit every test shape (the rule sends wide weights to cuBLAS)
 SPLIT = (16, 128, 4, 2, 3)            # the same, K summed in 3 splits (uneven ones too: 520 and 1024 are not 3 x 128 m)
+TMA = (16, 128, 4, 2, 1, 1)           # the same, the weight's tiles copied by the tensor memory accelerator
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
@@ -30,7 +31,7 @@ def _case(n: int, k: int, r: int, dtype: torch.dtype, seed: int = 0):
     return x, w, g, res
 
 
-@pytest.mark.parametrize("cfg", [CFG, SPLIT], ids=["one-sum", "split-k"])
+@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA], ids=["one-sum", "split-k", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(48, 64), (64, 1024), (40, 520)])
 def test_proj_matches_torch(dtype, n, k, cfg):
@@ -44,7 +45,7 @@ def test_proj_matches_torch(dtype, n, k, cfg):
                                            torch_proj(x, w, gain, 1e-6, rs), **TOL[dtype])
 
 
-@pytest.mark.parametrize("cfg", [CFG, SPLIT], ids=["one-sum", "split-k"])
+@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA], ids=["one-sum", "split-k", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype, cfg):
     """Bit for bit, and run to run (split-K: the splits are added in one order whichever arrives last)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..graphs import rows_pad
 from . import interpreting, pdl, pdl_policy
@@ -43,10 +44,10 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 
 
 @triton.jit
-def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps, K: tl.constexpr,
-                 NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps,
+                 K: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -60,7 +61,9 @@ def _proj_kernel(x_ptr, sx, w_ptr, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_
     acc = tl.zeros([BN, RP], tl.float32)
     for k0 in range(0, KS, BK):
         kk = sid * KS + k0 + tl.arange(0, BK)
-        if EVEN:
+        if TMA:                         # the tensor memory accelerator copies the tile (zeros past the edges)
+            w = w_desc.load([pid * BN, sid * KS + k0])
+        elif EVEN:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :])
         else:
             w = tl.load(w_ptr + n[:, None] * sw + kk[None, :], mask=nmask[:, None] & (kk[None, :] < K), other=0.0)
@@ -166,7 +169,9 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         raise ValueError("proj: x and w need unit stride along K")
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
-    bn, bk, warps, stages, splits = (*cfg, 1)[:5]
+    bn, bk, warps, stages = cfg[:4]
+    splits = cfg[4] if len(cfg) > 4 else 1
+    tma = bool(cfg[5]) if len(cfg) > 5 else False
     ks = triton.cdiv(triton.cdiv(k, bk), splits) * bk                 # each split's K span, whole BK chunks
     even = n % bn == 0 and ks * splits == k
     f32dot = interpreting() or w.dtype == torch.float32
@@ -178,11 +183,14 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
     if budget is not None and even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:
         pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())
+    if tma and not ((w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0):
+        raise ValueError(f"proj: tiles {cfg} load the weight by TMA, which needs 16-byte aligned rows")
     _proj_kernel[grid](
-        x, x.stride(0), w, w.stride(0), g32 if g32 is not None else w, res if res is not None else out,
+        x, x.stride(0), w, TensorDescriptor.from_tensor(w, [bn, bk]) if tma else w, w.stride(0),
+        g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, TMA=tma, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
     return out
 
 
