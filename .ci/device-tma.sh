@@ -8,6 +8,9 @@
 # diag    .ci/diag_pdl.py at qwen3-8b: the default, its tiles with TMA, gemv's best TMA tiles with / without gate/up
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 under the fastest setting (records: $OUT)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b --llama-cpp under the fastest setting
+# b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3, under each of SETTINGS27 (diag_pdl settings)
+# tests   the CUDA tests of the projection, PDL and the graphed engines
+# SETTINGS (diag), SETTINGS27, FORCE=1 (gates / bench8 even when the default is fastest): the environment
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-560} ))
 source .ci/device-setup.sh || exit 2
@@ -51,6 +54,15 @@ print('+'.join(f't{s}=' + 'x'.join(map(str, c)) for s, c in b.items() if s in q8
                 qwen3-dflash --shape qwen3-8b --device cuda --llama-cpp $LL \
                 --json $R/bench-qwen3-8b-llamacpp-cuda-bf16.json )
             grep -E "^(plain|chain|llama)" $R/bench8.log | cut -c1-200 ;;
+    b27) i=0; for st in ${SETTINGS27:-$B}; do i=$((i + 1)); echo "b27-$i: $st"
+           ( source $(knobs $st); R=$R STEP_MIN_S=60 step b27-$i ${B27_S:-100} python3 -P -m bloomery_cli.bench.command \
+               qwen38-mtp --shape qwen38-27b --layers 16 --mtp-width 3 --device cuda -n 128 \
+               --json $R/bench-qwen38-27b-l16-mtp-$i-cuda-bf16.json )
+           grep -E "^(plain|chain k=16|draft |device_accept a=0.8)|Error" $R/b27-$i.log | cut -c1-230
+         done ;;
+    tests) step tests ${TESTS_S:-120} python3 -P -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_pdl.py \
+             tests/test_fast_engine.py tests/test_qwen38_fast.py tests/test_mtp_fast.py tests/test_chain.py
+           tail -3 $R/tests.log | cut -c1-200 ;;
   esac
 done
 tar czf $OUT/tma.tgz -C $R . && echo "records in tma.tgz"

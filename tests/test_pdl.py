@@ -124,10 +124,10 @@ def test_in_effect_is_on_and_a_capable_cuda_device(monkeypatch):
     is under test, not the card)."""
     monkeypatch.setenv("BLOOMERY_PDL", "on,early,l2=4")
     assert not p.in_effect(torch.device("cpu"))
-    monkeypatch.setattr(p, "_capable", lambda dev: True)
+    monkeypatch.setattr(p, "hopper", lambda dev: True)
     assert p.in_effect(torch.device("cuda"))
-    monkeypatch.setattr(p, "_capable", lambda dev: False)
+    monkeypatch.setattr(p, "hopper", lambda dev: False)
     assert not p.in_effect(torch.device("cuda"))
-    monkeypatch.setattr(p, "_capable", lambda dev: True)
+    monkeypatch.setattr(p, "hopper", lambda dev: True)
     monkeypatch.setenv("BLOOMERY_PDL", "off")
     assert not p.in_effect(torch.device("cuda"))

@@ -108,20 +108,20 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
 
 @functools.cache
 def _measured() -> dict[str, tuple[int, ...] | None]:
-    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits)]} (``bloomery_cli.bench.gemv
-    --write-configs``), read once; empty when unset."""
+    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits(, tma))]}
+    (``bloomery_cli.bench.gemv --write-configs``), read once; empty when unset."""
     path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
     return {k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()} if path else {}
 
 
 def config(n: int, k: int) -> tuple[int, ...] | None:
-    """(BN, BK, num_warps, num_stages[, splits]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry, else the rule;
-    None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
+    """(BN, BK, num_warps, num_stages[, splits[, tma]]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry,
+    else the rule; None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
 
     Rule, from the H200 profiles (results/h200/speed/NOTE.md): the shapes measured (``MEASURED``) take their tiles;
     otherwise cuBLAS keeps the wide matrices (N > 8192: gate/up, the head), which it reads at 0.94-0.99 of the copy
     rate, and the narrow ones (N <= 8192: o_proj, down_proj, out_proj, q/k/v; cuBLAS 0.54-0.88 through split-K and
-    a reduce kernel) run here in slabs of 64 features."""
+    a reduce kernel) run here in slabs of 64 features, their tiles copied by TMA (``RULE``)."""
     if os.environ.get("BLOOMERY_GEMV") == "off":     # every shape on cuBLAS: the A/B of .ci/device-speed.sh
         return None
     table = _measured()
@@ -129,7 +129,7 @@ def config(n: int, k: int) -> tuple[int, ...] | None:
         return table[f"{n}x{k}"]
     if (n, k) in MEASURED:
         return MEASURED[(n, k)]
-    return None if n > SMALL_N else (64, 256, 4, 4, 1)
+    return None if n > SMALL_N else RULE
 
 
 # bench_gemv's fastest candidate at R = 1 on the H200, bf16 (within 3% of it at R = 16), from
@@ -137,10 +137,15 @@ def config(n: int, k: int) -> tuple[int, ...] | None:
 # 4096x12288, by 1%; elsewhere the arrival counter costs more than the extra parallelism gives). The two wide ones
 # run here with their RMSNorm folded in: the DeltaNet in-projection and the attention q/g/k/v at 27B (0.97 / 0.94 of
 # the copy rate against cuBLAS's 0.91 / 0.94 in-step, and no rms kernel before them); gate/up stay on cuBLAS (0.87
-# here against its 0.95-0.99).
-MEASURED = {(6144, 4096): (64, 256, 4, 4, 1), (4096, 4096): (64, 256, 4, 4, 1), (4096, 12288): (64, 256, 4, 4, 2),
-            (5120, 6144): (64, 256, 4, 4, 1), (5120, 17408): (64, 256, 4, 4, 1),
-            (16480, 5120): (128, 128, 4, 4, 1), (14336, 5120): (128, 128, 4, 4, 1)}
+# here against its 0.95-0.99). The sixth field, 1: the weight's tiles copied by TMA, which read 0.5-5% faster at
+# every narrow shape (results/h200/speed/cef8619-tma: 4096x4096 0.686 against 0.679 of the copy rate, 6144x4096
+# 0.750 / 0.711, 4096x12288 0.859 / 0.849, 5120x6144 0.828 / 0.824, 5120x17408 0.947 / 0.940) and made the 8B
+# step 0.8% faster (chain K=16 230.0 / 230.1 against 228.3 / 228.6 tok/s).
+MEASURED = {(6144, 4096): (64, 256, 4, 4, 1, 1), (4096, 4096): (64, 256, 4, 4, 1, 1),
+            (4096, 12288): (64, 256, 4, 4, 2, 1), (5120, 6144): (64, 256, 4, 4, 1, 1),
+            (5120, 17408): (64, 256, 4, 4, 1, 1), (16480, 5120): (128, 128, 4, 4, 1),
+            (14336, 5120): (128, 128, 4, 4, 1)}
+RULE = (64, 256, 4, 4, 1, 1)            # every other narrow weight
 
 
 def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
@@ -171,7 +176,7 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
     bn, bk, warps, stages = cfg[:4]
     splits = cfg[4] if len(cfg) > 4 else 1
-    tma = bool(cfg[5]) if len(cfg) > 5 else False
+    tma = bool(cfg[5]) if len(cfg) > 5 else False      # a request: taken on Hopper for 16-byte aligned rows
     ks = triton.cdiv(triton.cdiv(k, bk), splits) * bk                 # each split's K span, whole BK chunks
     even = n % bn == 0 and ks * splits == k
     f32dot = interpreting() or w.dtype == torch.float32
@@ -180,11 +185,11 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     grid = (triton.cdiv(n, bn), splits)
     ws, cnt = _workspace(x.device, grid, rp, bn) if splits > 1 else (out, out)
     mode, budget = pdl_policy.mode(x.device)
+    aligned = (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
+    tma = tma and aligned and (interpreting() or (x.device.type == "cuda" and pdl_policy.hopper(x.device)))
     pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
-    if budget is not None and even and (w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:
+    if budget is not None and even and aligned:
         pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())
-    if tma and not ((w.stride(0) * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0):
-        raise ValueError(f"proj: tiles {cfg} load the weight by TMA, which needs 16-byte aligned rows")
     _proj_kernel[grid](
         x, x.stride(0), w, TensorDescriptor.from_tensor(w, [bn, bk]) if tma else w, w.stride(0),
         g32 if g32 is not None else w, res if res is not None else out,

@@ -91,13 +91,13 @@ def mode(device: torch.device) -> tuple[int, int | None]:
     if device.type != "cuda" or not graphs.graphing():       # every launch asks: the cheap answers first
         return OFF, None
     s = setting()
-    if not s.on or not _capable(device):
+    if not s.on or not hopper(device):
         return OFF, None
     return (LAUNCH_FIRST if s.early else WAIT_FIRST), s.l2_bytes
 
 
-def _capable(device: torch.device) -> bool:
-    """PDL needs compute capability 9 (Hopper) or later."""
+def hopper(device: torch.device) -> bool:
+    """Compute capability 9 (Hopper) or later: what PDL and the projection's TMA loads (``gemv.proj``) need."""
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
@@ -107,12 +107,12 @@ def describe(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     s = setting()
-    return str(s) if not s.on or _capable(device) else "off (compute capability < 9)"
+    return str(s) if not s.on or hopper(device) else "off (compute capability < 9)"
 
 
 def in_effect(device: torch.device) -> bool:
     """Whether the graphed passes on ``device`` take PDL (``describe`` names the setting)."""
-    return device.type == "cuda" and setting().on and _capable(device)
+    return device.type == "cuda" and setting().on and hopper(device)
 
 
 def row_bytes(budget: int | None, rows: int, row_span: int) -> int:
