@@ -10,7 +10,7 @@
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b --llama-cpp under the fastest setting
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3, under each of SETTINGS27 (diag_pdl settings)
 # tests   the CUDA tests of the projection, PDL and the graphed engines
-# SETTINGS (diag), SETTINGS27, FORCE=1 (gates / bench8 even when the default is fastest): the environment
+# SETTINGS (diag; may name $T, gemv's best TMA tiles), CANDS and GEMV_ARGS (gemv), SETTINGS27, FORCE=1 (gates / bench8 even when the default is fastest): the environment
 set -uo pipefail
 T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-560} ))
 source .ci/device-setup.sh || exit 2
@@ -24,10 +24,10 @@ for s in ${STEPS:-build gemv diag gates bench8}; do
   case $s in
     build) ( timeout 420 python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 14 --bench \
                --source $SRC > $R/build.log 2>&1; echo "build exit $?" >> $R/build.log ) & ;;
-    gemv) C=""; for c in 64,256,4,4,1,0 64,256,4,4,1,1 64,128,4,4,1,1 64,128,4,6,1,1 32,256,4,4,1,1 \
-                       128,128,4,4,1,1 128,256,4,3,1,1 64,256,4,4,2,1 128,64,4,8,1,1; do C="$C --candidate $c"; done
-          step gemv ${GEMV_S:-150} python3 -P -m bloomery_cli.bench.gemv --shape qwen3-8b --shape qwen38-27b --wide \
-            $C --json $R/gemv-cuda-bf16.json --write-configs $R/gemv-best.json
+    gemv) C=""; for c in ${CANDS:-64,256,4,4,1,0 64,256,4,4,1,1 64,128,4,4,1,1 64,128,4,6,1,1 32,256,4,4,1,1 \
+                       128,128,4,4,1,1 128,256,4,3,1,1 64,256,4,4,2,1 128,64,4,8,1,1}; do C="$C --candidate $c"; done
+          step gemv ${GEMV_S:-150} python3 -P -m bloomery_cli.bench.gemv ${GEMV_ARGS:---shape qwen3-8b --shape qwen38-27b \
+            --wide} $C --json $R/gemv-cuda-bf16.json --write-configs $R/gemv-best.json
           grep -E "^gemv|^bandwidth|configs" $R/gemv.log | cut -c1-200 ;;
     diag) T=$(python3 -P -c "
 import json; b = json.load(open('$R/gemv-best.json'))
@@ -36,8 +36,8 @@ print('+'.join(f't{s}=' + 'x'.join(map(str, c)) for s, c in b.items() if s in q8
           N=$(echo "$T" | tr + '\n' | grep -v '^t24576x4096' | paste -sd+)
           TAB=$B+t6144x4096=64x256x4x4x1x1+t4096x4096=64x256x4x4x1x1+t4096x12288=64x256x4x4x2x1
           echo "gemv's TMA tiles: ${T:-none}"
-          step diag ${DIAG_S:-170} python3 -P .ci/diag_pdl.py -n 256 ${SETTINGS:-$B $TAB ${T:+$B+$T} ${N:+$B+$N} \
-            $TAB+t24576x4096=128x128x4x4x1x1 $B}
+          eval "SET=\"${SETTINGS:-$B $TAB ${T:+$B+$T} ${N:+$B+$N} $TAB+t24576x4096=128x128x4x4x1x1 $B}\""
+          step diag ${DIAG_S:-170} python3 -P .ci/diag_pdl.py -n 256 $SET
           cut -c1-250 $R/diag.log
           BEST=$(grep -E "^pdl=.*chain_ids_identical=True" $R/diag.log \
                  | sed -E 's/^pdl=([^ ]+) .*chain16 tok_s=([0-9.]+).*/\2 \1/' | sort -rn | head -1 | cut -d' ' -f2)
