@@ -140,7 +140,9 @@ def config(n: int, k: int) -> tuple[int, ...] | None:
 # here against its 0.95-0.99). The sixth field, 1: the weight's tiles copied by TMA, which read 0.5-5% faster at
 # every narrow shape (results/h200/speed/cef8619-tma: 4096x4096 0.686 against 0.679 of the copy rate, 6144x4096
 # 0.750 / 0.711, 4096x12288 0.859 / 0.849, 5120x6144 0.828 / 0.824, 5120x17408 0.947 / 0.940) and made the 8B
-# step 0.8% faster (chain K=16 230.0 / 230.1 against 228.3 / 228.6 tok/s).
+# step 0.8-0.9% faster (chain K=16 230.0 / 230.1 against 228.3 / 228.6 tok/s; 234.8 against 232.7 in another call:
+# results/h200/speed/1fe9524-tma/NOTE.md). The wide 27B ones keep pointer loads: TMA there, at the isolated bench's
+# best tiles, made the 27B step 1.7x slower.
 MEASURED = {(6144, 4096): (64, 256, 4, 4, 1, 1), (4096, 4096): (64, 256, 4, 4, 1, 1),
             (4096, 12288): (64, 256, 4, 4, 2, 1), (5120, 6144): (64, 256, 4, 4, 1, 1),
             (5120, 17408): (64, 256, 4, 4, 1, 1), (16480, 5120): (128, 128, 4, 4, 1),
