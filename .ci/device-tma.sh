@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 27 on the H200 through the `device` tool (never CI), one call: the projection kernel's weight tiles copied
 # by the tensor memory accelerator (gemv.proj tiles' sixth field), in isolation and in the 8B step under PDL; the
-# gates and llama.cpp in the same run only when a TMA setting beats the default.
+# gates and llama.cpp in the same run only when a TMA setting beats the default. With SETTINGS given, any diag of the
+# step's settings (tiles, split-K, L2 budgets: what .ci/device-splitk.sh ran at 4bb4998).
 #   BLOOMERY_COMMIT=<sha> [STEPS="build gemv diag gates bench8"] bash .ci/device-tma.sh     (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # gemv    python -m bloomery_cli.bench.gemv over TMA tiles at the 8B and 27B weights (narrow and wide), R = 1 / 16

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not ktriton.available(DEV), reason=(
 CFG = (16, 128, 4, 2)                 # tiles that fit every test shape (the rule sends wide weights to cuBLAS)
 SPLIT = (16, 128, 4, 2, 3)            # the same, K summed in 3 splits (uneven ones too: 520 and 1024 are not 3 x 128 m)
 TMA = (16, 128, 4, 2, 1, 1)           # the same, the weight's tiles copied by the tensor memory accelerator
+TMA_SPLIT = (16, 128, 4, 2, 3, 1)     # both
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
@@ -31,7 +32,7 @@ def _case(n: int, k: int, r: int, dtype: torch.dtype, seed: int = 0):
     return x, w, g, res
 
 
-@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA], ids=["one-sum", "split-k", "tma"])
+@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA, TMA_SPLIT], ids=["one-sum", "split-k", "tma", "tma-split-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(48, 64), (64, 1024), (40, 520)])
 def test_proj_matches_torch(dtype, n, k, cfg):
@@ -45,7 +46,7 @@ def test_proj_matches_torch(dtype, n, k, cfg):
                                            torch_proj(x, w, gain, 1e-6, rs), **TOL[dtype])
 
 
-@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA], ids=["one-sum", "split-k", "tma"])
+@pytest.mark.parametrize("cfg", [CFG, SPLIT, TMA, TMA_SPLIT], ids=["one-sum", "split-k", "tma", "tma-split-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_does_not_depend_on_the_width_of_its_pass(dtype, cfg):
     """Bit for bit, and run to run (split-K: the splits are added in one order whichever arrives last)."""
@@ -98,6 +99,20 @@ def test_out_buffer_with_row_stride_and_prompt_fallback():
     x4, w4, g4, _ = _case(48, 64, 4, torch.float32)                       # a decode width: the kernel's rows
     torch.testing.assert_close(TritonOps.proj(x4, w4, g4, 1e-6, rp=16), proj(x4, w4, g4, 1e-6, rp=16), rtol=0, atol=0)
     assert rows_pad(1) == 16 and rows_pad(16) == 16 and rows_pad(17) == 32
+
+
+def test_tma_tiles_on_rows_it_cannot_copy_fall_back_to_pointer_loads():
+    """TMA needs 16-byte aligned rows: a weight whose rows are not (a view with a 2-byte row stride remainder) takes
+    the pointer loads, with the same result as the torch version."""
+    from bloomery_gates.kernels.triton.gemv import proj
+
+    x, w, g, res = _case(48, 64, 5, torch.bfloat16)
+    wide = torch.zeros(48, 65, device=DEV, dtype=torch.bfloat16)
+    wide[:, 1:] = w
+    odd = wide[:, 1:]                                                    # row stride 130 bytes, base 2 bytes in
+    assert (odd.stride(0) * odd.element_size()) % 16 and odd.data_ptr() % 16
+    torch.testing.assert_close(proj(x, odd, g, 1e-6, res, rp=16, cfg=TMA), torch_proj(x, w, g, 1e-6, res),
+                               **TOL[torch.bfloat16])
 
 
 def test_the_comparison_sees_a_dropped_residual_or_gain():

@@ -13,7 +13,8 @@ no pass over the rows precedes the weight stream.
 Why: at decode (R = 1..16 rows) a projection is a read of w. cuBLAS reads the wide ones at the copy rate but the
 narrow ones (o_proj, down_proj, out_proj: N = H) at 0.55-0.88 of it, through split-K plus a reduce kernel, and
 ``addmm``'s residual costs a copy kernel before it (``bloomery bench --profile``). Here program i owns BN output
-features and reads its [BN, K] slab of w once, streaming K in BK chunks; the rows are the narrow side of the
+features and reads its [BN, K] slab of w once, streaming K in BK chunks (on Hopper copied by TMA where the tiles
+ask for it: the sixth field of ``config``'s tuple); the rows are the narrow side of the
 product: acc[BN, RP] += w_tile [BN, BK] @ a_tile^T [BK, RP] on the tensor cores (RP = rows padded to a power of
 two >= 16, fixed per engine). K may be cut into a fixed number of splits per shape (split-K: the tile's last split
 to arrive adds the partials in the order 0..S-1). Either way each output is one sum in one order, the same for every
