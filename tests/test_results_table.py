@@ -112,3 +112,22 @@ def test_greedy_and_sampled_acceptance_side_by_side(tmp_path):
     row = next(line for line in side.splitlines() if line.startswith("| qwen3-dflash2 |"))
     assert f"| {rec['acceptance']['accept_mean']:.3f} | 1.234 |" in row and "5.97" in row
     assert "| qwen3-dflash2 | greedy |" in text and "| qwen3-dflash2 | T=1 |" in text
+
+
+def test_the_histogram_keeps_the_newest_record_per_gate_and_dtype():
+    """One panel a gate; in it the newest record of each dtype (an older record of the same pair adds bars, not
+    information); records without a kept histogram (benches) are not gates."""
+    from bloomery_cli.results.plots import newest_per_gate
+
+    def rec(gate, dtype, date, kept=(3, 1)):
+        return {"gate": gate, "dtype": dtype, "conditions": {"date": date}, "acceptance": {"kept": list(kept)}}
+
+    records = [(Path("a/x.json"), rec("qwen3-dflash", "bf16", "2026-12-01")),
+               (Path("b/x.json"), rec("qwen3-dflash", "bf16", "2026-12-03")),
+               (Path("c/x.json"), rec("qwen3-dflash", "f32", "2026-12-02")),
+               (Path("d/x.json"), rec("mimo2-mtp", "bf16", "2026-12-02")),
+               (Path("e/x.json"), rec("qwen38-mtp", "bf16", "2026-12-02", kept=())),
+               (Path("f/x.json"), {"bench": "qwen3-dflash", "sweep": []})]
+    got = newest_per_gate(records)
+    assert list(got) == ["mimo2-mtp", "qwen3-dflash"]
+    assert [str(p) for p, _ in got["qwen3-dflash"]] == ["b/x.json", "c/x.json"]

@@ -2,7 +2,8 @@
 the tables). Each plot of one record lies beside that record; the plots over several records lie in the folder
 ``make_plots`` is given (a device folder such as results/h200/).
 
-- ``kept-histograms.png``: the kept-length histogram of each gate record (share of windows per kept length).
+- ``kept-histograms.png``: the kept-length histogram (share of windows per kept length), one panel a gate, the
+  newest record per dtype (``newest_per_gate``).
 - ``plot-<record stem>.png``, beside ``<record stem>.json``: drafted tok/s against mean acceptance for each bench
   record with a sweep, beside
   plain tok/s, tau x plain (a free draft and a verify as cheap as a step), the plain roofline and tau x it.
@@ -26,6 +27,24 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def newest_per_gate(records: list[tuple[Path, dict[str, Any]]]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """The gate records with a kept-length histogram, the newest (by ``conditions.date``) per (gate, dtype), grouped
+    by gate in name order: one panel a gate; every record of a pair reports the same windows when nothing changed, so
+    older ones add bars, not information."""
+    newest: dict[tuple[str, str], tuple[Path, dict[str, Any]]] = {}
+    for path, r in records:
+        if "gate" not in r or not r.get("acceptance", {}).get("kept"):
+            continue
+        key = (r["gate"], r.get("dtype", ""))
+        date = r.get("conditions", {}).get("date", "")
+        if key not in newest or date >= newest[key][1].get("conditions", {}).get("date", ""):
+            newest[key] = (Path(path), r)
+    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for (gate, _), run in sorted(newest.items()):
+        out.setdefault(gate, []).append(run)
+    return out
+
+
 def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     """Write the PNGs: a record's own plot beside it, the plots over several records into results_dir; returns their
     paths relative to results_dir, posix ([] without matplotlib). ``records``' paths are relative to results_dir
@@ -38,20 +57,29 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
     import matplotlib.pyplot as plt
 
     names = []
-    gates = [(p, r) for p, r in records if "gate" in r and r.get("acceptance", {}).get("kept")]
+    gates = newest_per_gate(records)
     if gates:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        width = 0.8 / len(gates)
-        for j, (path, r) in enumerate(gates):
-            kept = r["acceptance"]["kept"]
-            total = sum(kept) or 1
-            xs = [i + 1 + (j - (len(gates) - 1) / 2) * width for i in range(len(kept))]
-            ax.bar(xs, [k / total for k in kept], width=width,
-                   label=f"{r['gate']} {r.get('device', '')} {r.get('dtype', '')} ({path.parent.name})")
-        ax.set_xlabel("kept rows per window (bonus included)")
-        ax.set_ylabel("share of windows")
-        ax.set_title("kept-length histogram per gate record")
-        ax.legend(fontsize=7)
+        cols = min(4, len(gates))
+        rows = -(-len(gates) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows + 0.6), squeeze=False, sharey=True)
+        for ax, (gate, runs) in zip(axes.flat, gates.items(), strict=False):     # more panels than gates
+            width = 0.8 / len(runs)
+            for j, (path, r) in enumerate(runs):
+                kept = r["acceptance"]["kept"]
+                total = sum(kept) or 1
+                xs = [i + 1 + (j - (len(runs) - 1) / 2) * width for i in range(len(kept))]
+                c = r.get("conditions", {})
+                ax.bar(xs, [k / total for k in kept], width=width,
+                       label=f"{r.get('dtype', '')} {c.get('commit', path.parent.name)}")
+            ax.set_xticks(range(1, max(len(r["acceptance"]["kept"]) for _, r in runs) + 1))
+            ax.set_title(gate, fontsize=9)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6)
+        for ax in axes.flat[len(gates):]:
+            ax.set_visible(False)
+        fig.supxlabel("kept rows per window (bonus included)", fontsize=9)
+        fig.supylabel("share of windows", fontsize=9)
+        fig.suptitle("kept-length histogram per gate (newest record per dtype)", fontsize=10)
         fig.tight_layout()
         fig.savefig(results_dir / "kept-histograms.png", dpi=110)
         plt.close(fig)
