@@ -24,6 +24,17 @@ RANDOM_WHY = ("Real checkpoint layouts at real sizes filled with random weights 
               "(both branches: nothing kept), honestly. They are kept out of the acceptance tables above.")
 
 
+def sampling_label(r: dict[str, Any]) -> str:
+    """greedy, or the record's sampling conditions (T, top-p, top-k, the drafter's q)."""
+    s = r.get("sampling")
+    if not s:
+        return "greedy"
+    extra = (f" top-p {s['top_p']:g}" if s.get("top_p", 1) < 1 else "") + (f" top-k {s['top_k']}" if s.get("top_k")
+                                                                           else "")
+    q = f", q {s['q']}" if s.get("q") and s["q"] != "point mass" else ""
+    return f"T={s['temperature']:g}{extra}{q}"
+
+
 def random_why(records: list[Record]) -> str:
     """RANDOM_WHY with its NOTE.md link relative to the folder the records are relative to (the ``real`` folder of
     the first random record under one), or without the link where none is."""

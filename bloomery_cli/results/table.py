@@ -18,7 +18,7 @@ import typer
 from bloomery_gates.dtypes import RUN
 
 from .records import write_text_atomic
-from .side import Record
+from .side import Record, sampling_label
 
 # ANCHORS.md (shared design notes): published figures, quoted with their conditions; never ours.
 ANCHORS: tuple[tuple[str, str, str], ...] = (
@@ -62,17 +62,6 @@ def _row(cells) -> str:
 
 def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
     return [_row(head), _row(["---"] * len(head)), *(_row(r) for r in rows)]
-
-
-def sampling_label(r: dict[str, Any]) -> str:
-    """greedy, or the record's sampling conditions (T, top-p, top-k, the drafter's q)."""
-    s = r.get("sampling")
-    if not s:
-        return "greedy"
-    extra = (f" top-p {s['top_p']:g}" if s.get("top_p", 1) < 1 else "") + (f" top-k {s['top_k']}" if s.get("top_k")
-                                                                           else "")
-    q = f", q {s['q']}" if s.get("q") and s["q"] != "point mass" else ""
-    return f"T={s['temperature']:g}{extra}{q}"
 
 
 def acceptance_rows(records) -> list[list[Any]]:
