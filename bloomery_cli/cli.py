@@ -23,6 +23,7 @@ from bloomery_gates.errors import EXIT_INPUT, InputError
 from .engine_cli import engine_app
 from .exits import err, fail_input, print_error
 from .gatekit import OWN_ENGINES
+from .helptext import reflow
 from .oneline import OneLineGroup
 from .threads import Threads, apply_threads
 
@@ -398,8 +399,10 @@ def bands(shape: Annotated[str, typer.Option("--shape", help="A bench shape: qwe
 def inventory(files: Annotated[list[Path], typer.Argument(help="GGUF / safetensors files, shards or HF dirs.")],
               markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the tables here "
                                                             "as markdown.")] = None) -> None:
-    """Header-only inventory: tensors by group, bytes, metadata, active bytes per token, and which draft
-    path the file would take (MTP in-file, MTP sidecar, block draft, none) and why."""
+    """Header-only inventory of checkpoint files, and which draft path each would take.
+
+    Tensors by group, bytes, metadata, active bytes per token, and the draft path (MTP in-file, MTP sidecar, block
+    draft, none) with the reason."""
     from .inventory import inventory_command
 
     try:
@@ -472,6 +475,7 @@ def _register_late() -> None:
 
 
 _register_late()
+reflow(app)                             # --help paragraphs wrapped by the terminal (bloomery_cli.helptext)
 
 
 def main() -> None:

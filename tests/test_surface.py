@@ -138,3 +138,21 @@ def test_gate_list_json():
         reg = GATES[g["name"]]
         assert (g["family"], g["draft_kind"], g["n"]) == (reg.family, reg.draft_kind, reg.n)
         assert g["target"] and g["draft"] and g["about"] == reg.about
+
+
+def test_help_paragraphs_are_wrapped_by_the_terminal():
+    """typer's rich help keeps a paragraph's newlines: a docstring wrapped at 120 columns in the source broke its
+    sentences mid-line at 80. Every command's help is paragraphs of one line each (bloomery_cli.helptext), and
+    `gate run --help` at 80 columns no longer breaks a line where its docstring's source does."""
+    import typer
+
+    def walk(cmd, path):
+        help_text = cmd.help or ""
+        yield path, [p for p in help_text.split("\n\n") if "\n" in p.strip()]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    broken = {path: bad for path, bad in walk(typer.main.get_command(app), "bloomery") if bad}
+    assert not broken, broken
+    out = CliRunner().invoke(app, ["gate", "run", "--help"], terminal_width=80).output
+    assert any("`bloomery engine build`" in line for line in out.splitlines()), out   # the source breaks it there

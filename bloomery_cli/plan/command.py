@@ -39,9 +39,10 @@ def plan_command(
         record: Annotated[Path | None, typer.Option("--record", help="With --measure: write the record here.")]
         = None,
 ) -> None:
-    """Context / memory plan from headers alone (no weight byte read): target weights, KV / recurrent state per
-    slot, the draft as one term, the largest context per slot with and without the draft, and the ctx-first
-    rule's decision with its reason."""
+    """Context / memory plan from headers alone, the draft as one term (no weight byte read).
+
+    Target weights, KV / recurrent state per slot, the draft, the largest context per slot with and without the
+    draft, and the ctx-first rule's decision with its reason."""
     from .core import budget_of, make_plan, render, to_json
 
     out = Console()

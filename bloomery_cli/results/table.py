@@ -342,8 +342,9 @@ def results_command(
                                                     "markers of this README (default: README.md beside the results "
                                                     "folder, when it has them).")] = None,
 ) -> None:
-    """Regenerate results/<device>/README.md (tables, and PNG plots when matplotlib is installed) from the records,
-    and results/README.md, their index."""
+    """Regenerate results/<device>/README.md and results/README.md, their index, from the records.
+
+    Tables, and PNG plots when matplotlib is installed."""
     from bloomery_gates.errors import InputError
 
     from .accept import BEGIN, marked_block
