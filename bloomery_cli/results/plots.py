@@ -33,7 +33,6 @@ def newest_per_gate(records: list[tuple[Path, dict[str, Any]]]) -> dict[str, lis
     """The gate records with a kept-length histogram, the newest (by ``conditions.date``) per (gate, dtype, sampling:
     greedy or T = ...), grouped by gate in name order: one panel a gate; every record of a pair reports the same
     windows when nothing changed, so older ones add bars, not information."""
-
     newest: dict[tuple[str, str, str], tuple[Path, dict[str, Any]]] = {}
     for path, r in records:
         if "gate" not in r or not r.get("acceptance", {}).get("kept"):
@@ -73,7 +72,7 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
                 xs = [i + 1 + (j - (len(runs) - 1) / 2) * width for i in range(len(kept))]
                 c = r.get("conditions", {})
                 ax.bar(xs, [k / total for k in kept], width=width,
-                       label=f"{r.get('dtype', '')} {sampling_label(r)} {c.get('commit', path.parent.name)[:7]}")
+                       label=f"{r.get('dtype', '')} {sampling_label(r)} {(c.get('commit') or path.parent.name)[:7]}")
             ax.set_xticks(range(1, max(len(r["acceptance"]["kept"]) for _, r in runs) + 1))
             ax.set_title(gate, fontsize=9)
             ax.tick_params(labelsize=7)
