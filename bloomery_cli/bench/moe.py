@@ -232,6 +232,8 @@ def plot_moe(path: Path, records: list[dict[str, Any]], dense: list[dict[str, An
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..results.plots import save_png
+
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in records:
         x = [v["rows"] for v in r["verify"]]
@@ -258,7 +260,7 @@ def plot_moe(path: Path, records: list[dict[str, Any]], dense: list[dict[str, An
     ax.set_title(f"MoE verify of R rows vs a plain step ({c0.get('device_name', '')}, {c0.get('dtype', '')})")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

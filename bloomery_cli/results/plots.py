@@ -29,6 +29,21 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def save_png(fig: Any, path: Path) -> None:
+    """fig as a PNG of 128 colours at 110 dpi. Line and bar plots use a handful of colours, and the palette makes the
+    file about 3x smaller than matplotlib's RGBA, with no visible change; results/ travels with every device call.
+    (PIL comes with matplotlib.)"""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+
+
 def newest_per_gate(records: list[tuple[Path, dict[str, Any]]]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """The gate records with a kept-length histogram, the newest (by ``conditions.date``) per (gate, dtype, sampling:
     greedy or T = ...), grouped by gate in name order: one panel a gate; every record of a pair reports the same
@@ -83,7 +98,7 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         fig.supylabel("share of windows", fontsize=9)
         fig.suptitle("kept-length histogram per gate (the newest record per dtype and sampling)", fontsize=10)
         fig.tight_layout()
-        fig.savefig(results_dir / "kept-histograms.png", dpi=110)
+        save_png(fig, results_dir / "kept-histograms.png")
         plt.close(fig)
         names.append("kept-histograms.png")
     for path, r in records:
@@ -107,7 +122,7 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
         ax.legend(fontsize=8)
         fig.tight_layout()
         name = Path(path).parent / f"plot-{Path(path).stem}.png"     # beside its record
-        fig.savefig(results_dir / name, dpi=110)
+        save_png(fig, results_dir / name)
         plt.close(fig)
         names.append(name.as_posix())
     names += shape_plots(results_dir, records, plt)
@@ -159,7 +174,7 @@ def shape_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]], p
         ax.legend(fontsize=7)
         fig.tight_layout()
         name = f"plot-shape-{_slug(shape)}-{_slug(device)}-{_slug(dtype)}.png"
-        fig.savefig(results_dir / name, dpi=110)
+        save_png(fig, results_dir / name)
         plt.close(fig)
         names.append(name)
     return names
