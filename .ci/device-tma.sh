@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 27 on the H200 through the `device` tool (never CI), one call: the projection kernel's weight tiles copied
 # by the tensor memory accelerator (gemv.proj tiles' sixth field), in isolation and in the 8B step under PDL; the
-# gates and llama.cpp in the same run only when a TMA setting beats the default. With SETTINGS given, any diag of the
+# gates and llama.cpp in the same run only when a setting beats the default. With SETTINGS given, any diag of the
 # step's settings (tiles, split-K, L2 budgets: what .ci/device-splitk.sh ran at 4bb4998).
 #   BLOOMERY_COMMIT=<sha> [STEPS="build gemv diag gates bench8"] bash .ci/device-tma.sh     (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # gemv    python -m bloomery_cli.bench.gemv over TMA tiles at the 8B and 27B weights (narrow and wide), R = 1 / 16
-# diag    .ci/diag_pdl.py at qwen3-8b: the default, its tiles with TMA, gemv's best TMA tiles with / without gate/up
+# diag    .ci/diag_pdl.py at qwen3-8b: the default, gemv's best tiles (diag_pdl.py --flags) with / without gate/up
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 under the fastest setting (records: $OUT)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b --llama-cpp under the fastest setting
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3, under each of SETTINGS27 (diag_pdl settings)
@@ -30,14 +30,10 @@ for s in ${STEPS:-build gemv diag gates bench8}; do
           step gemv ${GEMV_S:-150} python3 -P -m bloomery_cli.bench.gemv ${GEMV_ARGS:---shape qwen3-8b --shape qwen38-27b \
             --wide} $C --json $R/gemv-cuda-bf16.json --write-configs $R/gemv-best.json
           grep -E "^gemv|^bandwidth|configs" $R/gemv.log | cut -c1-200 ;;
-    diag) T=$(python3 -P -c "
-import json; b = json.load(open('$R/gemv-best.json'))
-q8 = ('6144x4096', '4096x4096', '4096x12288', '24576x4096')
-print('+'.join(f't{s}=' + 'x'.join(map(str, c)) for s, c in b.items() if s in q8 and c and c[-1] == 1))" 2>/dev/null)
-          N=$(echo "$T" | tr + '\n' | grep -v '^t24576x4096' | paste -sd+)
-          TAB=$B+t6144x4096=64x256x4x4x1x1+t4096x4096=64x256x4x4x1x1+t4096x12288=64x256x4x4x2x1
-          echo "gemv's TMA tiles: ${T:-none}"
-          eval "SET=\"${SETTINGS:-$B $TAB ${T:+$B+$T} ${N:+$B+$N} $TAB+t24576x4096=128x128x4x4x1x1 $B}\""
+    diag) T=$(python3 -P .ci/diag_pdl.py --flags $R/gemv-best.json 2>/dev/null)    # gemv's best tiles as flags
+          N=$(echo "$T" | tr + '\n' | grep -v '^t24576x4096' | paste -sd+)                 # the same but gate/up
+          echo "gemv's tiles: ${T:-none}"
+          eval "SET=\"${SETTINGS:-$B ${T:+$B+$T} ${N:+$B+$N} $B}\""
           step diag ${DIAG_S:-170} python3 -P .ci/diag_pdl.py -n 256 $SET
           cut -c1-250 $R/diag.log
           BEST=$(grep -E "^pdl=.*chain_ids_identical=True" $R/diag.log \

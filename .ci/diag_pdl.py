@@ -10,6 +10,8 @@ python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   "tNxK=BNxBKxWARPSxSTAGESxSPLITS": the projection kernel's tiles for the [N, K] weight (BLOOMERY_GEMV_CONFIGS).
   A setting whose tiles change a sum's order may change the plain ids (reported, not a defect); its chain must
   still equal its own plain run.
+python3 -P .ci/diag_pdl.py --flags FILE [--shape S]: the tNxK= flags of a tiles file (bench.gemv --write-configs)
+  for the shape's weights, joined by "+" (a setting's tail), run nothing
 python3 -P .ci/diag_pdl.py --env DIR SETTING: write the environment that SETTING runs under to DIR/env.sh (export
   lines; its tiles as DIR/tiles.json), print that path, run nothing (the device scripts run a bench under it)
 """
@@ -31,21 +33,36 @@ from bloomery_gates.kernels.triton import gemv
 GATE_UP = {"24576x4096": [128, 128, 4, 4, 1]}
 
 
+def _tiles_flag(f: str) -> bool:
+    return f.startswith("t") and "=" in f
+
+
 def environment(setting: str, folder: Path) -> dict[str, str | None]:
     """A SETTING's environment: BLOOMERY_PDL, and BLOOMERY_GEMV_CONFIGS (its tiles written to folder/tiles.json, or
     None: unset)."""
     flags = setting.split("+")
     tiles = dict(GATE_UP) if "gu" in flags else {}
     for f in flags:
-        if f.startswith("t") and "=" in f:
+        if _tiles_flag(f):
             shape, _, spec = f[1:].partition("=")
             tiles[shape] = [int(v) for v in spec.split("x")]
-    pdl = [f for f in flags if f not in ("off", "gu") and not (f.startswith("t") and "=" in f)]
+    pdl = [f for f in flags if f not in ("off", "gu") and not _tiles_flag(f)]
     cfg = None
     if tiles:
         cfg = folder / "tiles.json"
         cfg.write_text(json.dumps(tiles))
     return {"BLOOMERY_PDL": ",".join(pdl) or "off", "BLOOMERY_GEMV_CONFIGS": str(cfg) if cfg else None}
+
+
+def tile_flags(configs: Path, shape: str) -> str:
+    """The tNxK= flags (``environment``'s spelling) of a tiles file's entries (``bloomery_cli.bench.gemv
+    --write-configs``) for the weights of ``shape``; entries left to cuBLAS (null) are left out."""
+    from bloomery_cli.bench.gemv import SHAPES as GEMV_SHAPES
+    from bloomery_cli.bench.gemv import WIDE
+
+    mine = {f"{n}x{k}" for n, k, *_ in GEMV_SHAPES.get(shape, []) + WIDE.get(shape, [])}
+    tiles = json.loads(configs.read_text())
+    return "+".join(f"t{w}=" + "x".join(map(str, c)) for w, c in tiles.items() if c and w in mine)
 
 
 def write_env(setting: str, folder: Path) -> Path:
@@ -62,9 +79,13 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--env", type=Path, default=None, help="write the one SETTING's environment there, run nothing")
+    ap.add_argument("--flags", type=Path, default=None, help="print a tiles file's flags for --shape, run nothing")
     ap.add_argument("settings", nargs="*", default=["off", "on+early", "on+early+l2=4", "on+early+l2=12",
                                                     "on+early+l2=24", "on+early+gu", "on+early+gu+l2=12", "off"])
     a = ap.parse_args()
+    if a.flags is not None:
+        print(tile_flags(a.flags, a.shape))
+        return 0
     if a.env is not None:
         if len(a.settings) != 1:
             ap.error("--env takes exactly one SETTING")

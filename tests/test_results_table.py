@@ -117,7 +117,7 @@ def test_greedy_and_sampled_acceptance_side_by_side(tmp_path):
 def test_the_histogram_keeps_the_newest_record_per_gate_and_dtype():
     """One panel a gate; in it the newest record of each dtype (an older record of the same pair adds bars, not
     information); records without a kept histogram (benches) are not gates."""
-    from bloomery_cli.results.plots import newest_per_gate
+    from bloomery_cli.results.side import newest_per_gate
 
     def rec(gate, dtype, date, kept=(3, 1)):
         return {"gate": gate, "dtype": dtype, "conditions": {"date": date}, "acceptance": {"kept": list(kept)}}
@@ -131,3 +131,12 @@ def test_the_histogram_keeps_the_newest_record_per_gate_and_dtype():
     got = newest_per_gate(records)
     assert list(got) == ["mimo2-mtp", "qwen3-dflash"]
     assert [str(p) for p, _ in got["qwen3-dflash"]] == ["b/x.json", "c/x.json"]
+    # a T = 1 run and another engine's run get bars of their own; a random real-layout run (acceptance 1.0 by
+    # construction) is not a quality record, however new
+    t1 = rec("qwen3-dflash", "f32", "2026-12-04") | {"sampling": {"temperature": 1.0}}
+    llama = rec("qwen3-dflash", "bf16", "2026-12-04") | {"load": {"engine": "llama.cpp"}}
+    randw = rec("mimo2-mtp", "bf16", "2026-12-05", kept=(0, 9))
+    got = newest_per_gate([*records, (Path("g/x.json"), t1), (Path("h/x.json"), llama),
+                           (Path("real/i/x.json"), randw)])
+    assert [str(p) for p, _ in got["qwen3-dflash"]] == ["b/x.json", "g/x.json", "c/x.json", "h/x.json"]
+    assert [str(p) for p, _ in got["mimo2-mtp"]] == ["d/x.json"]

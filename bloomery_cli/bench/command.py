@@ -333,7 +333,11 @@ def bench_command(
         = None,
         drafted_n: Annotated[int | None, typer.Option("--drafted-n", help="moe: ids per drafted run (1..-n; "
                              "default min(32, -n)).")] = None) -> None:
-    """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance."""
+    """Decode speed against the roofline and HF transformers; drafted speed over synthetic acceptance.
+
+    Engine settings from the environment, named in the record (conditions.knobs): BLOOMERY_PDL=off (programmatic
+    dependent launch in the graphed passes, CUDA sm_90+, is on by default: on,early,l2=4; docs/SPEED.md),
+    BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles)."""
     if width not in ("fixed", "cost"):
         raise typer.BadParameter(f"{width!r}: expected fixed or cost", param_hint="--width")
 
@@ -400,13 +404,6 @@ def bench_command(
         raise typer.Exit(2) from None
 
 
-
-bench_command.__doc__ = (                 # --help: one paragraph per setting group, wrapped by the terminal
-    f"{bench_command.__doc__}\n\nEngine settings from the environment, named in the record (conditions.knobs): "
-    "BLOOMERY_PDL=off (programmatic dependent launch in the graphed passes, CUDA sm_90+, is on by default: "
-    "on,early,l2=4; docs/SPEED.md), "
-    "BLOOMERY_GEMV=off (every projection on cuBLAS), BLOOMERY_GEMV_CONFIGS=FILE (the projection kernel's tiles).")
-
 def _device_verdict(rec: dict) -> None:
     """Exit 1 unless the device-accept loop ran every drafted row with the reference's ids (``bench.accept``)."""
     if not device_ok(rec):
@@ -416,8 +413,11 @@ def _device_verdict(rec: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ..helptext import reflow
+
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(bench_command)
+    reflow(app)
     app(argv)
 
 

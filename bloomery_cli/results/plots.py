@@ -3,7 +3,7 @@ the tables). Each plot of one record lies beside that record; the plots over sev
 ``make_plots`` is given (a device folder such as results/h200/).
 
 - ``kept-histograms.png``: the kept-length histogram (share of windows per kept length), one panel a gate, the
-  newest record per dtype and sampling (``newest_per_gate``).
+  newest quality record per engine, dtype and sampling (``side.newest_per_gate``).
 - ``plot-<record stem>.png``, beside ``<record stem>.json``: drafted tok/s against mean acceptance for each bench
   record with a sweep, beside
   plain tok/s, tau x plain (a free draft and a verify as cheap as a step), the plain roofline and tau x it.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .side import sampling_label
+from .side import newest_per_gate, sampling_label
 
 
 def have_matplotlib() -> bool:
@@ -42,24 +42,6 @@ def save_png(fig: Any, path: Path) -> None:
     buf.seek(0)
     with Image.open(buf) as im:
         im.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
-
-
-def newest_per_gate(records: list[tuple[Path, dict[str, Any]]]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
-    """The gate records with a kept-length histogram, the newest (by ``conditions.date``) per (gate, dtype, sampling:
-    greedy or T = ...), grouped by gate in name order: one panel a gate; every record of a pair reports the same
-    windows when nothing changed, so older ones add bars, not information."""
-    newest: dict[tuple[str, str, str], tuple[Path, dict[str, Any]]] = {}
-    for path, r in records:
-        if "gate" not in r or not r.get("acceptance", {}).get("kept"):
-            continue
-        key = (r["gate"], r.get("dtype", ""), sampling_label(r))
-        date = r.get("conditions", {}).get("date", "")
-        if key not in newest or date >= newest[key][1].get("conditions", {}).get("date", ""):
-            newest[key] = (Path(path), r)
-    out: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-    for (gate, _, _), run in sorted(newest.items()):
-        out.setdefault(gate, []).append(run)
-    return out
 
 
 def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
@@ -86,8 +68,10 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
                 total = sum(kept) or 1
                 xs = [i + 1 + (j - (len(runs) - 1) / 2) * width for i in range(len(kept))]
                 c = r.get("conditions", {})
+                engine = (r.get("load") or {}).get("engine")
                 ax.bar(xs, [k / total for k in kept], width=width,
-                       label=f"{r.get('dtype', '')} {sampling_label(r)} {(c.get('commit') or path.parent.name)[:7]}")
+                       label=f"{r.get('dtype', '')} {sampling_label(r)}{f' {engine}' if engine else ''} "
+                             f"{(c.get('commit') or path.parent.name)[:7]}")
             ax.set_xticks(range(1, max(len(r["acceptance"]["kept"]) for _, r in runs) + 1))
             ax.set_title(gate, fontsize=9)
             ax.tick_params(labelsize=7)
@@ -96,7 +80,7 @@ def make_plots(results_dir: Path, records: list[tuple[Path, dict[str, Any]]]) ->
             ax.set_visible(False)
         fig.supxlabel("kept rows per window (bonus included)", fontsize=9)
         fig.supylabel("share of windows", fontsize=9)
-        fig.suptitle("kept-length histogram per gate (the newest record per dtype and sampling)", fontsize=10)
+        fig.suptitle("kept-length histogram per gate (the newest record per engine, dtype and sampling)", fontsize=10)
         fig.tight_layout()
         save_png(fig, results_dir / "kept-histograms.png")
         plt.close(fig)

@@ -118,6 +118,24 @@ def _latest(recs: list[Record], target: str | None) -> Record | None:
     return max(pool, key=lambda x: _date(x[1])) if pool else None
 
 
+def newest_per_gate(records: list[Record]) -> dict[str, list[Record]]:
+    """The quality records (``quality_records``: random real-layout runs left out) with a kept-length histogram, the
+    newest per (gate, engine, dtype, sampling), grouped by gate in name order: one panel a gate of the histogram
+    plot. Every record of a pair reports the same windows when nothing changed, so older ones add bars, not
+    information; another engine (``--engine llama.cpp``) and the graphed engine (``fast``) keep bars of their own."""
+    newest: dict[tuple[str, str, str, str], Record] = {}
+    for path, r in quality_records(records):
+        if not r["acceptance"].get("kept"):
+            continue
+        key = (r["gate"], str((r.get("load") or {}).get("engine") or ""), str(r.get("dtype", "")), sampling_label(r))
+        if key not in newest or _date(newest[key][1]) <= _date(r):
+            newest[key] = (Path(path), r)
+    out: dict[str, list[Record]] = {}
+    for key, run in sorted(newest.items()):
+        out.setdefault(key[0], []).append(run)
+    return out
+
+
 def side_by_side_rows(records: list[Record], published: dict[str, str], prefix: str = "") -> list[list[str]]:
     """[gate, device, dtype, target, greedy accept_mean, T=1 accept_mean, (s), published T=1, greedy record,
     T=1 record] per gate x (device, dtype) seen in the quality records."""
