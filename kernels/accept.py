@@ -130,13 +130,14 @@ class DeviceAccept:
         c.cnt.add_(kept)
         c.w.add_(1)
 
-    def generate(self, prompt: list[int], n: int, r: int, mark=lambda: None) -> DeviceRun:
+    def generate(self, prompt: list[int], n: int, r: int, mark=lambda: None, primed=lambda: None) -> DeviceRun:
         """``speculative.generate``'s loop on the device: prefill, the draft's prompt, ``mark()`` (a bench's clock:
-        ``bench.timed_generate`` starts there too), the draft's first propose, then ``run``."""
+        ``bench.timed_generate`` starts there too), the draft's first propose, ``primed()``, then ``run``."""
         first = self.engine.prefill(prompt)
         self.draft.start(first.taps)
         mark()
         self.draft.prime(first.argmax[-1])
+        primed()
         return self.run(first.argmax[-1], n, r)
 
     def run(self, first: int, n: int, r: int) -> DeviceRun:

@@ -108,8 +108,8 @@ class DFlash2Dev(DFlashDev):
 
 
 class MTPDev:
-    """``FastMTPDraft`` (qwen38) on the device. ``start`` is the host's prompt and first propose (the prompt's rows
-    and the anchor's row written, the first proposals in ``ids_buf``). A window's accept (p0 the window's first
+    """``FastMTPDraft`` (qwen38) on the device. ``start`` is the host's prompt (the prompt's rows written: the
+    draft's prefill) and ``prime`` its first propose (the anchor's row written, the first proposals in ``ids_buf``). A window's accept (p0 the window's first
     position, a = the target's argmax [R], h = final_norm(taps[-1]) [R, H]) is the next window's propose:
 
         rows    (embed(a[j]), h[j]) at slots p0+1+j, j < R: for j < kept they are the rows the host queue would write
@@ -134,11 +134,9 @@ class MTPDev:
         return self.d.ids_buf[:m]
 
     def accept_dev(self, p0: T, r: int, kept: T) -> None:
-        from .ops.norm import rms_norm
-
         d, t = self.d, self.d.target
         e = torch.index_select(d.embed, 0, t.argmax_buf[:r])
-        h = rms_norm(t.taps_buf[-1][:r], d.final_gain, d.eps)
+        h = d.ops.rms(t.taps_buf[-1][:r], d.final_gain, d.eps)
         y = d._rows(e, h, p0 + 1).index_select(0, (kept - 1).clamp(min=0))
         g = d.ops.rms(y, d.norm, d.eps)
         for i in range(d.width):

@@ -17,10 +17,11 @@ else these torch versions (same signatures, same rule, more launches):
     rms(x [R, H], w32 [H], eps)                 -> x / sqrt(mean(x^2) + eps) * w, f32 arithmetic, x's dtype
     qk_rope_store(qkv [R, (nq+2nkv)*d], ...)    q heads: rms(q, qn) -> rope, written back in place;
                                                 k heads: rms(k, kn) -> rope -> kc[:, p0+r]; v heads -> vc[:, p0+r]
-    attention(qkv, nq, nkv, d, kc, vc, p0, causal, gate=None)
-                                                -> o [R, nq*d]: row r attends keys k <= p0+r (causal) or
-                                                k <= p0+R-1 (a bidirectional block), over the whole static cache;
-                                                times sigmoid(gate [R, nq, d]) when given (``sigmoid_gate``)
+    attention(qkv, nq, nkv, d, kc, vc, p0, causal, gate=None, first=0)
+                                                -> o [R, nq*d]: row r attends keys first <= k <= p0+r (causal)
+                                                or first <= k <= p0+R-1 (a bidirectional block), over the whole
+                                                static cache (``first``: slots before it hold no row, as an MTP
+                                                store's slot 0); times sigmoid(gate [R, nq, d]) when given
     silu_mul(gu [R, 2I])                        -> silu(gu[:, :I]) * gu[:, I:]
     norm_rope(x [R, heads, d], w32, eps, cos, sin, kc=None, pos=None, v=None, vc=None)
                                                 -> rms per head, RoPE on the first rot channels (partial rotary);
@@ -172,11 +173,12 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, nkv: int, d: int, qn32: torch.Tens
 
 
 def attention(qkv: torch.Tensor, nq: int, nkv: int, d: int, kc: torch.Tensor, vc: torch.Tensor, p0: torch.Tensor,
-              causal: bool = True, gate: torch.Tensor | None = None) -> torch.Tensor:
+              causal: bool = True, gate: torch.Tensor | None = None, first: int = 0) -> torch.Tensor:
     r, g = qkv.shape[0], nq // nkv
     pos = p0 + torch.arange(r, device=qkv.device)
     lim = pos if causal else (p0 + r - 1).expand(r)
-    allowed = torch.arange(kc.shape[1], device=qkv.device)[None, :] <= lim[:, None]          # [R, cap]
+    keys = torch.arange(kc.shape[1], device=qkv.device)[None, :]
+    allowed = (keys <= lim[:, None]) & (keys >= first)                                        # [R, cap]
     bias = torch.zeros(allowed.shape, dtype=qkv.dtype, device=qkv.device).masked_fill(~allowed, float("-inf"))
     q = qkv[:, : nq * d].reshape(r, nkv, g, d).permute(1, 2, 0, 3).reshape(1, nkv, g * r, d)
     o = F.scaled_dot_product_attention(q, kc[None], vc[None], attn_mask=bias.repeat(g, 1)[None, None],

@@ -173,7 +173,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         step("acceptance sweep")
         rec["sweep"] = []
         guarded(rec, "sweep_run", log, lambda: _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec,
-                                                       log, save))
+                                                       log, save, profile))
         step("transformers")
         rec["hf"] = hf_compare(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log)
         save(rec)
@@ -191,7 +191,8 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
     return rec
 
 
-def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log, save) -> None:
+def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log, save,
+           profile: bool = False) -> None:
     rows = rec["sweep"]
     dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
     for tau in [t for t in taus if t <= b]:
@@ -213,6 +214,11 @@ def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log,
             log(f"criterion tau=6 drafted_tok_s={tok_s:.1f} needed_{CRITERION}x_accept_mean_x_plain={need:.1f} "
                 f"met={tok_s >= need} draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(tau * 100), plain_tok_s, row, run.windows, rec.get("bound"))
+        save(rec)
+    if profile and dev is not None:                 # the drafted window's kernels (--profile)
+        from .profile import profile_window
+
+        rec.setdefault("profile", {})["window"] = profile_window(dev, rec["bandwidth"]["copy_GBps"], log)
         save(rec)
 
 

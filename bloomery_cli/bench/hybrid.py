@@ -188,7 +188,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         accepts = MTP_ACCEPTS if mtp else tuple(accept_for_tau(t, b) for t in TAUS if t <= b)
         rec["sweep"] = []
         guarded(rec, "sweep_run", log, lambda: _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s,
-                                                      mtp, rec, log, save))
+                                                      mtp, rec, log, save, profile))
         target.rows = None
         ok = bool(rec["sweep"]) and all(r["ids_identical"] for r in rec["sweep"])
         rec["ids_identical_all"] = ok
@@ -204,11 +204,17 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
 
 
 def _verify_costs(target, prompt, rmax, iters, log) -> list[dict[str, Any]]:
-    """Wall ms of one verify of R rows (no commit: the next verify writes the same positions), R = 1..rmax."""
+    """Device ms of one verify pass of R rows, R = 1..rmax: its graph replayed back to back (no commit: each
+    replay writes the same positions), as the dense bench times it (``bench.command._verify_costs``). The bound
+    (``criterion_bound``) is a ratio of device times with no host time at all; ``target.verify`` would add its
+    staging and its argmax read back (~0.2 ms a pass at 27B, 5% of a step) to both of its terms."""
+    from bloomery_gates.kernels.graphs import time_replays
+
     target.prefill(prompt)
     rows = []
     for r in range(1, rmax + 1):
-        sec = _timed(lambda r=r: target.verify([1] * r), target.device, iters)
+        target.inp.put([target.length] + [1] * r)
+        sec = time_replays(lambda r=r: target.graphs.run(r), target.device, iters)
         rows.append({"rows": r, "ms": sec * 1e3, "rel_plain": sec * 1e3 / rows[0]["ms"] if rows else 1.0})
     target._pending = None
     log(f"verify plain_step_ms={rows[0]['ms']:.3f} " + " ".join(f"R{x['rows']}={x['rel_plain']:.3f}" for x in rows))
@@ -227,7 +233,8 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     return {"block_ms": ms, "rel_plain_step": ms / step_ms}
 
 
-def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, rec, log, save) -> None:
+def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, rec, log, save,
+           profile: bool = False) -> None:
     dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
     for a in accepts:
         rd = ReplayDraft(draft, ref.ids, a, target.spec.vocab_size, seed=int(a * 1000))
@@ -248,6 +255,11 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
             log(f"criterion {rec['criterion']['at']} drafted_tok_s={tok_s:.2f} needed_{CRITERION}x_accept_mean_x_plain="
                 f"{need:.2f} met={tok_s >= need} draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(a * 1000), plain_tok_s, row, run.windows, rec.get("bound"))
+        save(rec)
+    if profile and dev is not None:                 # the drafted window's kernels (--profile)
+        from .profile import profile_window
+
+        rec.setdefault("profile", {})["window"] = profile_window(dev, rec["bandwidth"]["copy_GBps"], log)
         save(rec)
 
 

@@ -26,6 +26,7 @@ profile says so (``profile note``, the record's ``pdl``); ``BLOOMERY_PDL=off`` g
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -139,6 +140,30 @@ def profile_step(label: str, graphed: Callable[[], None], eager: Callable[[], No
         rec["error"] = f"{type(e).__name__}: {e}"
         log(f"profile {label} failed: {rec['error'][:300]}")
     return rec
+
+
+def profile_window(sweep, copy_GBps: float, log, steps: int = 5) -> dict[str, Any]:
+    """The device loop's window (``kernels.accept.DeviceAccept``: draft, verify, accept, commit in one graph of
+    ``sweep.rows`` rows), after its sweep has run: the ids wanted are all out, so each replay keeps nothing and
+    re-runs the same positions (the same kernels and bytes as a live window). Its wall ms per replay, then
+    ``profile_step``'s kernel table: where a drafted window's time goes beside the bound's verify + draft read."""
+    from .common import sync
+
+    loop, r = sweep.loop, sweep.rows
+    dev = loop.engine.device
+
+    def window() -> None:
+        loop.bufs.graphs.run(r)
+
+    window()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        window()
+    sync(dev)
+    wall_ms = (time.perf_counter() - t0) / 20 * 1e3
+    return profile_step(f"window{r}", window, None, dev, wall_ms, copy_GBps, loop.engine.embed.element_size(), log,
+                        steps=steps)
 
 
 def profile_engine(target, draft, prompt: list[int], verify_rows: list[dict[str, Any]], draft_ms: float,

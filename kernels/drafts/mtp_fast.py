@@ -6,9 +6,11 @@ s0+n.., each reading the one before's own output and the embedding of its argmax
 over static buffers: the rows (e, h) [n, H] are copied into ``in_e`` / ``in_h``, s0 is staged on the device, the
 chained ids are taken by ``argmax(out=)`` and gathered on the device, and the ``width`` ids and logits land in
 ``ids_buf`` / ``logits_buf``: no host read inside the pass, one readback after it. On CUDA one graph per n
-(1..``max_rows``; the rows a verify of ``target.max_width`` leaves, plus the anchor); a longer queue (the prompt's
-first propose, or plain windows run back to back) runs the same pass eagerly. Attention is the masked matmul over the
-whole store (keys 1..position: slot 0 holds no row)."""
+(1..``max_rows``; the rows a verify of ``target.max_width`` leaves, plus the anchor); a longer queue (plain
+windows run back to back) runs the same pass eagerly. The prompt's rows are written at ``prompt`` (the draft's
+prefill), so the first propose is one row. Attention attends keys 1..position
+(slot 0 holds no row): the target's flash-decoding kernel where the target runs it (``ops.attention`` from key 1),
+else the masked matmul over the whole store. The final norm of the target's rows is ``ops.rms`` (one kernel)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from bloomery_gates.spec import MTPSpec
 from ..families.qwen38.fast import _Cast, fast_attn, ffn_into, gated_attention
 from ..families.qwen38.model import norm_gain
 from ..graphs import GraphSet, Staged
-from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from .chain_store import ChainStore
 from .mtp import DEFAULT_WIDTH, P, Proposal
@@ -42,6 +43,7 @@ class FastMTPDraft(ChainStore):
         self.pre_e, self.pre_h, self.norm = (norm_gain(t[P + n + ".weight"]).to(self.device)
                                              for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"))
         self.embed, self.head = target.embed, target.head
+        self.flash = target.attention == "triton"          # the flash-decoding kernel (else the masked matmul)
         self.final_gain, self.eps = target.final_norm, target.shape.rms_eps
         s = spec.layer
         self.init_store(s.num_kv_heads, s.head_dim, max_len + width + 2, self.device, self.dtype, "MTP")
@@ -59,13 +61,23 @@ class FastMTPDraft(ChainStore):
     # ------------------------------------------------------------------------------------------ the API
 
     def prompt(self, taps: T) -> None:
-        """Prompt taps [L+1, P, H]: rows 1..P-1 (token j, hidden j-1) are real; hidden P-1 waits for the anchor."""
-        self.start(taps[0][1:], rms_norm(taps[-1], self.final_gain, self.eps))
+        """Prompt taps [L+1, P, H]: rows 1..P-1 (token j, hidden j-1) are real and written to the store now, in one
+        eager pass (the draft's prefill, beside the target's); hidden P-1 waits for the anchor, so the first
+        propose writes the anchor's row alone (one row: the graphed pass). The rows' outputs are not needed: only
+        their K/V, and causal attention makes the two passes equal to one over all P rows."""
+        self.start(taps[0][1:], self.ops.rms(taps[-1], self.final_gain, self.eps))
+        n = self.pend_e.shape[0]
+        if n:
+            if 1 + n > self.cap:
+                raise ValueError(f"MTP KV store of {self.cap} positions is full (the prompt's rows end at {n + 1})")
+            self._rows(self.pend_e, self.pend_h, torch.tensor([self.next_slot], device=self.device))
+            self.next_slot += n
+            self.pend_e, self.pend_h = self.pend_e[:0], self.pend_h[:0]
 
     def accept(self, kept: int, taps: T) -> None:
         """The verify kept ``kept`` rows: their tokens and post-final-norm hidden rows join the queue (copies: the
         taps are the target's static buffer)."""
-        self.queue(kept, taps[0], rms_norm(taps[-1][:kept], self.final_gain, self.eps))
+        self.queue(kept, taps[0], self.ops.rms(taps[-1][:kept], self.final_gain, self.eps))
 
     def capture(self) -> None:
         """Capture the propose of every n <= max_rows now (warm-up rows land past the real rows: transient)."""
@@ -103,10 +115,10 @@ class FastMTPDraft(ChainStore):
         r = e.shape[0]
         u = torch.mm(torch.cat([ops.rms(e, self.pre_e, eps), ops.rms(h, self.pre_h, eps)], dim=-1), self.fc.t())
         pos = slot0 + torch.arange(r, device=self.device)
-        allowed = (self.key_pos[None, :] <= pos[:, None]) & (self.key_pos[None, :] >= 1)
+        allowed = None if self.flash else (self.key_pos[None, :] <= pos[:, None]) & (self.key_pos[None, :] >= 1)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
         y = gated_attention(ops, self.tspec.layer, u, self.layer, self.k[0], self.v[0], pos, slot0, allowed, cos, sin,
-                            eps)
+                            eps, first=1)
         return ffn_into(ops, y, self.layer.mlp, eps)
 
     def _chain(self, e: T, h: T, slot0: T, rec: list | None = None) -> None:

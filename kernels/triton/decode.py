@@ -78,7 +78,7 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 
 @triton.jit
-def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
+def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
                        PDL: tl.constexpr):
@@ -112,7 +112,7 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, scale, m
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
             else:
                 s = tl.dot(q, tl.trans(k)) * scale
-            ok = (keys[None, :] <= lim[:, None]) & kmask[None, :]
+            ok = (keys[None, :] <= lim[:, None]) & (keys[None, :] >= first) & kmask[None, :]
             s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
@@ -250,8 +250,8 @@ class TritonOps:
                                             **pdl_policy.launch_opts(m))
 
     @staticmethod
-    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+    def attention(qkv, nq, nkv, d, kc, vc, p0, causal: bool = True, gate: torch.Tensor | None = None,
+                  first: int = 0) -> torch.Tensor:
         r, g, cap = qkv.shape[0], nq // nkv, kc.shape[1]
         rg = r * g
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
@@ -262,7 +262,7 @@ class TritonOps:
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
         _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
-            qkv, qkv.stride(0), kc, vc, p0, r, cap, 1.0 / math.sqrt(d), m, l, o, rg,
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg,
             NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
             **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)

@@ -122,10 +122,10 @@ def fast_attn(t, p: str, cast: _Cast) -> FastAttn:
 
 
 def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, allowed: T | None, cos: T, sin: T,
-                    eps: float, rp: int | None = None) -> T:
+                    eps: float, rp: int | None = None, first: int = 0) -> T:
     """h + the gated attention on rows h [R, H] at positions pos (= p0 + r): K/V stored into kc, vc [nkv, cap, d]
     at pos, each row attending the keys ``allowed`` [R, cap] lets it (the masked matmul ``ops.attention.attend``,
-    whose rows are independent of R and of their place in the pass), or with ``allowed`` None the keys <= its
+    whose rows are independent of R and of their place in the pass), or with ``allowed`` None the keys first..its
     position through ``ops.attention`` (the flash-decoding kernel of ``kernels.triton.decode``)."""
     nh, nkv, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
     r = h.shape[0]
@@ -138,7 +138,7 @@ def gated_attention(ops, shape, h: T, w: FastAttn, kc: T, vc: T, pos: T, p0: T, 
         o = attend(q.view(1, r, nh, d).transpose(1, 2), kc[None], vc[None], allowed)[0]
         o = sigmoid_gate(o, qg[..., d:])
     else:                               # the sigmoid gate applied in the attention's last kernel
-        o = ops.attention(q, nh, nkv, d, kc, vc, p0, gate=qg[..., d:])
+        o = ops.attention(q, nh, nkv, d, kc, vc, p0, gate=qg[..., d:], first=first)
     return ops.proj(o, w.wo, None, eps, res=h, rp=rp)
 
 
