@@ -109,8 +109,9 @@ class DFlash2Dev(DFlashDev):
 
 class MTPDev:
     """``FastMTPDraft`` (qwen38) on the device. ``start`` is the host's prompt (the prompt's rows written: the
-    draft's prefill) and ``prime`` its first propose (the anchor's row written, the first proposals in ``ids_buf``). A window's accept (p0 the window's first
-    position, a = the target's argmax [R], h = final_norm(taps[-1]) [R, H]) is the next window's propose:
+    draft's prefill) and ``prime`` its first propose (the anchor's row written, the first proposals in
+    ``ids_buf``). A window's accept (p0 the window's first position, a = the target's argmax [R], h =
+    final_norm(taps[-1]) [R, H]) is the next window's propose:
 
         rows    (embed(a[j]), h[j]) at slots p0+1+j, j < R: for j < kept they are the rows the host queue would write
                 (tokens d_{j+1} = a[j] while accepted, then the next anchor a[kept-1]); rows past kept land past the

@@ -168,7 +168,8 @@ def _pow2(n: int) -> int:
 @triton.jit
 def _norm_rope_kernel(x_ptr, sxr, sxh, w_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, sor, soh, v_ptr, svr, svh, vc_ptr,
                       eps, D: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr, AT_POS: tl.constexpr,
-                      V: tl.constexpr):
+                      V: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     r = tl.program_id(0)
     hd = tl.program_id(1)
     src = x_ptr + r.to(tl.int64) * sxr + hd * sxh
@@ -226,9 +227,10 @@ class TritonOps:
         else:
             out, sor, soh, at_pos = kc, kc.stride(1), kc.stride(0), True
         vs = (v, v.stride(0), v.stride(1), vc) if v is not None and at_pos else (x, 0, 0, out)
+        m = pdl_policy.mode(x.device)[0]
         _norm_rope_kernel[(r, heads)](x, x.stride(0), x.stride(1), w32, c, s, pos if at_pos else c, out, sor, soh,
                                       *vs, eps, D=d, ROT=rot, BD=_pow2(d), AT_POS=at_pos, V=v is not None and at_pos,
-                                      num_warps=1)
+                                      PDL=m, num_warps=1, **pdl_policy.launch_opts(m))
         return None if at_pos else out
 
     @staticmethod
