@@ -86,6 +86,40 @@ def test_fail_first_chained_row_at_the_wrong_slot():
     assert both.worst > both.band
 
 
+def test_fail_first_prompt_rows_not_written():
+    """Plant: ``prompt`` queues the prompt's rows and moves past them without the prefill pass that writes their
+    K/V (slots 1..P-1 stay zero): the first proposals attend empty keys and leave the band."""
+    def plant(fast):
+        def prompt(taps):
+            fast.start(taps[0][1:], fast.ops.rms(taps[-1], fast.final_gain, fast.eps))
+            fast.next_slot += fast.pend_e.shape[0]                          # planted: no _rows pass
+            fast.pend_e, fast.pend_h = fast.pend_e[:0], fast.pend_h[:0]
+        fast.prompt = prompt
+
+    both, _, _ = _run(plant)
+    assert both.worst > both.band
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash-decoding attention runs on CUDA (Triton)")
+def test_mtp_flash_attention_equals_the_masked_matmul_on_cuda():
+    """On CUDA the MTP layer attends through ``ops.attention`` from key 1 (slot 0 holds no row); the same draft
+    with the target's attention set to the masked matmul proposes the same ids, its logits inside the bf16 band."""
+    tspec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], torch.device("cuda"), torch.bfloat16)
+    out = {}
+    for attention in ("triton", "torch"):
+        eng = FastQwen38Target(tspec, "cuda", torch.bfloat16, 96, 4, max_width=4, attention=attention)
+        fast = FastMTPDraft(mspec, eng, 96, width=3)
+        assert fast.flash == (attention == "triton")
+        first = eng.prefill(IDS[:10])
+        fast.prompt(first.taps)
+        out[attention] = fast.propose(first.argmax[-1], detail=True)
+    band = bands.logits_band("bf16", mspec.layer, 1, 64).value
+    assert out["triton"].ids == out["torch"].ids
+    assert bands.worst_rel(out["triton"].logits.double().cpu().numpy(),
+                           out["torch"].logits.double().cpu().numpy()) < band
+
+
 def test_propose_pass_reads_nothing_back():
     _, _, eng, _, fast = _pair()
     fast.prompt(eng.prefill(IDS[:10]).taps)
