@@ -18,9 +18,9 @@ and the ``device_accept`` line prints, beside the host loop's tok/s:
                      earlier in the same bench): both sides without the host's round trip, as the bound's device-time
                      ratios are. Issue 27's drafted criterion (>= 0.92) is judged on it when the chain ran (``met``);
                      over the plain loop the device loop can pass 1.0 of a bound it cannot beat
-    first_propose_share  the share of the drafted run's time its draft's first propose took (CUDA events; MTP:
-                     the prompt's rows through the draft layer, once a run), and ``windows_frac_of_bound_chain`` the
-                     same ratio over the windows alone (reported beside it: the bound is a window's)
+    first_propose_share  the share of the drafted run's time its draft's first propose took (CUDA events; once
+                     a run), and ``windows_frac_of_bound_chain`` the same ratio over the windows alone (reported
+                     beside it: the bound is a window's)
     ids_identical  the device loop's n ids == the padded plain reference's (the bench exits 1 otherwise)
     windows_identical  its (proposals, kept) per window == the host loop's (the same draws; reported)
 
@@ -57,8 +57,8 @@ def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
     """``loop.generate``, timed as ``bench.timed_generate`` times the host loop: from the end of the prefill and the
     draft's prompt to the last id. -> (run, ids per second over the n-1 ids after the first, the share of that time
     the draft's first propose took). The share is read from CUDA events (none on a CPU: 0.0), so timing it adds
-    no sync: the first propose runs the prompt's rows through a chained draft (MTP: the prompt's 511 rows), once a
-    run, and is the part of a run that does not scale with n."""
+    no sync: the first propose (the first window's draft, run by the host) is the part of a run that does not
+    scale with n."""
     dev = loop.engine.device
     cuda = dev.type == "cuda"
     mark: dict[str, float] = {}
