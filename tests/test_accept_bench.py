@@ -77,7 +77,7 @@ def test_the_criterion_is_judged_over_the_chained_plain_decode():
 
     class Run:
         ids, windows = [1, 2, 3, 4], [([2, 3, 4], 4)]
-    sweep.timed = lambda prompt, n: (Run(), 400.0)               # accept_mean 4, 400 tok/s
+    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.0)          # accept_mean 4, 400 tok/s, no first propose
     host = {"tok_s": 380.0, "tau_x_plain_frac": 0.9}
     args = ([0], [1, 2, 3, 4], 4, 0.9, 0, 100.0, host, Run.windows, {"frac_max": 1.0})
     sweep.chain_tok_s = None
@@ -86,3 +86,10 @@ def test_the_criterion_is_judged_over_the_chained_plain_decode():
     chained = sweep.row(*args, log=lambda s: None)               # 400 / (4 x 110) = 0.909 of the bound
     assert plain["met"] and plain["frac_of_bound"] == 1.0
     assert chained["frac_of_bound_chain"] == pytest.approx(400 / 440) and not chained["met"]
+    # the first propose's share is reported, and the windows-only ratio beside it; ``met`` stays the whole run's
+    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.1)
+    shared = sweep.row(*args, log=lambda s: None)
+    assert shared["first_propose_share"] == 0.1
+    assert shared["windows_frac_of_bound_chain"] == pytest.approx(400 / 440 / 0.9)
+    assert shared["windows_frac_of_bound_chain"] > 1.0
+    assert shared["frac_of_bound_chain"] == pytest.approx(400 / 440) and not shared["met"]

@@ -18,7 +18,9 @@ def test_profile_records_each_pass_and_its_ops():
     rec = bench_hybrid("qwen38-dflash2", "qwen38-tiny", "cpu", "f32", prompt_len=16, n=8, block=4, iters=1,
                        emit=lines.append, quiet=True, profile=True)
     prof = rec["profile"]
-    assert set(prof) == {"plain", "verify16", "draft"}
+    assert set(prof) == {"plain", "verify16", "draft", "window"}        # window: the device loop's, after the sweep
+    assert prof["window"]["kernels"]["kernels"] > 10 and prof["window"]["kernels"]["top"]
+    assert any(line.startswith("profile window4 wall_ms=") for line in lines)
     for label in ("plain", "verify16"):
         k = prof[label]["kernels"]
         assert k["kernels"] > 10 and k["kernel_ms"] > 0 and k["top"] and prof[label]["gemm"]

@@ -145,14 +145,18 @@ def profile_step(label: str, graphed: Callable[[], None], eager: Callable[[], No
 def profile_window(sweep, copy_GBps: float, log, steps: int = 5) -> dict[str, Any]:
     """The device loop's window (``kernels.accept.DeviceAccept``: draft, verify, accept, commit in one graph of
     ``sweep.rows`` rows), after its sweep has run: the ids wanted are all out, so each replay keeps nothing and
-    re-runs the same positions (the same kernels and bytes as a live window). Its wall ms per replay, then
-    ``profile_step``'s kernel table: where a drafted window's time goes beside the bound's verify + draft read."""
+    re-runs the same positions (the same kernels and bytes as a live window). The window counter is put back
+    before each replay (one 8-byte copy): a synthetic draft reads its draws by it, and replays past the run's
+    windows would index past its table. Its wall ms per replay, then ``profile_step``'s kernel table: where a
+    drafted window's time goes beside the bound's verify + draft read."""
     from .common import sync
 
     loop, r = sweep.loop, sweep.rows
     dev = loop.engine.device
+    w0 = loop.bufs.w.clone()
 
     def window() -> None:
+        loop.bufs.w.copy_(w0)
         loop.bufs.graphs.run(r)
 
     window()
