@@ -50,6 +50,7 @@ from .common import (
     stages,
     sync,
     timed_generate,
+    verify_costs,
 )
 from .dflash2 import copy_bandwidth
 from .flags import DEFAULT_MTP_WIDTH, check_bench_flags, is_oom
@@ -150,7 +151,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
         step("verify widths")
         save(rec)
-        rec["verify"] = _verify_costs(target, prompt, b, iters, log)
+        rec["verify"] = verify_costs(target, prompt, b, iters, log)
         step("draft cost")
         rec["draft"] = _draft_costs(target, draft, prompt, b, iters, rec["verify"][0]["ms"], log)
         rec["bound"] = criterion_bound(rec["verify"], b, weight_bytes(dspec.tensors) +
@@ -215,10 +216,10 @@ def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log,
                 f"met={tok_s >= need} draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(tau * 100), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
-    if profile and dev is not None:                 # the drafted window's kernels (--profile)
+    if profile:                                     # the drafted window's kernels (--profile)
         from .profile import profile_window
 
-        rec.setdefault("profile", {})["window"] = profile_window(dev, rec["bandwidth"]["copy_GBps"], log)
+        profile_window(dev, rec, log)
         save(rec)
 
 
@@ -260,20 +261,6 @@ def _load(name: str, shape: str | None, dev, dt, prompt_len: int):
     dspec = g.load_draft(g.draft, tspec)
     prompt = read_prompts(g.prompts, lambda: load_tokenizer(g.target), 1)[0]
     return tspec, dspec, prompt
-
-
-def _verify_costs(target, prompt, b, iters, log) -> list[dict[str, Any]]:
-    from bloomery_gates.kernels.graphs import time_replays
-
-    target.prefill(prompt)
-    rows = []
-    for r in range(1, b + 1):
-        target.inp.put([target.length] + [1] * r)
-        sec = time_replays(lambda r=r: target.graphs.run(r), target.device, iters)
-        rows.append({"rows": r, "ms": sec * 1e3, "rel_plain": sec * 1e3 / rows[0]["ms"] if rows else 1.0})
-    rel = " ".join(f"R{x['rows']}={x['rel_plain']:.3f}" for x in rows)
-    log(f"verify plain_step_ms={rows[0]['ms']:.3f} {rel}")
-    return rows
 
 
 def _draft_costs(target, draft, prompt, b, iters, step_ms, log) -> dict[str, Any]:

@@ -126,6 +126,23 @@ def first_engine(paths, build, label, dev: torch.device, log, what: str = "engin
     raise RuntimeError(f"no {what} path ran: {last}")
 
 
+def verify_costs(target, prompt: list[int], rmax: int, iters: int, log) -> list[dict[str, Any]]:
+    """Device ms of one verify pass of R rows, R = 1..rmax (both benches): its graph replayed back to back (no
+    commit: each replay writes the same positions). ``criterion_bound`` is a ratio of device times with no host time
+    at all; ``target.verify`` would add its staging and its argmax read back (~0.3 ms a pass at 27B) to both of its
+    terms (results/h200/speed/efe4252-mtp/NOTE.md)."""
+    from bloomery_gates.kernels.graphs import time_replays
+
+    target.prefill(prompt)
+    rows: list[dict[str, Any]] = []
+    for r in range(1, rmax + 1):
+        target.inp.put([target.length] + [1] * r)
+        sec = time_replays(lambda r=r: target.graphs.run(r), target.device, iters)
+        rows.append({"rows": r, "ms": sec * 1e3, "rel_plain": sec * 1e3 / rows[0]["ms"] if rows else 1.0})
+    log(f"verify plain_step_ms={rows[0]['ms']:.3f} " + " ".join(f"R{x['rows']}={x['rel_plain']:.3f}" for x in rows))
+    return rows
+
+
 def criterion_bound(verify: list[dict[str, Any]], rows: int, draft_read: int, copy_GBps: float, log=None
                     ) -> dict[str, Any]:
     """The best drafted / (accept_mean x plain) any draft could reach on this target and this verify: a window is

@@ -46,6 +46,7 @@ from .common import (
     stages,
     sync,
     timed_generate,
+    verify_costs,
 )
 from .dflash2 import copy_bandwidth
 from .hybrid_engines import build_hybrid_engines
@@ -150,7 +151,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         save(rec)
 
         step("verify widths")
-        rec["verify"] = _verify_costs(target, prompt, max(16, b), iters, log)
+        rec["verify"] = verify_costs(target, prompt, max(16, b), iters, log)
         step("draft cost")
         rec["draft"] = _draft_cost(target, draft, prompt, iters, rec["verify"][0]["ms"], mtp, log)
         head = weight_bytes({"head": tspec.head_weight()})
@@ -192,24 +193,6 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
     return rec
 
 
-def _verify_costs(target, prompt, rmax, iters, log) -> list[dict[str, Any]]:
-    """Device ms of one verify pass of R rows, R = 1..rmax: its graph replayed back to back (no commit: each
-    replay writes the same positions), as the dense bench times it (``bench.command._verify_costs``). The bound
-    (``criterion_bound``) is a ratio of device times with no host time at all; ``target.verify`` would add its
-    staging and its argmax read back (~0.2 ms a pass at 27B, 5% of a step) to both of its terms."""
-    from bloomery_gates.kernels.graphs import time_replays
-
-    target.prefill(prompt)
-    rows = []
-    for r in range(1, rmax + 1):
-        target.inp.put([target.length] + [1] * r)
-        sec = time_replays(lambda r=r: target.graphs.run(r), target.device, iters)
-        rows.append({"rows": r, "ms": sec * 1e3, "rel_plain": sec * 1e3 / rows[0]["ms"] if rows else 1.0})
-    target._pending = None
-    log(f"verify plain_step_ms={rows[0]['ms']:.3f} " + " ".join(f"R{x['rows']}={x['rel_plain']:.3f}" for x in rows))
-    return rows
-
-
 def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, Any]:
     """Device ms of the draft's block: one propose stages its inputs (MTP: the anchor's row at its slot; DFlash2:
     the anchor and the context length), then that pass's graph replayed back to back (each replay rewrites the
@@ -219,12 +202,9 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     first = target.prefill(prompt)
     draft.prompt(first.taps)
     draft.propose(first.argmax[-1])
-    if mtp:
-        draft.slot.put([draft.next_slot - 1])           # the anchor's slot again: the propose above moved past it
-        ms = time_replays(lambda: draft.graphs.run(1), target.device, iters) * 1e3
-    else:
-        ms = time_replays(lambda: draft.propose_graph.run(0), target.device, iters) * 1e3
-    graphed = (draft.graphs if mtp else draft.propose_graph).enabled
+    gs, key = (draft.graphs, 1) if mtp else (draft.propose_graph, 0)    # MTP: the one-row pass; its inputs staged
+    ms = time_replays(lambda: gs.run(key), target.device, iters) * 1e3
+    graphed = gs.enabled
     what = (f"mtp chain={draft.width}" if mtp else f"dflash2 layers={draft.spec.num_layers} block={draft.b}") + \
         f" graphs={'on' if graphed else 'off'}"
     log(f"draft block_ms={ms:.3f} rel_plain_step={ms / step_ms:.3f} {what}")
@@ -254,10 +234,10 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
                 f"{need:.2f} met={tok_s >= need} draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(a * 1000), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
-    if profile and dev is not None:                 # the drafted window's kernels (--profile)
+    if profile:                                     # the drafted window's kernels (--profile)
         from .profile import profile_window
 
-        rec.setdefault("profile", {})["window"] = profile_window(dev, rec["bandwidth"]["copy_GBps"], log)
+        profile_window(dev, rec, log)
         save(rec)
 
 

@@ -26,7 +26,6 @@ profile says so (``profile note``, the record's ``pdl``); ``BLOOMERY_PDL=off`` g
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -142,14 +141,17 @@ def profile_step(label: str, graphed: Callable[[], None], eager: Callable[[], No
     return rec
 
 
-def profile_window(sweep, copy_GBps: float, log, steps: int = 5) -> dict[str, Any]:
-    """The device loop's window (``kernels.accept.DeviceAccept``: draft, verify, accept, commit in one graph of
-    ``sweep.rows`` rows), after its sweep has run: the ids wanted are all out, so each replay keeps nothing and
-    re-runs the same positions (the same kernels and bytes as a live window). The window counter is put back
-    before each replay (one 8-byte copy): a synthetic draft reads its draws by it, and replays past the run's
-    windows would index past its table. Its wall ms per replay, then ``profile_step``'s kernel table: where a
-    drafted window's time goes beside the bound's verify + draft read."""
-    from .common import sync
+def profile_window(sweep, rec: dict[str, Any], log, steps: int = 5) -> None:
+    """``rec['profile']['window']``: the device loop's window (``kernels.accept.DeviceAccept``: draft, verify,
+    accept, commit in one graph of ``sweep.rows`` rows; nothing without a device loop, ``sweep`` None), after its
+    sweep has run: the ids wanted are all out, so each replay keeps nothing and re-runs the same positions (the same
+    kernels and bytes as a live window). The window counter is put back before each replay (one 8-byte copy): a
+    synthetic draft reads its draws by it, and replays past the run's windows would index past its table. Its
+    device ms per replay (``time_replays``), then ``profile_step``'s kernel table: where a drafted window's time
+    goes beside the bound's verify + draft read."""
+    if sweep is None:
+        return
+    from bloomery_gates.kernels.graphs import time_replays
 
     loop, r = sweep.loop, sweep.rows
     dev = loop.engine.device
@@ -159,15 +161,10 @@ def profile_window(sweep, copy_GBps: float, log, steps: int = 5) -> dict[str, An
         loop.bufs.w.copy_(w0)
         loop.bufs.graphs.run(r)
 
-    window()
-    sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(20):
-        window()
-    sync(dev)
-    wall_ms = (time.perf_counter() - t0) / 20 * 1e3
-    return profile_step(f"window{r}", window, None, dev, wall_ms, copy_GBps, loop.engine.embed.element_size(), log,
-                        steps=steps)
+    wall_ms = time_replays(window, dev, 20) * 1e3
+    rec.setdefault("profile", {})["window"] = profile_step(
+        f"window{r}", window, None, dev, wall_ms, rec["bandwidth"]["copy_GBps"], loop.engine.embed.element_size(),
+        log, steps=steps)
 
 
 def profile_engine(target, draft, prompt: list[int], verify_rows: list[dict[str, Any]], draft_ms: float,
