@@ -1,0 +1,118 @@
+"""Issue 27 diagnostic (device only, never CI): what fusing the 8B step's small kernels away could give at most.
+One process, the qwen3-8b shape's random weights made once; per VARIANT a fresh engine whose decode ops skip the
+named small kernels (the numbers are then wrong: a timing ceiling, not an engine), its chained plain decode at
+K = 16 timed (tok/s against the read roofline) and one graphed plain step's device time. A fusion that removes a
+kernel can at best reach its variant's time; where a variant gains little, that fusion is not worth building.
+
+python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
+  VARIANT: base, or skipped kernels joined by "+": rope (q/k norm + RoPE + KV store), combine (the attention's
+  second launch), attn (both attention launches), rms (the norm before cuBLAS gate/up), silu, embed (the
+  embedding gather: a copy of row 0), argmax
+"""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bloomery_cli.bench.common import sync
+from bloomery_cli.bench.dflash2 import copy_bandwidth
+from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
+from bloomery_gates.kernels import graphs
+from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
+from bloomery_gates.kernels.graphs import time_replays
+from bloomery_gates.kernels.triton.decode import TritonOps
+
+
+def skipping(skip: set[str]) -> type:
+    """TritonOps with the named launches left out (outputs of the right shape, wrong numbers)."""
+
+    class Ops(TritonOps):
+        @staticmethod
+        def qk_rope_store(*a, **k):
+            if "rope" not in skip:
+                TritonOps.qk_rope_store(*a, **k)
+
+        @staticmethod
+        def attention(qkv, nq, nkv, d, kc, vc, p0, causal=True, gate=None, first=0):
+            if "attn" in skip:
+                return qkv[:, :nq * d]
+            if "combine" in skip:
+                TritonOps.attention(qkv, nq, nkv, d, kc, vc, p0, causal, gate, first)   # the split launch only
+                return qkv[:, :nq * d]                                                 # (main patches the combine)
+            return TritonOps.attention(qkv, nq, nkv, d, kc, vc, p0, causal, gate, first)
+
+        @staticmethod
+        def proj(x, w, g32, eps, res=None, out=None, rp=None):
+            if "rms" in skip and g32 is not None and w.shape[0] > 8192 and w.shape[0] < 100000:
+                return graphs.proj(x, w, None, eps, res, out)
+            return TritonOps.proj(x, w, g32, eps, res, out, rp)
+
+        @staticmethod
+        def silu_mul(gu):
+            return gu[:, :gu.shape[1] // 2] if "silu" in skip else TritonOps.silu_mul(gu)
+
+    return Ops
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("variants", nargs="*", default=["base", "rope", "combine", "attn", "rms", "silu",
+                                                    "rope+combine+rms+silu", "base"])
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    bw = copy_bandwidth(dev)
+    tspec, _ = random_pair(SHAPES[a.shape], dev, dt)
+    read = read_per_step(tspec)
+    prompt = torch.randint(0, tspec.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    print(f"diag_ceiling n={a.n} copy_GBps={bw / 1e9:.0f} roofline_read_tok_s={bw / read:.1f}", flush=True)
+    for v in a.variants:
+        skip = set() if v == "base" else set(v.split("+"))
+        target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
+        ops = skipping(skip)
+        if "combine" in skip:           # split only: the combine launch replaced by nothing
+            import bloomery_gates.kernels.triton.decode as dec
+            real = dec._attn_combine_kernel
+            dec._attn_combine_kernel = type("NoLaunch", (), {"__getitem__": lambda s, g: (lambda *a, **k: None)})()
+        if "embed" in skip:
+            F_embedding = F.embedding
+            F.embedding = lambda ids, w: w[:ids.shape[0]]
+        if "argmax" in skip:
+            t_argmax = torch.argmax
+            torch.argmax = lambda x, dim=-1, out=None: out
+        target.ops = ops
+        try:
+            target.prefill(prompt[:8])
+            target.verify([1])
+            target.commit(1)
+            dev_ms = time_replays(target.replay_plain_step, dev, 50) * 1e3
+            first = target.prefill(prompt).argmax[-1]
+            target.decode_plain(first, a.n - 1, 16)
+            first = target.prefill(prompt).argmax[-1]
+            sync(dev)
+            t0 = time.perf_counter()
+            target.decode_plain(first, a.n - 1, 16)
+            sync(dev)
+            ms = (time.perf_counter() - t0) / (a.n - 1) * 1e3
+        finally:
+            if "combine" in skip:
+                dec._attn_combine_kernel = real
+            if "embed" in skip:
+                F.embedding = F_embedding
+            if "argmax" in skip:
+                torch.argmax = t_argmax
+        print(f"skip={v} device_step_ms={dev_ms:.3f} chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} "
+              f"ratio_roofline_read={1e3 / ms * read / bw:.3f}", flush=True)
+        del target
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
