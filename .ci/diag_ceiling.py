@@ -7,7 +7,10 @@ kernel can at best reach its variant's time; where a variant gains little, that 
 python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   VARIANT: base, or skipped kernels joined by "+": rope (q/k norm + RoPE + KV store), combine (the attention's
   second launch), attn (both attention launches), rms (the norm before cuBLAS gate/up), silu, embed (the
-  embedding gather: a copy of row 0), argmax
+  embedding gather: a copy of row 0), argmax; and the fusions' A/B (real numbers, the ids compared with base's):
+  old-combine (the attention's combine as its own launch: COMBINE_ROWS = 0), old-norm (the rms kernel before
+  cuBLAS gate/up instead of the deferred norm of ffn_input).
+At 8403ded (before the fusions) combine / rms skipped the launches the fusions then removed.
 """
 import argparse
 import time
@@ -21,7 +24,10 @@ from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels import graphs
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.graphs import time_replays
+from bloomery_gates.kernels.triton import decode as dec
 from bloomery_gates.kernels.triton.decode import TritonOps
+
+COMBINE_ROWS = dec.COMBINE_ROWS
 
 
 def skipping(skip: set[str]) -> type:
@@ -49,8 +55,15 @@ def skipping(skip: set[str]) -> type:
             return TritonOps.proj(x, w, g32, eps, res, out, rp)
 
         @staticmethod
-        def silu_mul(gu):
-            return gu[:, :gu.shape[1] // 2] if "silu" in skip else TritonOps.silu_mul(gu)
+        def silu_mul(gu, ss=None, h=1, eps=0.0):
+            return gu[:, :gu.shape[1] // 2] if "silu" in skip else TritonOps.silu_mul(gu, ss, h, eps)
+
+        @staticmethod
+        def ffn_input(o, wo, h, g32, wgu, eps, rp):
+            if skip & {"rms", "old-norm", "silu"}:      # the unfused composition (with its skips)
+                h2 = Ops.proj(o, wo, None, eps, res=h, rp=rp)
+                return h2, Ops.silu_mul(Ops.proj(h2, wgu, g32, eps, rp=rp))
+            return TritonOps.ffn_input(o, wo, h, g32, wgu, eps, rp)
 
     return Ops
 
@@ -71,12 +84,13 @@ def main() -> int:
     read = read_per_step(tspec)
     prompt = torch.randint(0, tspec.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"diag_ceiling n={a.n} copy_GBps={bw / 1e9:.0f} roofline_read_tok_s={bw / read:.1f}", flush=True)
+    base = None
     for v in a.variants:
         skip = set() if v == "base" else set(v.split("+"))
         target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
         ops = skipping(skip)
+        dec.COMBINE_ROWS = 0 if skip & {"combine", "old-combine"} else COMBINE_ROWS
         if "combine" in skip:           # split only: the combine launch replaced by nothing
-            import bloomery_gates.kernels.triton.decode as dec
             real = dec._attn_combine_kernel
             dec._attn_combine_kernel = type("NoLaunch", (), {"__getitem__": lambda s, g: (lambda *a, **k: None)})()
         if "embed" in skip:
@@ -96,7 +110,7 @@ def main() -> int:
             first = target.prefill(prompt).argmax[-1]
             sync(dev)
             t0 = time.perf_counter()
-            target.decode_plain(first, a.n - 1, 16)
+            ids = target.decode_plain(first, a.n - 1, 16)
             sync(dev)
             ms = (time.perf_counter() - t0) / (a.n - 1) * 1e3
         finally:
@@ -106,7 +120,9 @@ def main() -> int:
                 F.embedding = F_embedding
             if "argmax" in skip:
                 torch.argmax = t_argmax
-        print(f"skip={v} device_step_ms={dev_ms:.3f} chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} "
+        base = ids if v == "base" and base is None else base
+        same = "" if base is None else f" ids_as_base={ids == base}"
+        print(f"skip={v}{same} device_step_ms={dev_ms:.3f} chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} "
               f"ratio_roofline_read={1e3 / ms * read / bw:.3f}", flush=True)
         del target
         if dev.type == "cuda":

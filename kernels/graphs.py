@@ -230,6 +230,14 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     return torch.addmm(res, a, w.t()) if out is None else torch.addmm(res, a, w.t(), out=out)
 
 
+def ffn_input(o: torch.Tensor, wo: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wgu: torch.Tensor, eps: float,
+              rp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention's output projection and the FFN's input: h2 = o wo^T + h [R, H], and silu(g) u [R, I] of
+    [g | u] = rms(h2, g32) wgu^T (the down projection, h2 its residual, is the caller's)."""
+    h2 = proj(o, wo, None, eps, res=h)
+    return h2, silu_mul(proj(h2, wgu, g32, eps))
+
+
 class TorchOps:
     name = "torch"
     proj = staticmethod(proj)
@@ -238,3 +246,4 @@ class TorchOps:
     qk_rope_store = staticmethod(qk_rope_store)
     attention = staticmethod(attention)
     silu_mul = staticmethod(silu_mul)
+    ffn_input = staticmethod(ffn_input)

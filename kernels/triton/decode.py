@@ -22,6 +22,22 @@ from .. import graphs
 from . import gemv, interpreting, pdl, pdl_policy
 
 BM, BN, SPLITS = 64, 64, 16
+COMBINE_ROWS = 16                       # folded rows (R x G) up to which the split kernel combines its own splits
+
+
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, nkv: int) -> torch.Tensor | None:
+    """The fused combine's arrival counters, one per kv head (int32, zero between calls: each head's last split
+    resets its own), one buffer per device made outside any CUDA graph capture; None (the combine kernel runs)
+    when it would have to be made inside one (a buffer made there would belong to that graph's pool)."""
+    key = str(device)
+    if key not in _COUNTERS or _COUNTERS[key].numel() < nkv:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(max(nkv, 64), device=device, dtype=torch.int32)
+    return _COUNTERS[key]
 
 
 @triton.jit
@@ -79,9 +95,10 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 @triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
+                       out_ptr, g_ptr, sgr, sgh, cnt_ptr,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
-                       PDL: tl.constexpr):
+                       NS: tl.constexpr, COMBINE: tl.constexpr, GATE: tl.constexpr, PDL: tl.constexpr):
     pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
@@ -108,6 +125,7 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
             keys = start + tl.arange(0, BN)
             kmask = keys < cap
             k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
+            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             if F32DOT:                     # the CPU interpreter's bf16 dot is wrong; compiled kernels use bf16
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
             else:
@@ -117,7 +135,6 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(s - m_new[:, None])
-            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             l_i = l_i * alpha + tl.sum(pr, 1)
             if F32DOT:  # noqa: SIM108
                 pv = tl.dot(pr.to(v.dtype).to(tl.float32), v.to(tl.float32))
@@ -129,6 +146,46 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
     tl.store(m_ptr + part, m_i, mask=rmask)
     tl.store(l_ptr + part, l_i, mask=rmask)
     tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
+    if COMBINE:                         # the kv head's last split to arrive combines its rows (one m-block)
+        tl.debug_barrier()              # every thread's partials written before the one release below
+        arrived = tl.atomic_add(cnt_ptr + kv, 1, sem="acq_rel", scope="gpu")
+        if arrived == NS - 1:
+            _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rmask, kv, NS, NKV, G, D, GATE,
+                          True)
+            tl.atomic_xchg(cnt_ptr + kv, 0)         # the counter ready for the next call
+
+
+@triton.jit
+def _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rmask, kv, NS: tl.constexpr,
+                  NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr, VOL: tl.constexpr):
+    """Folded rows ``rows`` (m = r G + i, query head kv G + i) of kv head ``kv``: the splits' (max, sum, acc)
+    rescaled to the common max and summed in the order 0..NS-1, divided, gated, stored (``VOL``: the partials
+    were written by other programs of this launch)."""
+    d = tl.arange(0, D)
+    first = kv.to(tl.int64) * RG_PAD + rows
+    m0 = tl.load(m_ptr + first, mask=rmask, other=0.0, volatile=VOL)
+    mx = m0
+    for sp in range(1, NS):
+        mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + rows, mask=rmask, other=0.0,
+                                    volatile=VOL))
+    w = tl.exp(m0 - mx)
+    den = w * tl.load(l_ptr + first, mask=rmask, other=0.0, volatile=VOL)
+    acc = w[:, None] * tl.load(o_ptr + first[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0, volatile=VOL)
+    for sp in range(1, NS):
+        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
+        w = tl.exp(tl.load(m_ptr + part, mask=rmask, other=0.0, volatile=VOL) - mx)
+        den += w * tl.load(l_ptr + part, mask=rmask, other=0.0, volatile=VOL)
+        acc += w[:, None] * tl.load(o_ptr + part[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0,
+                                    volatile=VOL)
+    r = (rows // G).to(tl.int64)
+    head = kv * G + rows % G
+    dt = out_ptr.dtype.element_ty
+    o = (acc / den[:, None]).to(dt)
+    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
+        gt = tl.load(g_ptr + r[:, None] * sgr + head[:, None] * sgh + d[None, :], mask=rmask[:, None],
+                     other=0.0).to(tl.float32)
+        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + r[:, None] * (NKV * G * D) + head[:, None] * D + d[None, :], o, mask=rmask[:, None])
 
 
 @triton.jit
@@ -136,29 +193,9 @@ def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, 
                          NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
                          PDL: tl.constexpr):
     pdl.enter(PDL)
-    row = tl.program_id(0)
-    kv = tl.program_id(1)
-    d = tl.arange(0, D)
-    first = kv.to(tl.int64) * RG_PAD + row
-    mx = tl.load(m_ptr + first)
-    for sp in range(1, NS):
-        mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + row))
-    w = tl.exp(tl.load(m_ptr + first) - mx)
-    den = w * tl.load(l_ptr + first)
-    acc = w * tl.load(o_ptr + first * D + d)
-    for sp in range(1, NS):
-        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
-        w = tl.exp(tl.load(m_ptr + part) - mx)
-        den += w * tl.load(l_ptr + part)
-        acc += w * tl.load(o_ptr + part * D + d)
-    r = row // G
-    dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
-    dt = out_ptr.dtype.element_ty
-    o = (acc / den).to(dt)
-    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
-        gt = tl.load(g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d).to(tl.float32)
-        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
-    tl.store(dst, o)
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rows < RG_PAD, tl.program_id(1), NS,
+                  NKV, G, D, GATE, False)
 
 
 def _pow2(n: int) -> int:
@@ -263,36 +300,70 @@ class TritonOps:
         m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
-        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
-            qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg,
-            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
-            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
-        _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
-                                        gate.stride(0) if gate is not None else 0,
-                                        gate.stride(1) if gate is not None else 0, rg, NS=n_split, NKV=nkv, G=g, D=d,
-                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
+        gs = (gate if gate is not None else out, gate.stride(0) if gate is not None else 0,
+              gate.stride(1) if gate is not None else 0)
+        cnt = _counters(dev, nkv) if rg <= COMBINE_ROWS else None
+        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg, out, *gs,
+            cnt if cnt is not None else m, NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN,
+            F32DOT=interpreting(), NS=n_split, COMBINE=cnt is not None, GATE=gate is not None, PDL=pm, num_warps=4,
+            **pdl_policy.launch_opts(pm))
+        if cnt is None:
+            _attn_combine_kernel[(rg, nkv)](m, l, o, out, *gs, rg, NS=n_split, NKV=nkv, G=g, D=d,
+                                            GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
     @staticmethod
-    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    def silu_mul(gu: torch.Tensor, ss: torch.Tensor | None = None, h: int = 1, eps: float = 0.0) -> torch.Tensor:
+        """silu(g) u of gu = [g | u] [R, 2I]; with ``ss`` [T, RP] (``ffn_input``'s sums of squares of rows of width
+        ``h``) both halves are first scaled by rstd = 1 / sqrt(sum_t ss[t] / h + eps), the tiles summed in one
+        order."""
         gu = gu.contiguous()
         r, i2 = gu.shape
         i = i2 // 2
         out = torch.empty(r, i, dtype=gu.dtype, device=gu.device)
         m = pdl_policy.mode(gu.device)[0]
-        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, i, BI=1024, PDL=m, num_warps=4, **pdl_policy.launch_opts(m))
+        t, rp = (ss.shape[0], ss.stride(0)) if ss is not None else (1, 1)
+        _silu_kernel[(r, triton.cdiv(i, 1024))](gu, out, ss if ss is not None else gu, i, h, eps, BI=1024, T=t, RP=rp,
+                                                BT=_pow2(t), RSTD=ss is not None, PDL=m, num_warps=4,
+                                                **pdl_policy.launch_opts(m))
         return out
+
+    @staticmethod
+    def ffn_input(o: torch.Tensor, wo: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wgu: torch.Tensor,
+                  eps: float, rp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kernels.graphs.ffn_input``: (h2 = o wo^T + h, silu(g) u of rms(h2, g32) wgu^T). Where the output
+        projection runs in ``gemv.proj`` and gate/up on cuBLAS, the norm between them is deferred: proj's epilogue
+        stores h2 g (rounded) and its tiles' sums of h2^2, cuBLAS reads h2 g, and the SiLU kernel scales gate and up
+        by rstd (rms(h2) g wgu^T = rstd (h2 g) wgu^T: the rounding point moves, as in proj's folded norm). No rms
+        launch between the two projections."""
+        r, n = o.shape[0], wo.shape[0]
+        cfg = gemv.tiles(r, rp, n, wo.shape[1])
+        if cfg is None or gemv.tiles(r, rp, *wgu.shape) is not None:
+            h2 = TritonOps.proj(o, wo, None, eps, res=h, rp=rp)
+            return h2, TritonOps.silu_mul(TritonOps.proj(h2, wgu, g32, eps, rp=rp))
+        h2 = torch.empty(r, n, device=o.device, dtype=o.dtype)
+        hg = torch.empty_like(h2)
+        ss = torch.empty(triton.cdiv(n, cfg[0]), rp, device=o.device, dtype=torch.float32)
+        gemv.proj(o, wo, None, eps, h, h2, rp, cfg, gout=(g32, hg, ss))
+        return h2, TritonOps.silu_mul(torch.mm(hg, wgu.t()), ss[:, :r], n, eps)
 
 
 @triton.jit
-def _silu_kernel(gu_ptr, out_ptr, I, BI: tl.constexpr, PDL: tl.constexpr):
+def _silu_kernel(gu_ptr, out_ptr, ss_ptr, I, H, eps, BI: tl.constexpr, T: tl.constexpr, RP: tl.constexpr,
+                 BT: tl.constexpr, RSTD: tl.constexpr, PDL: tl.constexpr):
     pdl.enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BI + tl.arange(0, BI)
     m = c < I
     g = tl.load(gu_ptr + r * 2 * I + c, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + r * 2 * I + I + c, mask=m, other=0.0).to(tl.float32)
+    if RSTD:                            # the deferred norm (ffn_input): rstd from the tiles' sums of squares
+        t = tl.arange(0, BT)
+        rstd = tl.rsqrt(tl.sum(tl.load(ss_ptr + t * RP + r, mask=t < T, other=0.0), axis=0) / H + eps)
+        g = g * rstd
+        u = u * rstd
     tl.store(out_ptr + r * I + c, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=m)

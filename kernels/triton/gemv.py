@@ -46,9 +46,10 @@ MAX_ROWS = 32                           # wider passes (a prompt) go to cuBLAS: 
 
 @triton.jit
 def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps,
+                 go_ptr, hg_ptr, ss_ptr,
                  K: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -104,7 +105,14 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
         omask = nmask[:, None] & rmask[None, :]
         if RES:
             acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
-        tl.store(o_ptr + rows[None, :] * so + n[:, None], acc.to(o_ptr.dtype.element_ty), mask=omask)
+        y = acc.to(o_ptr.dtype.element_ty)
+        tl.store(o_ptr + rows[None, :] * so + n[:, None], y, mask=omask)
+        if GOUT:                        # the next norm's numerator y * g and this tile's sums of y^2 (ffn_input)
+            yf = tl.where(omask, y.to(tl.float32), 0.0)
+            gn = tl.load(go_ptr + n, mask=nmask, other=0.0)
+            tl.store(hg_ptr + rows[None, :] * so + n[:, None], (yf * gn[:, None]).to(o_ptr.dtype.element_ty),
+                     mask=omask)
+            tl.store(ss_ptr + pid * RP + rows, tl.sum(yf * yf, axis=0), mask=rmask)
 
 
 @functools.cache
@@ -159,11 +167,15 @@ def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
 
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None
-         ) -> torch.Tensor:
+         out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None,
+         gout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
     its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
-    Where it runs is ``TritonOps.proj``'s choice (``tiles``)."""
+    Where it runs is ``TritonOps.proj``'s choice (``tiles``).
+
+    ``gout`` (gain [N] f32, hg [R, N] like out, ss [tiles, rp] f32): the next RMSNorm's parts from the epilogue,
+    y as stored (rounded) times the gain into hg, rounded, and each tile's per-row sum of y^2 into ss[tile]
+    (``TritonOps.ffn_input``: rms(y) g = rstd (y g), rstd from the tiles' sums in one order)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
@@ -175,6 +187,9 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
                          f"(at most {MAX_ROWS} rows, tiles {cfg}): TritonOps.proj runs those on cuBLAS")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("proj: x and w need unit stride along K")
+    if gout is not None and (gout[1].stride() != (out.stride() if out is not None else (n, 1))
+                             or gout[2].shape != (triton.cdiv(n, cfg[0]), rp)):
+        raise ValueError("proj: gout's hg must have out's strides and ss the shape [tiles, rp]")
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
     bn, bk, warps, stages = cfg[:4]
@@ -196,9 +211,10 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     _proj_kernel[grid](
         x, x.stride(0), w, TensorDescriptor.from_tensor(w, [bn, bk]) if tma else w, w.stride(0),
         g32 if g32 is not None else w, res if res is not None else out,
-        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, K=k,
+        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)), K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, TMA=tma, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, num_warps=warps, num_stages=stages,
+        **pdl_policy.launch_opts(mode))
     return out
 
 

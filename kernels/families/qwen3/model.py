@@ -300,11 +300,10 @@ class FastQwen3Target:
             qkv = ops.proj(h, w.wqkv, w.ln_in, eps, rp=rp)
             ops.qk_rope_store(qkv, nh, nkv, d, w.q_norm, w.k_norm, self.cos, self.sin, p0, self.k_cache[i],
                               self.v_cache[i], eps)
-            h = ops.proj(ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0), w.wo, None, eps,
-                         res=h, rp=rp)
-            gu = ops.proj(h, w.wgu, w.ln_post, eps, rp=rp)
+            o = ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0)
+            h, a = ops.ffn_input(o, w.wo, h, w.ln_post, w.wgu, eps, rp)
             out = taps[keep[i + 1]] if taps is not None and i + 1 in keep else None
-            h = ops.proj(ops.silu_mul(gu), w.wd, None, eps, res=h, out=out, rp=rp)
+            h = ops.proj(a, w.wd, None, eps, res=h, out=out, rp=rp)
         ops.proj(h, self.head, self.final32, eps, out=logits, rp=rp)
         torch.argmax(logits, dim=-1, out=argmax)
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 27 on the H200 through the `device` tool (never CI), one call: the 8B step's fusions (the attention's
+# combine in its split kernel, the FFN's norm deferred into the output projection's epilogue and the SiLU kernel).
+#   BLOOMERY_COMMIT=<sha> [STEPS="build ab tests gates bench8 b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
+# build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
+# ab      .ci/diag_ceiling.py at qwen3-8b: the fused default against each fusion undone and both (ids compared)
+# tests   the CUDA tests of the fused ops, the projection, PDL and the graphed engines
+# gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
+# bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
+# b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
+# Each step is cut to what is left of DEADLINE_S (default 560 s). Records + logs: one tar in $OUT.
+set -uo pipefail
+T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-560} ))
+source .ci/device-setup.sh || exit 2
+R=/tmp/fuse && mkdir -p $R && device_info "fuse" | tee $R/device.txt
+LL=/tmp/llama-cuda
+SRC=$(ls $PWD/.llama-src/*.tar.gz 2>/dev/null | head -1)
+for s in ${STEPS:-build ab tests gates bench8}; do
+  case $s in
+    build) ( timeout 420 python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 14 --bench \
+               --source $SRC > $R/build.log 2>&1; echo "build exit $?" >> $R/build.log ) & ;;
+    ab) step ab ${AB_S:-110} python3 -P .ci/diag_ceiling.py -n 256 ${AB:-base old-combine old-norm old-combine+old-norm base}
+        grep "^skip=" $R/ab.log | cut -c1-200 ;;
+    tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -p no:cacheprovider tests/test_ffn_input.py \
+             tests/test_attn_combine.py tests/test_gemv.py tests/test_bench.py tests/test_fast_engine.py \
+             tests/test_chain.py tests/test_mtp_fast.py tests/test_qwen38_fast.py tests/test_dflash2_fast.py \
+             tests/test_accept.py tests/test_pdl.py
+           tail -4 $R/tests.log | cut -c1-200 ;;
+    gates) step gates ${GATES_S:-110} python3 -P -m bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 \
+             --results $R/fast
+           grep -E "^(PASSED|FAILED)|│ qwen3" $R/gates.log | cut -c1-120 | head -12 ;;
+    bench8) while ! grep -q "build exit" $R/build.log 2>/dev/null && [ $(left) -gt 60 ]; do sleep 5; done
+            tail -2 $R/build.log | cut -c1-200
+            STEP_MIN_S=50 step bench8 ${BENCH8_S:-110} python3 -P -m bloomery_cli.cli bench qwen3-dflash \
+              --shape qwen3-8b --device cuda --llama-cpp $LL --json $R/bench-qwen3-8b-llamacpp-cuda-bf16.json
+            grep -E "^(plain|chain|llama|host)" $R/bench8.log | cut -c1-200 ;;
+    b27) STEP_MIN_S=60 step b27 ${B27_S:-100} python3 -P -m bloomery_cli.bench.command qwen38-mtp --shape qwen38-27b \
+           --layers 16 --mtp-width 3 --device cuda -n 128 --json $R/bench-qwen38-27b-l16-mtp-cuda-bf16.json
+         grep -E "^(plain|chain k=16|draft |device_accept a=0.8)|Error" $R/b27.log | cut -c1-230 ;;
+  esac
+done
+tar czf $OUT/fuse.tgz -C $R . && echo "records in fuse.tgz"
