@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 27 on the H200 through the `device` tool (never CI), one call: the 8B step's fusions (the attention's
 # combine in its split kernel, the FFN's norm deferred into the output projection's epilogue and the SiLU kernel).
-#   BLOOMERY_COMMIT=<sha> [STEPS="build ab tests gates bench8 b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
+#   BLOOMERY_COMMIT=<sha> [STEPS="build abp gates bench8 tests b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # ab      .ci/diag_ceiling.py at qwen3-8b: the fused default against each fusion undone and both (ids compared)
+# abp     the same, the tree's default and old-norm, then with each of PATCHES (default .ci/ab/*.patch, in name
+#         order) reverted on top of the ones before, the package reinstalled each time; restored after
 # tests   the CUDA tests of the fused ops, the projection, PDL and the graphed engines
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
@@ -14,13 +16,22 @@ T0=$(date +%s); DEADLINE=$(( T0 + ${DEADLINE_S:-560} ))
 source .ci/device-setup.sh || exit 2
 R=/tmp/fuse && mkdir -p $R && device_info "fuse" | tee $R/device.txt
 LL=/tmp/llama-cuda
+reinstall() { PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade \
+                --target /tmp/pkg . > /dev/null 2>&1; }
 SRC=$(ls $PWD/.llama-src/*.tar.gz 2>/dev/null | head -1)
-for s in ${STEPS:-build ab tests gates bench8}; do
+for s in ${STEPS:-build abp gates bench8 tests}; do
   case $s in
     build) ( timeout 420 python3 -P -m bloomery_cli.cli engine build --out $LL --cuda --arch 90 --jobs 14 --bench \
                --source $SRC > $R/build.log 2>&1; echo "build exit $?" >> $R/build.log ) & ;;
     ab) step ab ${AB_S:-110} python3 -P .ci/diag_ceiling.py -n 256 ${AB:-base old-combine old-norm old-combine+old-norm base}
         grep "^skip=" $R/ab.log | cut -c1-200 ;;
+    abp) step ab-0 ${AB_S:-80} python3 -P .ci/diag_ceiling.py -n 256 base old-norm base; grep "^skip=" $R/ab-0.log
+         PS=(${PATCHES:-$(ls .ci/ab/*.patch)})
+         for P in "${PS[@]}"; do n=$(basename $P .patch)
+           patch -s -p1 -R < $P && reinstall && step ab-$n ${AB1_S:-50} python3 -P .ci/diag_ceiling.py -n 256 base
+           echo "reverted up to $n:"; grep "^skip=" $R/ab-$n.log
+         done
+         for ((i=${#PS[@]}-1; i>=0; i--)); do patch -s -p1 < ${PS[$i]}; done; reinstall ;;
     tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -p no:cacheprovider tests/test_ffn_input.py \
              tests/test_attn_combine.py tests/test_gemv.py tests/test_bench.py tests/test_fast_engine.py \
              tests/test_chain.py tests/test_mtp_fast.py tests/test_qwen38_fast.py tests/test_dflash2_fast.py \

@@ -5,9 +5,14 @@ and a split-key (flash-decoding) attention of two launches.
 Attention over the static cache [nkv, cap, d]: the query rows of one kv head are folded (row m = r*g + i for
 query head kv*g + i, position p0 + r); program (kv, split, m-block) scores the keys of its split against a
 BM-row tile with an online softmax (max initialised to -1e30, so a fully masked chunk leaves its state
-unchanged) and writes (max, sum, acc) per row; the combine program rescales and sums the splits. Chunk
-bounds depend only on cap, never on R, so a row's numbers do not depend on how many rows share its pass.
+unchanged) and writes (max, sum, acc) per row; the combine program loads every split's partials at once (one
+load each, not a chain of dependent ones), rescales them to the common max and sums them (a tree, one order).
+Chunk bounds depend only on cap, never on R, so a row's numbers do not depend on how many rows share its pass.
 Forward only.
+
+Tried and dropped (H200, 8B chain, one call, results/h200/speed/e360aaa-fuse): the split kernel's last program of
+each kv head combining the splits itself (an arrival counter, one launch fewer): 224.7 against 235.3 tok/s, its
+combine a serial tail after the atomic where the combine launch costs ~1.3 us a layer under PDL.
 """
 
 from __future__ import annotations
@@ -22,22 +27,6 @@ from .. import graphs
 from . import gemv, interpreting, pdl, pdl_policy
 
 BM, BN, SPLITS = 64, 64, 16
-COMBINE_ROWS = 16                       # folded rows (R x G) up to which the split kernel combines its own splits
-
-
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, nkv: int) -> torch.Tensor | None:
-    """The fused combine's arrival counters, one per kv head (int32, zero between calls: each head's last split
-    resets its own), one buffer per device made outside any CUDA graph capture; None (the combine kernel runs)
-    when it would have to be made inside one (a buffer made there would belong to that graph's pool)."""
-    key = str(device)
-    if key not in _COUNTERS or _COUNTERS[key].numel() < nkv:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _COUNTERS[key] = torch.zeros(max(nkv, 64), device=device, dtype=torch.int32)
-    return _COUNTERS[key]
 
 
 @triton.jit
@@ -95,10 +84,9 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 @triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
-                       out_ptr, g_ptr, sgr, sgh, cnt_ptr,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
-                       NS: tl.constexpr, COMBINE: tl.constexpr, GATE: tl.constexpr, PDL: tl.constexpr):
+                       PDL: tl.constexpr):
     pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
@@ -146,56 +134,31 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
     tl.store(m_ptr + part, m_i, mask=rmask)
     tl.store(l_ptr + part, l_i, mask=rmask)
     tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
-    if COMBINE:                         # the kv head's last split to arrive combines its rows (one m-block)
-        tl.debug_barrier()              # every thread's partials written before the one release below
-        arrived = tl.atomic_add(cnt_ptr + kv, 1, sem="acq_rel", scope="gpu")
-        if arrived == NS - 1:
-            _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rmask, kv, NS, NKV, G, D, GATE,
-                          True)
-            tl.atomic_xchg(cnt_ptr + kv, 0)         # the counter ready for the next call
-
-
-@triton.jit
-def _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rmask, kv, NS: tl.constexpr,
-                  NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr, VOL: tl.constexpr):
-    """Folded rows ``rows`` (m = r G + i, query head kv G + i) of kv head ``kv``: the splits' (max, sum, acc)
-    rescaled to the common max and summed in the order 0..NS-1, divided, gated, stored (``VOL``: the partials
-    were written by other programs of this launch)."""
-    d = tl.arange(0, D)
-    first = kv.to(tl.int64) * RG_PAD + rows
-    m0 = tl.load(m_ptr + first, mask=rmask, other=0.0, volatile=VOL)
-    mx = m0
-    for sp in range(1, NS):
-        mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + rows, mask=rmask, other=0.0,
-                                    volatile=VOL))
-    w = tl.exp(m0 - mx)
-    den = w * tl.load(l_ptr + first, mask=rmask, other=0.0, volatile=VOL)
-    acc = w[:, None] * tl.load(o_ptr + first[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0, volatile=VOL)
-    for sp in range(1, NS):
-        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + rows
-        w = tl.exp(tl.load(m_ptr + part, mask=rmask, other=0.0, volatile=VOL) - mx)
-        den += w * tl.load(l_ptr + part, mask=rmask, other=0.0, volatile=VOL)
-        acc += w[:, None] * tl.load(o_ptr + part[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0,
-                                    volatile=VOL)
-    r = (rows // G).to(tl.int64)
-    head = kv * G + rows % G
-    dt = out_ptr.dtype.element_ty
-    o = (acc / den[:, None]).to(dt)
-    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
-        gt = tl.load(g_ptr + r[:, None] * sgr + head[:, None] * sgh + d[None, :], mask=rmask[:, None],
-                     other=0.0).to(tl.float32)
-        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
-    tl.store(out_ptr + r[:, None] * (NKV * G * D) + head[:, None] * D + d[None, :], o, mask=rmask[:, None])
 
 
 @triton.jit
 def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, NS: tl.constexpr,
-                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
+                         NSP: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
                          PDL: tl.constexpr):
     pdl.enter(PDL)
-    rows = tl.program_id(0) + tl.arange(0, 1)
-    _combine_rows(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, rows, rows < RG_PAD, tl.program_id(1), NS,
-                  NKV, G, D, GATE, False)
+    row = tl.program_id(0)
+    kv = tl.program_id(1)
+    d = tl.arange(0, D)
+    sp = tl.arange(0, NSP)              # every split's partials in one load each (no chain of dependent loads)
+    spm = sp < NS
+    part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
+    m = tl.load(m_ptr + part, mask=spm, other=-1e30)
+    w = tl.where(spm, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    den = tl.sum(w * tl.load(l_ptr + part, mask=spm, other=0.0), axis=0)
+    acc = tl.sum(w[:, None] * tl.load(o_ptr + part[:, None] * D + d[None, :], mask=spm[:, None], other=0.0), axis=0)
+    r = row // G
+    dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
+    dt = out_ptr.dtype.element_ty
+    o = (acc / den).to(dt)
+    if GATE:                            # o * sigmoid(gate), each rounded as torch's bf16 ops round them
+        gt = tl.load(g_ptr + r.to(tl.int64) * sgr + (kv * G + row % G) * sgh + d).to(tl.float32)
+        o = (o.to(tl.float32) * tl.sigmoid(gt).to(dt).to(tl.float32)).to(dt)
+    tl.store(dst, o)
 
 
 def _pow2(n: int) -> int:
@@ -300,20 +263,18 @@ class TritonOps:
         m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
+        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
+            qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg,
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
+            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
-        gs = (gate if gate is not None else out, gate.stride(0) if gate is not None else 0,
-              gate.stride(1) if gate is not None else 0)
-        cnt = _counters(dev, nkv) if rg <= COMBINE_ROWS else None
-        _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
-            qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg, out, *gs,
-            cnt if cnt is not None else m, NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN,
-            F32DOT=interpreting(), NS=n_split, COMBINE=cnt is not None, GATE=gate is not None, PDL=pm, num_warps=4,
-            **pdl_policy.launch_opts(pm))
-        if cnt is None:
-            _attn_combine_kernel[(rg, nkv)](m, l, o, out, *gs, rg, NS=n_split, NKV=nkv, G=g, D=d,
-                                            GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
+        _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
+                                        gate.stride(0) if gate is not None else 0,
+                                        gate.stride(1) if gate is not None else 0, rg, NS=n_split,
+                                        NSP=_pow2(n_split), NKV=nkv, G=g, D=d,
+                                        GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
     @staticmethod
