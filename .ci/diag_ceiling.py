@@ -7,10 +7,9 @@ kernel can at best reach its variant's time; where a variant gains little, that 
 python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   VARIANT: base, or skipped kernels joined by "+": rope (q/k norm + RoPE + KV store), combine (the attention's
   second launch), attn (both attention launches), rms (the norm before cuBLAS gate/up), silu, embed (the
-  embedding gather: a copy of row 0), argmax; and the fusions' A/B (real numbers, the ids compared with base's):
-  old-combine (the attention's combine as its own launch: COMBINE_ROWS = 0), old-norm (the rms kernel before
-  cuBLAS gate/up instead of the deferred norm of ffn_input).
-At 8403ded (before the fusions) combine / rms skipped the launches the fusions then removed.
+  embedding gather: a copy of row 0), argmax; and old-norm (real numbers, the ids compared with base's): the rms
+  kernel before cuBLAS gate/up instead of ffn_input's deferred norm (at e360aaa also old-combine, the attention's
+  combine as its own launch, against the since dropped fused combine).
 """
 import argparse
 import time
@@ -26,8 +25,6 @@ from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.graphs import time_replays
 from bloomery_gates.kernels.triton import decode as dec
 from bloomery_gates.kernels.triton.decode import TritonOps
-
-COMBINE_ROWS = dec.COMBINE_ROWS
 
 
 def skipping(skip: set[str]) -> type:
@@ -89,7 +86,6 @@ def main() -> int:
         skip = set() if v == "base" else set(v.split("+"))
         target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
         ops = skipping(skip)
-        dec.COMBINE_ROWS = 0 if skip & {"combine", "old-combine"} else COMBINE_ROWS
         if "combine" in skip:           # split only: the combine launch replaced by nothing
             real = dec._attn_combine_kernel
             dec._attn_combine_kernel = type("NoLaunch", (), {"__getitem__": lambda s, g: (lambda *a, **k: None)})()
