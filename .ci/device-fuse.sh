@@ -4,8 +4,9 @@
 #   BLOOMERY_COMMIT=<sha> [STEPS="build abp gates bench8 tests b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # ab      .ci/diag_ceiling.py at qwen3-8b: the fused default against each fusion undone and both (ids compared)
-# abp     the same, the tree's default and old-norm, then with each of PATCHES (default .ci/ab/*.patch, in name
-#         order) reverted on top of the ones before, the package reinstalled each time; restored after
+# abp     the same, the tree's default and old-norm, then with each of PATCHES (patch files, -p1, in the order
+#         given) reverted on top of the ones before, the package reinstalled each time; restored after. The
+#         patches of the 62b2948 call: results/h200/speed/62b2948-ab/
 # tests   the CUDA tests of the fused ops, the projection, PDL and the graphed engines
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
@@ -26,7 +27,7 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
     ab) step ab ${AB_S:-110} python3 -P .ci/diag_ceiling.py -n 256 ${AB:-base old-combine old-norm old-combine+old-norm base}
         grep "^skip=" $R/ab.log | cut -c1-200 ;;
     abp) step ab-0 ${AB_S:-80} python3 -P .ci/diag_ceiling.py -n 256 base old-norm base; grep "^skip=" $R/ab-0.log
-         PS=(${PATCHES:-$(ls .ci/ab/*.patch)})
+         PS=(${PATCHES:-})
          for P in "${PS[@]}"; do n=$(basename $P .patch)
            patch -s -p1 -R < $P && reinstall && step ab-$n ${AB1_S:-50} python3 -P .ci/diag_ceiling.py -n 256 base
            echo "reverted up to $n:"; grep "^skip=" $R/ab-$n.log

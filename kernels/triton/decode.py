@@ -5,14 +5,15 @@ and a split-key (flash-decoding) attention of two launches.
 Attention over the static cache [nkv, cap, d]: the query rows of one kv head are folded (row m = r*g + i for
 query head kv*g + i, position p0 + r); program (kv, split, m-block) scores the keys of its split against a
 BM-row tile with an online softmax (max initialised to -1e30, so a fully masked chunk leaves its state
-unchanged) and writes (max, sum, acc) per row; the combine program loads every split's partials at once (one
-load each, not a chain of dependent ones), rescales them to the common max and sums them (a tree, one order).
-Chunk bounds depend only on cap, never on R, so a row's numbers do not depend on how many rows share its pass.
+unchanged) and writes (max, sum, acc) per row; the combine program rescales and sums the splits. Chunk
+bounds depend only on cap, never on R, so a row's numbers do not depend on how many rows share its pass.
 Forward only.
 
-Tried and dropped (H200, 8B chain, one call, results/h200/speed/e360aaa-fuse): the split kernel's last program of
-each kv head combining the splits itself (an arrival counter, one launch fewer): 224.7 against 235.3 tok/s, its
-combine a serial tail after the atomic where the combine launch costs ~1.3 us a layer under PDL.
+Tried and dropped on the H200 (8B chained decode, one card each: results/h200/speed/e360aaa-fuse, 62b2948-ab): the
+split kernel's last program of each kv head combining the splits itself (an arrival counter, one launch fewer),
+224.7 against 235.3 tok/s: a serial tail after the atomic, where the combine launch costs ~1.3 us a layer under
+PDL; the combine loading every split's partials at once instead of its loop, and V's tile loaded beside K's, 235.5
+and 235.5 against 235.6: no change.
 """
 
 from __future__ import annotations
@@ -113,7 +114,6 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
             keys = start + tl.arange(0, BN)
             kmask = keys < cap
             k = tl.load(kc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
-            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             if F32DOT:                     # the CPU interpreter's bf16 dot is wrong; compiled kernels use bf16
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
             else:
@@ -123,6 +123,7 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             pr = tl.exp(s - m_new[:, None])
+            v = tl.load(vc_ptr + (kbase + keys)[:, None] * D + d[None, :], mask=kmask[:, None], other=0.0)
             l_i = l_i * alpha + tl.sum(pr, 1)
             if F32DOT:  # noqa: SIM108
                 pv = tl.dot(pr.to(v.dtype).to(tl.float32), v.to(tl.float32))
@@ -138,19 +139,24 @@ def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, s
 
 @triton.jit
 def _attn_combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, g_ptr, sgr, sgh, RG_PAD, NS: tl.constexpr,
-                         NSP: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
+                         NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GATE: tl.constexpr,
                          PDL: tl.constexpr):
     pdl.enter(PDL)
     row = tl.program_id(0)
     kv = tl.program_id(1)
     d = tl.arange(0, D)
-    sp = tl.arange(0, NSP)              # every split's partials in one load each (no chain of dependent loads)
-    spm = sp < NS
-    part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
-    m = tl.load(m_ptr + part, mask=spm, other=-1e30)
-    w = tl.where(spm, tl.exp(m - tl.max(m, axis=0)), 0.0)
-    den = tl.sum(w * tl.load(l_ptr + part, mask=spm, other=0.0), axis=0)
-    acc = tl.sum(w[:, None] * tl.load(o_ptr + part[:, None] * D + d[None, :], mask=spm[:, None], other=0.0), axis=0)
+    first = kv.to(tl.int64) * RG_PAD + row
+    mx = tl.load(m_ptr + first)
+    for sp in range(1, NS):
+        mx = tl.maximum(mx, tl.load(m_ptr + (sp * NKV + kv).to(tl.int64) * RG_PAD + row))
+    w = tl.exp(tl.load(m_ptr + first) - mx)
+    den = w * tl.load(l_ptr + first)
+    acc = w * tl.load(o_ptr + first * D + d)
+    for sp in range(1, NS):
+        part = (sp * NKV + kv).to(tl.int64) * RG_PAD + row
+        w = tl.exp(tl.load(m_ptr + part) - mx)
+        den += w * tl.load(l_ptr + part)
+        acc += w * tl.load(o_ptr + part * D + d)
     r = row // G
     dst = out_ptr + r.to(tl.int64) * (NKV * G * D) + (kv * G + row % G) * D + d
     dt = out_ptr.dtype.element_ty
@@ -272,8 +278,7 @@ class TritonOps:
             gate = gate.contiguous()
         _attn_combine_kernel[(rg, nkv)](m, l, o, out, gate if gate is not None else out,
                                         gate.stride(0) if gate is not None else 0,
-                                        gate.stride(1) if gate is not None else 0, rg, NS=n_split,
-                                        NSP=_pow2(n_split), NKV=nkv, G=g, D=d,
+                                        gate.stride(1) if gate is not None else 0, rg, NS=n_split, NKV=nkv, G=g, D=d,
                                         GATE=gate is not None, PDL=pm, num_warps=1, **pdl_policy.launch_opts(pm))
         return out
 
@@ -300,7 +305,8 @@ class TritonOps:
         projection runs in ``gemv.proj`` and gate/up on cuBLAS, the norm between them is deferred: proj's epilogue
         stores h2 g (rounded) and its tiles' sums of h2^2, cuBLAS reads h2 g, and the SiLU kernel scales gate and up
         by rstd (rms(h2) g wgu^T = rstd (h2 g) wgu^T: the rounding point moves, as in proj's folded norm). No rms
-        launch between the two projections."""
+        launch between the two projections: the 8B chain 0.4-0.6% faster in two calls (results/h200/speed/
+        62b2948-ab: 235.6 against 234.6 tok/s; e360aaa-fuse: 235.3 against 233.9)."""
         r, n = o.shape[0], wo.shape[0]
         cfg = gemv.tiles(r, rp, n, wo.shape[1])
         if cfg is None or gemv.tiles(r, rp, *wgu.shape) is not None:
