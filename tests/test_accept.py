@@ -279,9 +279,11 @@ def test_commit_dev_restores_the_state_after_row_kept_minus_1(impl):
 def _with_impl(make, impl):
     t = make()
     if impl == "triton":
+        from bloomery_gates.kernels.families.qwen38.model import fused_ops
         from bloomery_gates.kernels.triton import delta_impl
 
         t.impl, t.recur = "triton", delta_impl("triton")
+        t.prep, t.out_norm = fused_ops("triton")       # the impl's prepare with it (it writes the rows in place)
     return t
 
 

@@ -89,6 +89,18 @@ def test_gate_up_in_the_projection_kernel_keeps_its_folded_norm(monkeypatch):
     assert torch.equal(a, TritonOps.silu_mul(TritonOps.proj(h2, wgu, g, 1e-6, rp=RP)))
 
 
+def test_f16_keeps_the_norm_before_gate_up(tiles, monkeypatch):
+    """In f16 the norm is not deferred (gate/up before the rstd scaling could leave f16's range): the rms launch."""
+    from bloomery_gates.kernels.triton.decode import TritonOps
+    o, wo, h, g, wgu = (t.half() if t.is_floating_point() and t.dtype != torch.float32 else t
+                        for t in _case(2, torch.bfloat16))
+    calls = []
+    real = TritonOps.rms
+    monkeypatch.setattr(TritonOps, "rms", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    TritonOps.ffn_input(o, wo, h, g, wgu, 1e-6, RP)
+    assert calls == [1]
+
+
 def test_the_comparison_sees_a_dropped_gain_or_rstd(tiles):
     """The epilogue's gain and the SiLU kernel's rstd each matter at the tolerance the tests use."""
     from bloomery_gates.kernels.triton import gemv

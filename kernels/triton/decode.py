@@ -306,10 +306,12 @@ class TritonOps:
         stores h2 g (rounded) and its tiles' sums of h2^2, cuBLAS reads h2 g, and the SiLU kernel scales gate and up
         by rstd (rms(h2) g wgu^T = rstd (h2 g) wgu^T: the rounding point moves, as in proj's folded norm). No rms
         launch between the two projections: the 8B chain 0.4-0.6% faster in two calls (results/h200/speed/
-        62b2948-ab: 235.6 against 234.6 tok/s; e360aaa-fuse: 235.3 against 233.9)."""
+        62b2948-ab: 235.6 against 234.6 tok/s; e360aaa-fuse: 235.3 against 233.9). Not in f16: gate/up's
+        outputs before the scaling are RMS(h2) times the normed ones, past f16's range where a residual stream
+        carries large activations (bf16 and f32 have f32's exponent)."""
         r, n = o.shape[0], wo.shape[0]
         cfg = gemv.tiles(r, rp, n, wo.shape[1])
-        if cfg is None or gemv.tiles(r, rp, *wgu.shape) is not None:
+        if cfg is None or gemv.tiles(r, rp, *wgu.shape) is not None or o.dtype == torch.float16:
             h2 = TritonOps.proj(o, wo, None, eps, res=h, rp=rp)
             return h2, TritonOps.silu_mul(TritonOps.proj(h2, wgu, g32, eps, rp=rp))
         h2 = torch.empty(r, n, device=o.device, dtype=o.dtype)
