@@ -12,8 +12,10 @@ acceptance a and seed:
 
 and the ``device_accept`` line prints, beside the host loop's tok/s:
 
-    frac_of_bound  = (tok_s / (accept_mean x plain_tok_s)) / bound.frac_max     (``host_frac_of_bound`` the host
-                     loop's); plain_tok_s is the plain loop's, which pays a host round trip an id
+    frac_of_bound  = (tok_s_windows / (accept_mean x plain_tok_s)) / bound.frac_max     (``host_frac_of_bound`` the
+                     host loop's); plain_tok_s is the plain loop's, which pays a host round trip an id; tok_s_windows
+                     the rate the windows emitted ids at, the last one's past n included, as accept_mean counts
+                     them (``bench.common.window_tok_s``: over whole windows the ratio is t_plain / t_window)
     frac_of_bound_chain  the same over the chained plain decode's tok/s (``bench.chain``, ids identical, run
                      earlier in the same bench): both sides without the host's round trip, as the bound's device-time
                      ratios are. Issue 27's drafted criterion (>= 0.92) is judged on it when the chain ran (``met``);
@@ -36,7 +38,7 @@ import torch
 from bloomery_gates.kernels.accept import DeviceAccept
 from bloomery_gates.kernels.accept_drafts import DFlash2Dev, DFlashDev, MTPDev, SyntheticDraft
 
-from .common import sync
+from .common import sync, window_tok_s
 
 NEEDED = 0.92                   # issue 27: drafted >= 0.92 of the bound line
 
@@ -101,9 +103,10 @@ class DeviceSweep:
         run, tok_s, first = self.timed(prompt, n)
         kept = [k for _, k in run.windows]
         am = sum(kept) / len(kept) if kept else 0.0
-        frac = tok_s / (am * plain_tok_s) if am else 0.0
+        windows_rate = window_tok_s(tok_s, run)
+        frac = windows_rate / (am * plain_tok_s) if am else 0.0
         fmax = (bound or {}).get("frac_max")
-        out = {"a": a, "accept_mean": am, "tok_s": tok_s, "host_tok_s": host["tok_s"],
+        out = {"a": a, "accept_mean": am, "tok_s": tok_s, "tok_s_windows": windows_rate, "host_tok_s": host["tok_s"],
                "ratio_to_host": tok_s / host["tok_s"], "tau_x_plain_frac": frac, "windows": len(kept),
                "ids_identical": run.ids == ref[:n], "windows_identical": run.windows == host_windows,
                "first_propose_share": first}
@@ -114,7 +117,7 @@ class DeviceSweep:
                     "bound_frac_max": fmax}
             chain = ""
             if self.chain_tok_s and am:
-                judged = out["frac_of_bound_chain"] = tok_s / (am * self.chain_tok_s) / fmax
+                judged = out["frac_of_bound_chain"] = windows_rate / (am * self.chain_tok_s) / fmax
                 out["chain_tok_s"] = self.chain_tok_s
                 out["windows_frac_of_bound_chain"] = judged / (1 - first)       # the same without the first propose
                 chain = (f" frac_of_bound_chain={judged:.3f} first_propose_share={first:.3f} "

@@ -143,6 +143,16 @@ def verify_costs(target, prompt: list[int], rmax: int, iters: int, log) -> list[
     return rows
 
 
+def window_tok_s(tok_s: float, run) -> float:
+    """The rate a drafted run's windows emitted ids at: ``tok_s`` (its n - 1 ids after the first, per second)
+    scaled to every id they emitted (``run.emitted``, the last window's past n included). accept_mean counts those
+    ids, so the ratio drafted / (accept_mean x plain) takes this rate: with tok_s it would also measure the run's
+    cut at n (the last window's ids past n are dropped, up to R - 1 of them: 1-6% at n = 64, nothing as n grows),
+    not the engine. Over whole windows the ratio is t_plain / t_window, the quantity ``criterion_bound`` bounds.
+    -> tok_s x (len(emitted) - 1) / (len(ids) - 1)."""
+    return tok_s * (len(run.emitted) - 1) / max(len(run.ids) - 1, 1)
+
+
 def criterion_bound(verify: list[dict[str, Any]], rows: int, draft_read: int, copy_GBps: float, log=None
                     ) -> dict[str, Any]:
     """The best drafted / (accept_mean x plain) any draft could reach on this target and this verify: a window is

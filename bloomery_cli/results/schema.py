@@ -41,10 +41,12 @@ SCHEMA: dict[str, Any] = {
     "weights": {"bytes": INT, "read_per_step": INT, "draft_bytes": INT},
     "sweep": [{"a": NUM, "accept_mean": NUM, "draft_share": NUM, "ids_identical": BOOL, "speedup": NUM,
                "tau_nominal": NUM, "tau_x_plain_frac": NUM, "frac_of_tau_x_plain": NUM, "tok_s": NUM,
+               "tok_s_windows": NUM,
                "windows": INT, "q": ANY}],
     "verify": [{"ms": NUM, "rel_plain": NUM, "rows": INT}],
     "cost_policy": [{"a": NUM, "tok_s": NUM, "ids_identical": BOOL, "most_chosen": INT, "widths": [ANY]}],
-    "criterion": {"accept_mean": NUM, "draft_share": NUM, "needed": NUM, "tok_s": NUM, "met": BOOL, "at": STR},
+    "criterion": {"accept_mean": NUM, "draft_share": NUM, "needed": NUM, "tok_s": NUM, "tok_s_windows": NUM,
+                  "met": BOOL, "at": STR},
     "hf": {"tok_s": NUM, "ratio_ours": NUM, "tokens": INT, "error": STR},
     "bound": {"rows": INT, "frac_max": NUM, "attainable": BOOL},
 }
