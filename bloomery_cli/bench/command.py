@@ -216,8 +216,9 @@ def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log,
             rec["criterion"] = {"at": "tau=6", "tok_s": tok_s, "tok_s_windows": row["tok_s_windows"], "needed": need,
                                 "met": row["tok_s_windows"] >= need,
                                 "draft_share": row["draft_share"], "accept_mean": row["accept_mean"]}
-            log(f"criterion tau=6 drafted_tok_s={tok_s:.1f} needed_{CRITERION}x_accept_mean_x_plain={need:.1f} "
-                f"met={tok_s >= need} draft_share={row['draft_share']:.3f}")
+            log(f"criterion tau=6 drafted_tok_s={tok_s:.1f} windows_tok_s={row['tok_s_windows']:.1f} "
+                f"needed_{CRITERION}x_accept_mean_x_plain={need:.1f} met={rec['criterion']['met']} "
+                f"draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(tau * 100), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
     if profile:                                     # the drafted window's kernels (--profile)

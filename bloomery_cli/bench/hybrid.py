@@ -234,8 +234,9 @@ def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, r
             rec["criterion"] = {"at": "a=0.8" if mtp else "tau=6", "tok_s": tok_s,
                                 "tok_s_windows": row["tok_s_windows"], "needed": need, "met": met,
                                 "draft_share": row["draft_share"], "accept_mean": am}
-            log(f"criterion {rec['criterion']['at']} drafted_tok_s={tok_s:.2f} needed_{CRITERION}x_accept_mean_x_plain="
-                f"{need:.2f} met={met} draft_share={row['draft_share']:.3f}")
+            log(f"criterion {rec['criterion']['at']} drafted_tok_s={tok_s:.2f} "
+                f"windows_tok_s={row['tok_s_windows']:.2f} needed_{CRITERION}x_accept_mean_x_plain={need:.2f} "
+                f"met={met} draft_share={row['draft_share']:.3f}")
         add_row(dev, rec, log, prompt, ref.ids, n, a, int(a * 1000), plain_tok_s, row, run.windows, rec.get("bound"))
         save(rec)
     if profile:                                     # the drafted window's kernels (--profile)
