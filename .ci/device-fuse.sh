@@ -9,6 +9,9 @@
 #         patches of the 62b2948 call: results/h200/speed/62b2948-ab/
 # tests   the CUDA tests of the fused ops, the projection, PDL and the graphed engines
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
+# gatesd  the same with the fixtures' qwen3 gate/up [768, 128] sent to cuBLAS (BLOOMERY_GEMV_CONFIGS), so that the
+#         qwen3 fast gates run the deferred FFN norm (TritonOps.ffn_input) the 8B takes; the fixtures' narrow
+#         gate/up otherwise runs in the projection kernel with its norm folded (records: $R/fast-deferred)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
 # Each step is cut to what is left of DEADLINE_S (default 560 s). Records + logs: one tar in $OUT.
@@ -41,6 +44,10 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
     gates) step gates ${GATES_S:-110} python3 -P -m bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 \
              --results $R/fast
            grep -E "^(PASSED|FAILED)|│ qwen3" $R/gates.log | cut -c1-120 | head -12 ;;
+    gatesd) echo '{"768x128": null}' > $R/gemv-deferred.json
+            ( export BLOOMERY_GEMV_CONFIGS=$R/gemv-deferred.json; step gatesd ${GATES_S:-110} python3 -P -m \
+                bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 --results $R/fast-deferred )
+            grep -E "^(PASSED|FAILED)" $R/gatesd.log | cut -c1-120 ;;
     bench8) while ! grep -q "build exit" $R/build.log 2>/dev/null && [ $(left) -gt 60 ]; do sleep 5; done
             tail -2 $R/build.log | cut -c1-200
             STEP_MIN_S=50 step bench8 ${BENCH8_S:-110} python3 -P -m bloomery_cli.cli bench qwen3-dflash \
