@@ -90,13 +90,13 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
     if PF > 0:                          # the head of the slab's rows into L2 while the kernel before runs (pdl.py)
         pdl.prefetch_rows(w_ptr + n * sw + sid * KS, tl.full([BN], PF, tl.int32))
-    nmask = n < N
     kk0 = sid * KS + tl.arange(0, BK)
     if PEEL:                            # the first weight tile before the wait: w does not depend on the kernel before
-        w0 = _w_tile(w_ptr, w_desc, sw, n, nmask, kk0, pid * BN, sid * KS, K, TMA, EVEN)
+        w0 = _w_tile(w_ptr, w_desc, sw, n, n < N, kk0, pid * BN, sid * KS, K, TMA, EVEN)
     pdl.enter(PDL)
     rows = tl.arange(0, RP)
     rmask = rows < R
+    nmask = n < N
     ss = tl.zeros([RP], tl.float32)
     acc = tl.zeros([BN, RP], tl.float32)
     if PEEL:                            # the same sum, the same order: tile 0 first
