@@ -1,7 +1,8 @@
 """Issue 27 diagnostic (device only, never CI): what fusing the 8B step's small kernels away could give at most.
 One process, the qwen3-8b shape's random weights made once; per VARIANT a fresh engine whose decode ops skip the
-named small kernels (the numbers are then wrong: a timing ceiling, not an engine), its chained plain decode at
-K = 16 timed (tok/s against the read roofline) and one graphed plain step's device time. A fusion that removes a
+named small kernels (the numbers are then wrong: a timing ceiling, not an engine), its plain loop run once for its
+ids, then ``bench.chain.host_share``: one graphed plain step's device time and the chained plain decode at K = 16
+(tok/s against the read roofline, ids against the plain loop's). A fusion that removes a
 kernel can at best reach its variant's time; where a variant gains little, that fusion is not worth building.
 
 python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
@@ -12,19 +13,27 @@ python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   combine as its own launch, against the since dropped fused combine).
 """
 import argparse
-import time
+from contextlib import ExitStack
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.bench.common import sync
+from bloomery_cli.bench.chain import host_share
+from bloomery_cli.bench.common import timed_generate
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels import graphs
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
-from bloomery_gates.kernels.graphs import time_replays
 from bloomery_gates.kernels.triton import decode as dec
 from bloomery_gates.kernels.triton.decode import TritonOps
+
+
+class NoLaunch:
+    """A kernel stand-in whose launches do nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
 
 
 def skipping(skip: set[str]) -> type:
@@ -58,8 +67,7 @@ def skipping(skip: set[str]) -> type:
         @staticmethod
         def ffn_input(o, wo, h, g32, wgu, eps, rp):
             if skip & {"rms", "old-norm", "silu"}:      # the unfused composition (with its skips)
-                h2 = Ops.proj(o, wo, None, eps, res=h, rp=rp)
-                return h2, Ops.silu_mul(Ops.proj(h2, wgu, g32, eps, rp=rp))
+                return graphs.ffn_input_of(Ops, o, wo, h, g32, wgu, eps, rp)
             return TritonOps.ffn_input(o, wo, h, g32, wgu, eps, rp)
 
     return Ops
@@ -85,41 +93,23 @@ def main() -> int:
     for v in a.variants:
         skip = set() if v == "base" else set(v.split("+"))
         target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
-        ops = skipping(skip)
-        if "combine" in skip:           # split only: the combine launch replaced by nothing
-            real = dec._attn_combine_kernel
-            dec._attn_combine_kernel = type("NoLaunch", (), {"__getitem__": lambda s, g: (lambda *a, **k: None)})()
-        if "embed" in skip:
-            F_embedding = F.embedding
-            F.embedding = lambda ids, w: w[:ids.shape[0]]
-        if "argmax" in skip:
-            t_argmax = torch.argmax
-            torch.argmax = lambda x, dim=-1, out=None: out
-        target.ops = ops
-        try:
-            target.prefill(prompt[:8])
-            target.verify([1])
-            target.commit(1)
-            dev_ms = time_replays(target.replay_plain_step, dev, 50) * 1e3
-            first = target.prefill(prompt).argmax[-1]
-            target.decode_plain(first, a.n - 1, 16)
-            first = target.prefill(prompt).argmax[-1]
-            sync(dev)
-            t0 = time.perf_counter()
-            ids = target.decode_plain(first, a.n - 1, 16)
-            sync(dev)
-            ms = (time.perf_counter() - t0) / (a.n - 1) * 1e3
-        finally:
-            if "combine" in skip:
-                dec._attn_combine_kernel = real
+        target.ops = skipping(skip)
+        with ExitStack() as patches:
+            if "combine" in skip:       # split only: the combine launch replaced by nothing
+                patches.enter_context(mock.patch.object(dec, "_attn_combine_kernel", NoLaunch()))
             if "embed" in skip:
-                F.embedding = F_embedding
+                patches.enter_context(mock.patch.object(F, "embedding", lambda ids, w: w[:ids.shape[0]]))
             if "argmax" in skip:
-                torch.argmax = t_argmax
+                patches.enter_context(mock.patch.object(torch, "argmax", lambda x, dim=-1, out=None: out))
+            plain, tok_s = timed_generate(target, None, prompt, a.n)
+            c = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), iters=50, log=lambda *_: None)
+        ids, dev_ms, ms = plain.ids, c["device_step_ms"], c["chains"][0]["ms_per_id"]
         base = ids if v == "base" and base is None else base
         same = "" if base is None else f" ids_as_base={ids == base}"
-        print(f"skip={v}{same} device_step_ms={dev_ms:.3f} chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} "
-              f"ratio_roofline_read={1e3 / ms * read / bw:.3f}", flush=True)
+        chain_same = c["chains"][0]["ids_identical"]
+        print(f"skip={v}{same} chain_ids_as_plain={chain_same} device_step_ms={dev_ms:.3f} "
+              f"chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} ratio_roofline_read={1e3 / ms * read / bw:.3f}",
+              flush=True)
         del target
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -233,9 +233,16 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
 def ffn_input(o: torch.Tensor, wo: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wgu: torch.Tensor, eps: float,
               rp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention's output projection and the FFN's input: h2 = o wo^T + h [R, H], and silu(g) u [R, I] of
-    [g | u] = rms(h2, g32) wgu^T (the down projection, h2 its residual, is the caller's; ``rp`` unused here)."""
-    h2 = proj(o, wo, None, eps, res=h)
-    return h2, silu_mul(proj(h2, wgu, g32, eps))
+    [g | u] = rms(h2, g32) wgu^T (the down projection, h2 its residual, is the caller's)."""
+    return ffn_input_of(TorchOps, o, wo, h, g32, wgu, eps, rp)
+
+
+def ffn_input_of(ops, o: torch.Tensor, wo: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wgu: torch.Tensor,
+                 eps: float, rp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ffn_input`` composed of ``ops``' proj and silu_mul (the norm folded where ``ops.proj`` folds it): the torch
+    ops', and the Triton ops' wherever they do not defer the norm."""
+    h2 = ops.proj(o, wo, None, eps, res=h, rp=rp)
+    return h2, ops.silu_mul(ops.proj(h2, wgu, g32, eps, rp=rp))
 
 
 class TorchOps:

@@ -284,9 +284,9 @@ class TritonOps:
 
     @staticmethod
     def silu_mul(gu: torch.Tensor, ss: torch.Tensor | None = None, h: int = 1, eps: float = 0.0) -> torch.Tensor:
-        """silu(g) u of gu = [g | u] [R, 2I]; with ``ss`` [T, RP] (``ffn_input``'s sums of squares of rows of width
-        ``h``) both halves are first scaled by rstd = 1 / sqrt(sum_t ss[t] / h + eps), the tiles summed in one
-        order."""
+        """silu(g) u of gu = [g | u] [R, 2I]; with ``ss`` [T, >= R] (``ffn_input``'s sums of squares of rows of
+        width ``h``, row r in column r) both halves are first scaled by rstd = 1 / sqrt(sum_t ss[t, r] / h + eps), the
+        tiles summed in one order."""
         gu = gu.contiguous()
         r, i2 = gu.shape
         i = i2 // 2
@@ -312,13 +312,12 @@ class TritonOps:
         r, n = o.shape[0], wo.shape[0]
         cfg = gemv.tiles(r, rp, n, wo.shape[1])
         if cfg is None or gemv.tiles(r, rp, *wgu.shape) is not None or o.dtype == torch.float16:
-            h2 = TritonOps.proj(o, wo, None, eps, res=h, rp=rp)
-            return h2, TritonOps.silu_mul(TritonOps.proj(h2, wgu, g32, eps, rp=rp))
+            return graphs.ffn_input_of(TritonOps, o, wo, h, g32, wgu, eps, rp)
         h2 = torch.empty(r, n, device=o.device, dtype=o.dtype)
         hg = torch.empty_like(h2)
         ss = torch.empty(triton.cdiv(n, cfg[0]), rp, device=o.device, dtype=torch.float32)
         gemv.proj(o, wo, None, eps, h, h2, rp, cfg, gout=(g32, hg, ss))
-        return h2, TritonOps.silu_mul(torch.mm(hg, wgu.t()), ss[:, :r], n, eps)
+        return h2, TritonOps.silu_mul(torch.mm(hg, wgu.t()), ss, n, eps)
 
 
 @triton.jit
