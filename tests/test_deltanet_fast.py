@@ -80,6 +80,42 @@ def test_fail_first_replicated_state_block_breaks_the_replay(monkeypatch):
     assert not (torch.equal(o1, o) and torch.equal(s1, s))
 
 
+@pytest.mark.parametrize("dk,dv", [(16, 64), (8, 8)])
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=triton_only)])
+def test_commit_of_every_layer_in_one_launch_equals_each_layers_replay(impl, dk, dv):
+    """The engine's commit: the rows of N sequences (layers) read in place from [N, W, ...] buffers, the walk
+    bounded by kept on the device, the state only -> bit-equal to N calls replaying rows[:kept] one sequence each
+    (every kept, 0 included). A kernel that ignored the bound or misread the buffers' width fails it."""
+    fn = ktriton.delta_impl(impl)
+    dev = DEVICE if impl == "triton" else "cpu"
+    w, r = 9, 6                                                       # buffer width 9, a window of 6 rows
+    x = _inputs(n=3, t=w, nv=4, dk=dk, dv=dv, seed=3, device=dev)
+    for kept in range(r + 1):
+        ref = x[5].clone()
+        for i in range(3):
+            ref[i:i + 1] = fn(*(t[i:i + 1, :kept] for t in x[:5]), x[5][i:i + 1])[1] if kept else x[5][i:i + 1]
+        st = x[5].clone()
+        o, s = fn(*(t[:, :r] for t in x[:5]), st, st, rows=torch.tensor([kept], device=dev), outputs=False)
+        assert o is None and s is st
+        assert torch.equal(st, ref), kept
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=triton_only)])
+def test_verify_without_the_state_and_a_chained_step_with_it_give_the_same_bits(impl):
+    """store=False (a verify: the commit replays the state) gives the outputs of the full call; a one-row pass that
+    writes its state in place (a chained plain step) gives the commit's replay of that row."""
+    fn = ktriton.delta_impl(impl)
+    dev = DEVICE if impl == "triton" else "cpu"
+    x = _inputs(n=2, t=5, seed=4, device=dev)
+    o, s = fn(*x)
+    o2, s2 = fn(*x, store=False)
+    assert s2 is None and torch.equal(o2, o)
+    st = x[5].clone()
+    one, _ = fn(*(t[:, :1] for t in x[:5]), st, st)                 # the chain: outputs and state in one launch
+    assert torch.equal(one, o[:, :1])
+    assert torch.equal(st, fn(*(t[:, :1] for t in x[:5]), x[5])[1])
+
+
 def test_torch_recurrence_is_the_scan():
     x = _inputs()
     o, s = delta_recurrent(*x)

@@ -93,14 +93,23 @@ def delta_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
 
 
 def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
-                    state: torch.Tensor, s_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    state: torch.Tensor, s_out: torch.Tensor | None = None, *, rows: torch.Tensor | None = None,
+                    outputs: bool = True, store: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``delta_scan`` without the per-row states: (o [..., T, nv, dv], the state after row T-1, copied into
-    ``s_out`` when given). The torch twin of ``kernels.triton.deltanet.delta_recurrent`` (same signature)."""
+    ``s_out`` when given). The torch twin of ``kernels.triton.deltanet.delta_recurrent`` (same signature): ``rows``
+    (a device tensor [1], a commit's kept rows) makes the rows past it identity updates, g = b = 0 (S <- exp(0) S +
+    k (0 (v - S^T k))^T is S itself, signed zeros aside), where the Triton kernel stops walking; ``outputs`` /
+    ``store`` False give None for o / the state."""
+    if rows is not None:
+        live = (torch.arange(g.shape[-2], device=g.device) < rows)[:, None]          # [T, 1]
+        g, b = torch.where(live, g, 0.0), torch.where(live, b, 0.0)
     o, s = delta_scan(q, k, v, g, b, state)
+    if not store:
+        return (o if outputs else None), None
     if s_out is not None:
         s_out.copy_(s)
         s = s_out
-    return o, s
+    return (o if outputs else None), s
 
 
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,

@@ -94,6 +94,7 @@ class PassBufs:
     final: T
     logits: T
     argmax: T
+    commit: bool = False                   # a chained one-row step: its row is kept, its state written in the pass
 
 
 def _mlp(t, p: str, cast) -> FastMLP:
@@ -323,21 +324,26 @@ class FastQwen38Target:
         self.forward(self.inp.dev[1:1 + r], self.inp.dev[:1], bufs)
 
     def _commit_pass(self, kept: int) -> None:
-        """state <- replay of rows 0..kept-1 from state; conv_tail <- proj[:, kept : kept+K-1, :C]. Graph-safe."""
-        for i in range(len(self.lin_layers)):
-            self.recur(*(x[i, :, :kept] for x in self.rows_buf), self.state[i], self.state[i])
+        """state <- replay of rows 0..kept-1 from state (every linear layer in one launch); conv_tail <- proj[:,
+        kept : kept+K-1, :C]. Graph-safe."""
+        st = self.state[:, 0]                                                         # [layers, nv, dk, dv]
+        self.recur(*(x[:, 0, :kept] for x in self.rows_buf), st, st, outputs=False)
+        self._commit_tail(kept)
+
+    def _commit_tail(self, kept: int) -> None:
         k = self.hybrid.linear_conv_kernel_dim
         self.conv_tail.copy_(self.proj[:, kept:kept + k - 1, :self.hybrid.conv_dim])
 
     def _chain_pass(self, k: int) -> None:
         """K committed one-row steps (``kernels.chain``): step j runs chain.ids[j] at chain.p0 with its argmax into
-        chain.ids[j + 1], then commits its row (the delta rule over it, the conv tail shifted by one). Graph-safe."""
+        chain.ids[j + 1], its row's state written by the pass's own recurrence (the row is kept: the launch the
+        commit would replay it with, the same bits), then the conv tail shifted by one. Graph-safe."""
         c, kk = self.chain, self.hybrid.linear_conv_kernel_dim
         for j in range(k):
             self.forward(c.ids[j:j + 1], c.p0, PassBufs(self.proj[:, :kk], tuple(x[:, :, :1] for x in self.rows_buf),
                                                         self.taps_buf[:, :1], self.final_buf[:1], self.logits_buf[:1],
-                                                        c.ids[j + 1:j + 2]))
-            self._commit_pass(1)
+                                                        c.ids[j + 1:j + 2], commit=True))
+            self._commit_tail(1)
             c.p0.add_(1)
         c.ids[:1].copy_(c.ids[k:k + 1])
 
@@ -353,15 +359,13 @@ class FastQwen38Target:
     def commit_dev(self, kept: T, r: int) -> None:
         """``commit`` with kept [1] on the device (0..R; 0 keeps nothing), after a ``rows_pass`` of R rows. Graph-safe:
 
-            state     <- the recurrence over all R rows from ``state``, rows r >= kept with g = b = 0: their update
-                         S <- exp(0) S + k (0 (v - S^T k))^T is S itself (to the bit), so the state is the state
-                         after row kept-1, the same operations on the same operands as ``commit(kept)``'s replay
+            state     <- the recurrence over rows 0..kept-1 from ``state``, every linear layer in one launch, the
+                         bound read on the device (``delta_recurrent(rows=kept)``; the torch scan makes the rows past
+                         kept identity updates, g = b = 0): the same operations on the same operands as
+                         ``commit(kept)``'s replay
             conv_tail <- proj[:, kept + j, :C], j < K-1 (gathered by index; kept = 0 gives the tail back)"""
-        q, k, v, g, b = (x[:, :, :r] for x in self.rows_buf)
-        live = (self.key_pos[:r] < kept)[None, None, :, None]                         # [1, 1, R, 1]
-        gm, bm = torch.where(live, g, 0.0), torch.where(live, b, 0.0)
-        for i in range(len(self.lin_layers)):
-            self.recur(q[i], k[i], v[i], gm[i], bm[i], self.state[i], self.state[i])
+        st = self.state[:, 0]                                                         # [layers, nv, dk, dv]
+        self.recur(*(x[:, 0, :r] for x in self.rows_buf), st, st, rows=kept, outputs=False)
         kk, c = self.hybrid.linear_conv_kernel_dim, self.hybrid.conv_dim
         self.conv_tail.copy_(self.proj.index_select(1, kept + self.key_pos[:kk - 1])[:, :, :c])
 
@@ -412,7 +416,8 @@ class FastQwen38Target:
         else:
             rows = tuple(x_[i] for x_ in bufs.rows)
             self._prepare_into(args, rows)
-            o = self.recur(*rows, self.state[i])[0]                                   # outputs only
+            commit = self.state[i] if bufs.commit else None                           # else outputs only
+            o = self.recur(*rows, self.state[i], commit, store=bufs.commit)[0]
         o = self.out_norm(o, w.norm_w, x[:, c:c + vd].reshape(1, r, nv, dv), eps, self.dtype).reshape(r, vd)
         return self.ops.proj(o, w.w_out, None, eps, res=h, rp=self.rp)
 
