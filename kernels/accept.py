@@ -15,6 +15,7 @@ window i + 1 has been queued. A window of R rows (all [.] device tensors; nothin
             a chained draft's real rows and its next proposals)
     out     out = [kept, a[0..R-1], d[0..R-2]]   (the host keeps a[:kept]: ``speculative.emitted_ids``)
     next    ids[0] <- a[kept-1] (``next_anchor``), p0 += kept, cnt += kept, w += 1
+            (accept, out and next: ~18 torch launches, or two Triton ones on CUDA: ``triton.window``)
 
 ``DeviceAccept.run(first, n)`` drives it: after queueing window i it copies ``out`` to a pinned host row (on the
 stream, non-blocking) and reads window i-1's row once its event is done. A window is queued only while the windows
@@ -36,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from . import triton as ktriton
 from .chain import MAX_K, ChainBufs
 from .graphs import Staged
 
@@ -110,18 +112,38 @@ class DeviceAccept:
     width, captured on first use. ``run`` may be called again (a new prefill in between); the graphs stay valid as
     long as the draft's device buffers do (``SyntheticDraft.load`` refills them in place)."""
 
-    def __init__(self, engine: Accepts, draft: DraftsDev, graphs: bool = True):
+    def __init__(self, engine: Accepts, draft: DraftsDev, graphs: bool = True, fused: bool | None = None):
         self.engine, self.draft = engine, draft
         self.bufs = WindowBufs(self._window, engine.device, graphs, lambda: (*engine.chain.keep(), *draft.keep()))
+        # the bookkeeping in two Triton launches (``triton.window``; default: on CUDA), else the torch ops
+        self.fused = engine.device.type == "cuda" and ktriton.has_triton() if fused is None else fused
+        self.kept_buf = torch.zeros(1, dtype=torch.long, device=engine.device)
 
     def _window(self, r: int) -> None:
         c, e = self.bufs, self.engine
         if r > 1:
             c.ids[1:r].copy_(self.draft.propose_dev(c.p0, c.ids[:1], c.cnt, c.w, r - 1))
         a = e.rows_pass(c.ids[:r], c.p0)
-        kept = kept_dev(c.ids[1:r], a) * (c.cnt < c.n).long()
+        kept = self._kept(a, r)
         e.commit_dev(kept, r)
         self.draft.accept_dev(c.p0, r, kept)
+        self._tail(a, kept, r)
+
+    def _kept(self, a: T, r: int) -> T:
+        """kept [1]: the acceptance decision of the window's argmax a [R] (module docstring)."""
+        c = self.bufs
+        if self.fused:
+            from .triton import window
+            return window.kept(c.ids, a, c.cnt, c.n, self.kept_buf)
+        return kept_dev(c.ids[1:r], a) * (c.cnt < c.n).long()
+
+    def _tail(self, a: T, kept: T, r: int) -> None:
+        """The window's out row, the next anchor and the counters (module docstring)."""
+        c = self.bufs
+        if self.fused:
+            from .triton import window
+            window.tail(c.ids, a, kept, c.out, c.p0, c.cnt, c.w)
+            return
         c.out[:1].copy_(kept)
         c.out[1:1 + r].copy_(a)
         c.out[1 + r:2 * r].copy_(c.ids[1:r])

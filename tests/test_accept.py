@@ -12,7 +12,6 @@ import torch
 from bloomery_cli.bench.common import ReplayDraft
 from bloomery_cli.bench.shapes import SHAPES, random_pair
 from bloomery_cli.speculative import generate
-from bloomery_gates.kernels import accept as kaccept
 from bloomery_gates.kernels import triton as ktriton
 from bloomery_gates.kernels.accept import DeviceAccept
 from bloomery_gates.kernels.accept_drafts import DFlashDev, MTPDev, SyntheticDraft
@@ -75,12 +74,12 @@ def _host(make, spec, ref, a, seed=3):
     return run, t
 
 
-def _device(make, spec, ref, a, seed=3, graphs=False):
+def _device(make, spec, ref, a, seed=3, graphs=False, fused=None):
     t = make()
     d = SyntheticDraft(t.device, spec.vocab_size, R - 1, N + 2 * R)
     d.load(ref, a, seed)
     first = t.prefill(_prompt(spec)).argmax[-1]
-    return DeviceAccept(t, d, graphs=graphs).run(first, N, R), t
+    return DeviceAccept(t, d, graphs=graphs, fused=fused).run(first, N, R), t
 
 
 def mismatches(hrun, h, drun, d) -> list[str]:
@@ -113,11 +112,13 @@ def setup(request):
     return request.param, make, spec, _reference(make, spec)
 
 
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=triton_only)])
 @pytest.mark.parametrize("a", [0.3, 0.8, 1.0])
-def test_device_accept_equals_generate_and_plain(setup, a):
+def test_device_accept_equals_generate_and_plain(setup, a, fused):
+    """fused: the window's bookkeeping in ``triton.window``'s two launches (CUDA's default)."""
     _, make, spec, ref = setup
     hrun, h = _host(make, spec, ref, a)
-    drun, d = _device(make, spec, ref, a)
+    drun, d = _device(make, spec, ref, a, fused=fused)
     assert mismatches(hrun, h, drun, d) == []
     assert 1 < sum(k for _, k in drun.windows) / len(drun.windows) <= R          # the draft was right sometimes
     plain = generate(make(), None, _prompt(spec), N).ids                         # one row a pass, unpadded
@@ -205,15 +206,16 @@ def test_bad_input(setup):
 
 # ---- FAIL-first: each planted defect makes the comparison fail (bf16, the tiny shapes) ----
 
-def _off_by_one(props, argmax):
-    return (_REAL_KEPT(props, argmax) + 1).clamp(max=props.shape[0] + 1)
+def _off_by_one(self, a, r):                                  # both paths: the torch ops and the fused kernel
+    return (_REAL_KEPT(self, a, r) + 1).clamp(max=r)
 
 
-def _anchor_wrong_row(argmax, kept):
-    return argmax.index_select(0, kept.clamp(max=argmax.shape[0] - 1))
+def _anchor_wrong_row(self, a, kept, r):
+    _REAL_TAIL(self, a, kept, r)
+    self.bufs.ids[:1].copy_(a.index_select(0, kept.clamp(max=a.shape[0] - 1)))
 
 
-_REAL_KEPT = kaccept.kept_dev
+_REAL_KEPT, _REAL_TAIL = DeviceAccept._kept, DeviceAccept._tail
 
 
 def _commit_state_row(self, kept, r):
@@ -236,9 +238,9 @@ def test_fail_first_planted_defects_are_caught(setup, plant, monkeypatch):
         pytest.skip("an attention-only engine has no recurrent state")
     hrun, h = _host(make, spec, ref, 0.8)
     if plant == "kept":
-        monkeypatch.setattr(kaccept, "kept_dev", _off_by_one)
+        monkeypatch.setattr(DeviceAccept, "_kept", _off_by_one)
     elif plant == "anchor":
-        monkeypatch.setattr(kaccept, "next_anchor", _anchor_wrong_row)
+        monkeypatch.setattr(DeviceAccept, "_tail", _anchor_wrong_row)
     else:
         monkeypatch.setattr(FastQwen38Target, "commit_dev", _commit_state_row if plant == "state" else _tail_wrong_row)
     try:
@@ -309,3 +311,46 @@ def test_device_accept_graphs_on_cuda(case):
         assert mismatches(hrun, h, drun, d) == []
     else:
         assert mismatches(*(_dflash_case if case == "dflash" else _mtp_case)(cuda, torch.float32, True)) == []
+
+
+class _Bufs:
+    """A window's buffers for the bookkeeping alone (ids, out and the counters of ``WindowBufs``)."""
+
+    def __init__(self, dev, r, gen):
+        self.ids = torch.randint(0, 3, (r + 2,), generator=gen).to(dev)
+        self.out = torch.full((1 + 2 * 16,), -1, dtype=torch.long, device=dev)
+        self.p0, self.cnt, self.w = (torch.randint(0, 50, (1,), generator=gen).to(dev) for _ in range(3))
+        self.n = torch.randint(0, 50, (1,), generator=gen).to(dev)
+
+
+@triton_only
+def test_fused_window_bookkeeping_equals_the_torch_ops():
+    """``triton.window``'s two launches against ``DeviceAccept``'s torch ops on random windows (ids from 3 values,
+    so every prefix length occurs; cnt above and below n): kept, out, the next anchor, p0, cnt, w all equal."""
+    dev = torch.device(DEVICE)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        r = 1 + trial % 9
+        a = torch.randint(0, 3, (r,), generator=gen).to(dev)
+        runs = []
+        for fused in (False, True):
+            loop = DeviceAccept.__new__(DeviceAccept)
+            loop.fused, loop.kept_buf = fused, torch.zeros(1, dtype=torch.long, device=dev)
+            loop.bufs = _Bufs(dev, r, torch.Generator().manual_seed(trial))
+            kept = loop._kept(a, r).clone()
+            loop._tail(a, kept, r)
+            b = loop.bufs
+            runs.append([kept, b.out[:2 * r], b.ids[:1], b.p0, b.cnt, b.w])
+        assert all(torch.equal(x, y) for x, y in zip(*runs, strict=True)), (trial, runs)
+
+
+@triton_only
+def test_fail_first_fused_kept_off_by_one_is_caught(monkeypatch):
+    """Plant: the fused decision one row long (its first miss counted as a hit); the comparison above fails."""
+    from bloomery_gates.kernels.triton import window
+
+    real = window.kept
+    monkeypatch.setattr(window, "kept", lambda ids, a, cnt, n, out: real(ids, a, cnt, n, out).add_(
+        (out > 0) & (out < a.shape[0])))
+    with pytest.raises(AssertionError):
+        test_fused_window_bookkeeping_equals_the_torch_ops()

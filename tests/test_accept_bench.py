@@ -35,8 +35,8 @@ def test_device_rows_beside_the_host_rows(tmp_path, args):
 
 
 def test_fail_first_kept_off_by_one_exits_1(tmp_path, monkeypatch):
-    real = kaccept.kept_dev
-    monkeypatch.setattr(kaccept, "kept_dev", lambda p, a: (real(p, a) + 1).clamp(max=p.shape[0] + 1))
+    real = kaccept.DeviceAccept._kept
+    monkeypatch.setattr(kaccept.DeviceAccept, "_kept", lambda self, a, r: (real(self, a, r) + 1).clamp(max=r))
     res, rec = _bench(tmp_path, MTP)
     assert res.exit_code == 1, res.output
     assert "device-accept" in res.output and rec["ids_identical_all"]          # the host loop is untouched
