@@ -7,7 +7,7 @@
 # abp     the same, the tree's default and old-norm, then with each of PATCHES (patch files, -p1, in the order
 #         given) reverted on top of the ones before, the package reinstalled each time; restored after. The
 #         patches of the 62b2948 call: results/h200/speed/62b2948-ab/
-# tests   the CUDA tests of the fused ops, the projection, PDL and the graphed engines
+# tests   (TESTS: the files, default below) the CUDA tests of the fused ops, the projection, PDL and the graphed engines
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
 # gatesd  the same with the fixtures' qwen3 gate/up [768, 128] sent to cuBLAS (BLOOMERY_GEMV_CONFIGS), so that the
 #         qwen3 fast gates run the deferred FFN norm (TritonOps.ffn_input) the 8B takes; the fixtures' narrow
@@ -16,7 +16,7 @@
 #         weight tile loaded before the PDL wait, gemv.py's seventh field), twice each, ids compared
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
-# d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n 64), with the window's kernel profile
+# d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n D27_N, 64), with the window's kernel profile
 # commit  .ci/diag_commit.py at the 27B width, 16 layers: the one-launch commit against the per-layer one, twice each
 # Each step is cut to what is left of DEADLINE_S (default 560 s). Records + logs: one tar in $OUT.
 set -uo pipefail
@@ -40,10 +40,10 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
            echo "reverted up to $n:"; grep "^skip=" $R/ab-$n.log
          done
          for ((i=${#PS[@]}-1; i>=0; i--)); do patch -s -p1 < ${PS[$i]}; done; reinstall ;;
-    tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -p no:cacheprovider tests/test_ffn_input.py \
+    tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_ffn_input.py \
              tests/test_gemv.py tests/test_bench.py tests/test_fast_engine.py \
              tests/test_chain.py tests/test_mtp_fast.py tests/test_qwen38_fast.py tests/test_dflash2_fast.py \
-             tests/test_accept.py tests/test_pdl.py tests/test_deltanet_fast.py
+             tests/test_accept.py tests/test_pdl.py tests/test_deltanet_fast.py}
            tail -4 $R/tests.log | cut -c1-200 ;;
     gates) step gates ${GATES_S:-110} python3 -P -m bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 \
              --results $R/fast
@@ -65,7 +65,7 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
            --layers 16 --mtp-width 3 --device cuda -n 128 --json $R/bench-qwen38-27b-l16-mtp-cuda-bf16.json
          grep -E "^(plain|chain k=16|draft |device_accept a=0.8)|Error" $R/b27.log | cut -c1-230 ;;
     d27) STEP_MIN_S=60 step d27 ${D27_S:-120} python3 -P -m bloomery_cli.bench.command qwen38-dflash2 \
-           --shape qwen38-27b --layers 16 --device cuda -n 64 --profile \
+           --shape qwen38-27b --layers 16 --device cuda -n ${D27_N:-64} --profile \
            --json $R/bench-qwen38-27b-l16-dflash2-cuda-bf16.json
          grep -E "^(chain k=16|draft |bound|device_accept|profile window)|Error" $R/d27.log | cut -c1-230 ;;
     commit) step commit ${COMMIT_S:-120} python3 -P .ci/diag_commit.py -n 128 --layers 16 new old new old
