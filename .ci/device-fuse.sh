@@ -16,7 +16,7 @@
 #         weight tile loaded before the PDL wait, gemv.py's seventh field), twice each, ids compared
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
-# d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n D27_N, 64), with the window's kernel profile
+# d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n each of D27_N, default 64), with the window's kernel profile
 # commit  .ci/diag_commit.py at the 27B width, 16 layers: the one-launch commit against the per-layer one, twice each
 # Each step is cut to what is left of DEADLINE_S (default 560 s). Records + logs: one tar in $OUT.
 set -uo pipefail
@@ -64,10 +64,12 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
     b27) STEP_MIN_S=60 step b27 ${B27_S:-100} python3 -P -m bloomery_cli.bench.command qwen38-mtp --shape qwen38-27b \
            --layers 16 --mtp-width 3 --device cuda -n 128 --json $R/bench-qwen38-27b-l16-mtp-cuda-bf16.json
          grep -E "^(plain|chain k=16|draft |device_accept a=0.8)|Error" $R/b27.log | cut -c1-230 ;;
-    d27) STEP_MIN_S=60 step d27 ${D27_S:-120} python3 -P -m bloomery_cli.bench.command qwen38-dflash2 \
-           --shape qwen38-27b --layers 16 --device cuda -n ${D27_N:-64} --profile \
-           --json $R/bench-qwen38-27b-l16-dflash2-cuda-bf16.json
-         grep -E "^(chain k=16|draft |bound|device_accept|profile window)|Error" $R/d27.log | cut -c1-230 ;;
+    d27) for N in ${D27_N:-64}; do
+           STEP_MIN_S=60 step d27-$N ${D27_S:-120} python3 -P -m bloomery_cli.bench.command qwen38-dflash2 \
+             --shape qwen38-27b --layers 16 --device cuda -n $N --profile \
+             --json $R/bench-qwen38-27b-l16-dflash2-n$N-cuda-bf16.json
+           grep -E "^(chain k=16|draft |bound|device_accept|profile window)|Error" $R/d27-$N.log | cut -c1-230
+         done ;;
     commit) step commit ${COMMIT_S:-120} python3 -P .ci/diag_commit.py -n 128 --layers 16 new old new old
             grep "^variant=" $R/commit.log | cut -c1-230 ;;
   esac
