@@ -141,15 +141,21 @@ def test_hybrid_chain_equals_plain_loop(k):
     assert torch.equal(t.verify([got[-1]]).taps, tref.verify([ref[-1]]).taps)
 
 
-def test_fail_first_hybrid_chain_without_commit_diverges(monkeypatch):
-    """Planted: the chain's steps run the pass but do not commit it (state and tail stay at the prompt's)."""
+@pytest.mark.parametrize("plant", ["state", "tail"])
+def test_fail_first_hybrid_chain_without_commit_diverges(monkeypatch, plant):
+    """Planted: the chain's steps run the pass but do not commit it: the pass's recurrence does not write the state
+    (state), or the conv tail is not shifted (tail)."""
     from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
 
     spec, make = _hybrid()
     prompt = [i % spec.vocab_size for i in range(5, 25)]
     ref, tref = _hybrid_plain(make, prompt, 12)
-    monkeypatch.setattr(FastQwen38Target, "_commit_pass", lambda self, kept: None)
     t = make()
+    if plant == "tail":
+        monkeypatch.setattr(FastQwen38Target, "_commit_tail", lambda self, kept: None)
+    else:
+        real = t.recur
+        t.recur = lambda *a, store=True, **k: real(*a[:6], store=False, **k)       # outputs only, always
     got = t.decode_plain(t.prefill(prompt).argmax[-1], 12, 4)
     assert not _same_state(t, tref)
     assert got != ref or not torch.equal(t.verify([got[-1]]).taps, tref.verify([ref[-1]]).taps)
