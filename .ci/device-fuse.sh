@@ -12,8 +12,6 @@
 # gatesd  the same with the fixtures' qwen3 gate/up [768, 128] sent to cuBLAS (BLOOMERY_GEMV_CONFIGS), so that the
 #         qwen3 fast gates run the deferred FFN norm (TritonOps.ffn_input) the 8B takes; the fixtures' narrow
 #         gate/up otherwise runs in the projection kernel with its norm folded (records: $R/fast-deferred)
-# peel    .ci/diag_pdl.py at qwen3-8b: the default against the 8B narrow projections' tiles with peel (the first
-#         weight tile loaded before the PDL wait, gemv.py's seventh field), twice each, ids compared
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
 # d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n each of D27_N, default 64), with the window's kernel profile
@@ -52,10 +50,6 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
             ( export BLOOMERY_GEMV_CONFIGS=$R/gemv-deferred.json; step gatesd ${GATES_S:-110} python3 -P -m \
                 bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 --results $R/fast-deferred )
             grep -E "^(PASSED|FAILED)" $R/gatesd.log | cut -c1-120 ;;
-    peel) B=on+early+l2=4
-          P=t6144x4096=64x256x4x4x1x1x1+t4096x4096=64x256x4x4x1x1x1+t4096x12288=64x256x4x4x2x1x1
-          step peel ${PEEL_S:-150} python3 -P .ci/diag_pdl.py -n 256 $B $B+$P $B $B+$P
-          grep "^pdl=" $R/peel.log | cut -c1-230 ;;
     bench8) while ! grep -q "build exit" $R/build.log 2>/dev/null && [ $(left) -gt 60 ]; do sleep 5; done
             tail -2 $R/build.log | cut -c1-200
             STEP_MIN_S=50 step bench8 ${BENCH8_S:-110} python3 -P -m bloomery_cli.cli bench qwen3-dflash \

@@ -129,9 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", action="append", type=int)
     ap.add_argument("--wide", action="store_true", help="also the wide weights cuBLAS runs by default")
     ap.add_argument("--weight", action="append", help="only these weights (NxK), of the shapes' lists")
-    ap.add_argument("--candidate", action="append", help="BN,BK,warps,stages,splits[,tma[,peel]] (repeatable; tma 1: "
-                    "the weight's tiles copied by TMA; peel 1: the first tile loaded before the PDL wait): these "
-                    "instead of the built-in candidates")
+    ap.add_argument("--candidate", action="append", help="BN,BK,warps,stages,splits[,tma] (repeatable; tma 1: the "
+                    "weight's tiles copied by TMA): these instead of the built-in candidates")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--write-configs", type=Path)
     a = ap.parse_args(argv)

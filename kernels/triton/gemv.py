@@ -20,10 +20,6 @@ two >= 16, fixed per engine). K may be cut into a fixed number of splits per sha
 to arrive adds the partials in the order 0..S-1). Either way each output is one sum in one order, the same for every
 R (a verify row equals the plain step's row bit for bit: tests/test_gemv.py), and runs are deterministic.
 
-The seventh field of the tiles, peel (1): the first weight tile is loaded before the PDL wait (a weight does not
-depend on the kernel before; the sum and its order are unchanged, tile 0 first). Not yet measured on the H200: off
-in every table, for an A/B through ``BLOOMERY_GEMV_CONFIGS`` (``.ci/diag_pdl.py``'s tNxK flags).
-
 Which shapes run here: ``config(N, K)`` (cuBLAS keeps the wide ones). Tried and dropped: the MLP's SiLU gate as
 a prologue of down_proj (every program recomputed silu over all of K x RP: 58 us against 33 us for the Triton
 silu kernel + cuBLAS at 4096x12288 on the H200).
@@ -84,24 +80,19 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
                  go_ptr, hg_ptr, ss_ptr,
                  K: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr, PEEL: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
     if PF > 0:                          # the head of the slab's rows into L2 while the kernel before runs (pdl.py)
         pdl.prefetch_rows(w_ptr + n * sw + sid * KS, tl.full([BN], PF, tl.int32))
-    kk0 = sid * KS + tl.arange(0, BK)
-    if PEEL:                            # the first weight tile before the wait: w does not depend on the kernel before
-        w0 = _w_tile(w_ptr, w_desc, sw, n, n < N, kk0, pid * BN, sid * KS, K, TMA, EVEN)
     pdl.enter(PDL)
     rows = tl.arange(0, RP)
     rmask = rows < R
     nmask = n < N
     ss = tl.zeros([RP], tl.float32)
     acc = tl.zeros([BN, RP], tl.float32)
-    if PEEL:                            # the same sum, the same order: tile 0 first
-        acc, ss = _acc_tile(acc, ss, w0, kk0, x_ptr, sx, rows, rmask, g_ptr, K, NORM, F32DOT)
-    for k0 in range(BK * PEEL, KS, BK):
+    for k0 in range(0, KS, BK):
         kk = sid * KS + k0 + tl.arange(0, BK)
         w = _w_tile(w_ptr, w_desc, sw, n, nmask, kk, pid * BN, sid * KS + k0, K, TMA, EVEN)
         acc, ss = _acc_tile(acc, ss, w, kk, x_ptr, sx, rows, rmask, g_ptr, K, NORM, F32DOT)
@@ -142,14 +133,14 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
 
 @functools.cache
 def _measured() -> dict[str, tuple[int, ...] | None]:
-    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits(, tma(, peel)))]}
+    """``BLOOMERY_GEMV_CONFIGS``: a JSON file {"NxK": [BN, BK, warps, stages(, splits(, tma))]}
     (``bloomery_cli.bench.gemv --write-configs``), read once; empty when unset."""
     path = os.environ.get("BLOOMERY_GEMV_CONFIGS", "")
     return {k: tuple(v) if v else None for k, v in json.loads(Path(path).read_text()).items()} if path else {}
 
 
 def config(n: int, k: int) -> tuple[int, ...] | None:
-    """(BN, BK, num_warps, num_stages[, splits[, tma[, peel]]]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry,
+    """(BN, BK, num_warps, num_stages[, splits[, tma]]) for an [n, k] weight: ``BLOOMERY_GEMV_CONFIGS``'s entry,
     else the rule; None: cuBLAS (the torch version) runs it (every shape with ``BLOOMERY_GEMV=off``).
 
     Rule, from the H200 profiles (results/h200/speed/NOTE.md): the shapes measured (``MEASURED``) take their tiles;
@@ -220,7 +211,6 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     bn, bk, warps, stages = cfg[:4]
     splits = cfg[4] if len(cfg) > 4 else 1
     tma = bool(cfg[5]) if len(cfg) > 5 else False      # a request: taken on Hopper for 16-byte aligned rows
-    peel = int(bool(cfg[6])) if len(cfg) > 6 else 0     # the first weight tile loaded before the PDL wait
     ks = triton.cdiv(triton.cdiv(k, bk), splits) * bk                 # each split's K span, whole BK chunks
     even = n % bn == 0 and ks * splits == k
     f32dot = interpreting() or w.dtype == torch.float32
@@ -239,7 +229,7 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
         g32 if g32 is not None else w, res if res is not None else out,
         res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)), K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, PEEL=peel, num_warps=warps, num_stages=stages,
+        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, num_warps=warps, num_stages=stages,
         **pdl_policy.launch_opts(mode))
     return out
 
