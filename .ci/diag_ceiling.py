@@ -1,7 +1,7 @@
 """Issue 27 diagnostic (device only, never CI): what fusing the 8B step's small kernels away could give at most.
 One process, the qwen3-8b shape's random weights made once; per VARIANT a fresh engine whose decode ops skip the
 named small kernels (the numbers are then wrong: a timing ceiling, not an engine), its plain loop run once for its
-ids, then ``bench.chain.host_share``: one graphed plain step's device time and the chained plain decode at K = 16
+ids, then ``bench.chain.measure_variant``: one graphed plain step's device time and the chained plain decode at K = 16
 (tok/s against the read roofline, ids against the plain loop's). A fusion that removes a
 kernel can at best reach its variant's time; where a variant gains little, that fusion is not worth building.
 
@@ -19,8 +19,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from bloomery_cli.bench.chain import host_share
-from bloomery_cli.bench.common import timed_generate
+from bloomery_cli.bench.chain import measure_variant
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels import graphs
@@ -101,15 +100,10 @@ def main() -> int:
                 patches.enter_context(mock.patch.object(F, "embedding", lambda ids, w: w[:ids.shape[0]]))
             if "argmax" in skip:
                 patches.enter_context(mock.patch.object(torch, "argmax", lambda x, dim=-1, out=None: out))
-            plain, tok_s = timed_generate(target, None, prompt, a.n)
-            c = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), iters=50, log=lambda *_: None)
-        ids, dev_ms, ms = plain.ids, c["device_step_ms"], c["chains"][0]["ms_per_id"]
-        base = ids if v == "base" and base is None else base
-        same = "" if base is None else f" ids_as_base={ids == base}"
-        chain_same = c["chains"][0]["ids_identical"]
-        print(f"skip={v}{same} chain_ids_as_plain={chain_same} device_step_ms={dev_ms:.3f} "
-              f"chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} ratio_roofline_read={1e3 / ms * read / bw:.3f}",
-              flush=True)
+            m = measure_variant(target, prompt, a.n)
+        base = m.ids if v == "base" and base is None else base
+        same = "" if base is None else f" ids_as_base={m.ids == base}"
+        print(f"skip={v}{same} {m.line(read, bw)}", flush=True)
         del target
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 """Issue 27 diagnostic (device only, never CI): the hybrid engine's commit, one launch for every linear layer
 (kernels/families/qwen38/fast.py at fa294b8), against the per-layer replay before it, on one card. One process, the
 qwen38-27b width's random weights (``--layers`` of its pattern) made once; per VARIANT a fresh engine, its plain
-loop run once for its ids, then ``bench.chain.host_share``: one graphed plain step (verify + commit of one row)
+loop run once for its ids, then ``bench.chain.measure_variant``: one graphed plain step (verify + commit of one row)
 and the chained plain decode at K = 16 (tok/s against the read roofline, ids against the plain loop's).
 
 python3 -P .ci/diag_commit.py [-n 128] [--layers 16] [VARIANT ...]
@@ -14,8 +14,7 @@ from unittest import mock
 
 import torch
 
-from bloomery_cli.bench.chain import host_share
-from bloomery_cli.bench.common import timed_generate
+from bloomery_cli.bench.chain import measure_variant
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.hybrid import read_bytes
 from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
@@ -64,13 +63,9 @@ def main() -> int:
                 target.recur = lambda *x, store=True, _r=recur, **k: _r(*x, **k)   # the verify writes its state again
                 patches.enter_context(mock.patch.object(FastQwen38Target, "_commit_pass", _old_commit_pass))
                 patches.enter_context(mock.patch.object(FastQwen38Target, "_chain_pass", _old_chain_pass))
-            plain, tok_s = timed_generate(target, None, prompt, a.n)
-            c = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), iters=50, log=lambda *_: None)
-        ids, dev_ms, ms = plain.ids, c["device_step_ms"], c["chains"][0]["ms_per_id"]
-        base = ids if base is None else base
-        print(f"variant={v} ids_as_first={ids == base} chain_ids_as_plain={c['chains'][0]['ids_identical']} "
-              f"plain_tok_s={tok_s:.1f} device_step_ms={dev_ms:.3f} chain16 tok_s={1e3 / ms:.1f} ms_per_id={ms:.3f} "
-              f"ratio_roofline_read={1e3 / ms * read / bw:.3f}", flush=True)
+            m = measure_variant(target, prompt, a.n)
+        base = m.ids if base is None else base
+        print(f"variant={v} ids_as_first={m.ids == base} {m.line(read, bw)}", flush=True)
         del target
         if dev.type == "cuda":
             torch.cuda.empty_cache()

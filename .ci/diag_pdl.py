@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bloomery_cli.bench.chain import host_share
-from bloomery_cli.bench.common import timed_generate
+from bloomery_cli.bench.chain import measure_variant
 from bloomery_cli.bench.dflash2 import copy_bandwidth
 from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
@@ -113,19 +112,15 @@ def main() -> int:
             target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
             target.prefill([1, 2, 3])
             target.capture([1])
-            plain, tok_s = timed_generate(target, None, prompt, a.n)
-            h = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), log=lambda *_: None)
+            m = measure_variant(target, prompt, a.n, iters=20)
         except Exception as e:  # noqa: BLE001  (a setting that does not run is reported, the others go on)
             print(f"pdl={s} error {type(e).__name__}: {str(e)[:300]}", flush=True)
             bad += 1
             continue
-        base = plain.ids if base is None else base
-        same = plain.ids == base
-        c = h["chains"][0]
-        bad += int(not ((same or tiles) and c["ids_identical"]))     # tiles may reorder a sum: ids reported only
-        print(f"pdl={s} plain tok_s={tok_s:.1f} device_step_ms={h['device_step_ms']:.3f} chain16 tok_s={c['tok_s']:.1f}"
-              f" ratio_roofline_read={c['tok_s'] * read / bw:.3f} host_share={c['host_share']:.4f}"
-              f" chain_ids_identical={c['ids_identical']} plain_ids_same_as_first={same}", flush=True)
+        base = m.ids if base is None else base
+        same = m.ids == base
+        bad += int(not ((same or tiles) and m.chain_ids_as_plain))    # tiles may reorder a sum: ids reported only
+        print(f"pdl={s} {m.line(read, bw)} plain_ids_same_as_first={same}", flush=True)
         del target
         torch.cuda.empty_cache()
     return 1 if bad else 0

@@ -17,6 +17,7 @@ loop and the chains at a bench shape (random weights made on the device), withou
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,6 +62,35 @@ def host_share(target, prompt: list[int], plain_ids: list[int], plain_ms_per_id:
             f"ids_identical={row['ids_identical']}")
     out["ids_identical_all"] = all(r["ids_identical"] for r in out["chains"])
     return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine variant of a diagnostic (.ci/diag_*.py): its plain loop's ids and tok/s, one graphed plain step's
+    device time, the chained plain decode at K = 16."""
+    ids: list[int]
+    plain_tok_s: float
+    device_step_ms: float
+    chain_tok_s: float
+    host_share: float
+    chain_ids_as_plain: bool
+
+    def line(self, read: int, bw: float) -> str:
+        """Its numbers as the diagnostics print them (``read`` bytes a step, ``bw`` the copy rate in B/s)."""
+        return (f"plain_tok_s={self.plain_tok_s:.1f} device_step_ms={self.device_step_ms:.3f} "
+                f"chain16 tok_s={self.chain_tok_s:.1f} ms_per_id={1e3 / self.chain_tok_s:.3f} "
+                f"ratio_roofline_read={self.chain_tok_s * read / bw:.3f} host_share={self.host_share:.4f} "
+                f"chain_ids_as_plain={self.chain_ids_as_plain}")
+
+
+def measure_variant(target, prompt: list[int], n: int, iters: int = 50) -> Variant:
+    """``target``'s plain loop over n ids once (``timed_generate``), then ``host_share`` at K = 16."""
+    from .common import timed_generate
+
+    plain, tok_s = timed_generate(target, None, prompt, n)
+    h = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), iters=iters, log=lambda *_: None)
+    c = h["chains"][0]
+    return Variant(plain.ids, tok_s, h["device_step_ms"], c["tok_s"], c["host_share"], c["ids_identical"])
 
 
 def main(argv: list[str] | None = None) -> int:
