@@ -105,6 +105,8 @@ class DeviceRun:
     ids: list[int]                                  # the first n emitted ids
     emitted: list[int]                              # every emitted id (the first included)
     windows: list[tuple[list[int], int]] = field(default_factory=list)    # (proposals, kept) per window
+    events: list = field(default_factory=list)      # CUDA: a timing event after each window's out row (benches)
+    timeline: dict = field(default_factory=dict)    # a bench's reading of the events (bench.accept.timeline)
 
 
 class DeviceAccept:
@@ -188,7 +190,7 @@ class DeviceAccept:
                 c.graphs.run(r)
                 host[queued].copy_(c.out[:2 * r], non_blocking=cuda)
                 if cuda:
-                    events.append(torch.cuda.Event())
+                    events.append(torch.cuda.Event(enable_timing=True))
                     events[-1].record()
                 pending.append(queued)
                 queued += 1
@@ -204,4 +206,4 @@ class DeviceAccept:
                 windows.append((row[1 + r:2 * r], kept))
         e.length += len(out) - 1
         self.draft.sync(e.length)
-        return DeviceRun(out[:n], out, windows)
+        return DeviceRun(out[:n], out, windows, events)

@@ -112,3 +112,17 @@ def test_the_ratio_counts_the_last_window_as_accept_mean_does():
     assert window_tok_s(300.0, Run) == pytest.approx(480.0) and row["tok_s_windows"] == pytest.approx(480.0)
     assert row["tok_s"] == 300.0                                   # what the user waited for, reported as it was
     assert row["frac_of_bound_chain"] == pytest.approx(480 / (4 * 100))   # 0.75 over the kept ids: the cut
+
+
+def test_timeline_splits_a_run_into_windows_start_bubbles_and_the_tail():
+    """The device run's timeline from its events (fakes at known device times): ends 7, 13, 19, 25.5 ms after the
+    start, the host clock 26.2 ms -> windows of 6 ms, the first 1 ms late, 0.5 ms of bubbles, 0.7 ms after the last."""
+    class Ev:
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    t = bench_accept.timeline(Ev(0.0), [Ev(x) for x in (7.0, 13.0, 19.0, 25.5)], 26.2)
+    assert t == pytest.approx({"window_ms": 6.0, "start_extra_ms": 1.0, "bubbles_ms": 0.5, "after_last_ms": 0.7})

@@ -30,6 +30,8 @@ Only the fixed width runs on the device (the cost policy decides per window on t
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from typing import Any
 
@@ -78,7 +80,20 @@ def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
     sync(dev)
     secs = time.perf_counter() - mark["t0"]
     first = ev[0].elapsed_time(ev[1]) / ev[0].elapsed_time(ev[2]) if ev else 0.0
+    run.timeline = timeline(ev[0], run.events, secs * 1e3) if ev and run.events else {}
     return run, (len(run.ids) - 1) / secs, first
+
+
+def timeline(start, events: list, run_ms: float) -> dict[str, float]:
+    """Where a device run's time goes past its windows (CUDA events: ``start`` at the clock's start, one after each
+    window): window_ms the median interval between windows' ends, start_extra_ms the first window's end past one
+    window (the set-up and the first graph's launch), bubbles_ms the intervals past the median (the host's round
+    trips near the end), after_last_ms the host clock past the last window's end."""
+    ends = [start.elapsed_time(e) for e in events]
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    med = statistics.median(gaps) if gaps else ends[0]
+    return {"window_ms": med, "start_extra_ms": ends[0] - med, "bubbles_ms": ends[-1] - ends[0] - med * len(gaps),
+            "after_last_ms": run_ms - ends[-1]}
 
 
 class DeviceSweep:
@@ -128,6 +143,10 @@ class DeviceSweep:
         log(f"device_accept a={a:.4f} accept_mean={am:.3f} tok_s={tok_s:.2f} host_loop_tok_s={host['tok_s']:.2f} "
             f"ratio_to_host={out['ratio_to_host']:.3f} frac_of_tau_x_plain={frac:.3f}{roof} "
             f"ids_identical={out['ids_identical']} windows_identical={out['windows_identical']}")
+        if getattr(run, "timeline", None):
+            out["timeline"] = run.timeline
+            log(f"device_accept_timeline a={a:.4f} windows={len(kept)} "
+                + " ".join(f"{k}={v:.3f}" for k, v in run.timeline.items()))
         return out
 
 
