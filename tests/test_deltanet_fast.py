@@ -116,6 +116,20 @@ def test_verify_without_the_state_and_a_chained_step_with_it_give_the_same_bits(
     assert torch.equal(st, fn(*(t[:, :1] for t in x[:5]), x[5])[1])
 
 
+@triton_only
+def test_triton_recurrence_takes_strided_views_of_one_sequence():
+    """A sequence whose rows are not contiguous (a transposed view, as a caller's reshape may give) reads as its
+    contiguous copy: the kernel reads in place only rows laid out as it indexes them."""
+    from bloomery_gates.kernels.triton.deltanet import delta_recurrent as tri
+
+    x = _inputs(n=1, t=5, nv=4, dk=16, dv=64, seed=5, device=DEVICE)
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in x[:5]]        # same values, rows strided
+    assert not views[0].is_contiguous()
+    o, s = tri(*x)
+    o2, s2 = tri(*views, x[5])
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
 def test_torch_recurrence_is_the_scan():
     """The scan of each sequence alone (a batched einsum may sum another way on some CPU BLAS: the H200 host's)."""
     x = _inputs()

@@ -77,14 +77,16 @@ def recurrent_warps(dk: int, bv: int) -> int:
 def _row_stride(xs: tuple[torch.Tensor, ...], t: int) -> int | None:
     """The rows between two sequences' starts shared by xs [N, T, ...] (float32, each sequence's [T, ...] contiguous:
     a slice of a wider [N, W, ...] buffer has W), or None when they do not share one."""
-    if xs[0].shape[0] == 1:
+    if any(x.dtype != torch.float32 or not x[0].is_contiguous() for x in xs):
+        return None
+    if xs[0].shape[0] == 1:                         # one sequence: its start is the only one read
         return t
     strides = set()
     for x in xs:
-        inner = x[0].numel() // max(t, 1)           # one row's elements
-        if x.dtype != torch.float32 or not x[0].is_contiguous() or x.stride(0) % max(inner, 1):
+        inner = max(x[0].numel() // max(t, 1), 1)   # one row's elements
+        if x.stride(0) % inner:
             return None
-        strides.add(x.stride(0) // max(inner, 1))
+        strides.add(x.stride(0) // inner)
     return strides.pop() if len(strides) == 1 and min(strides) >= t else None
 
 
