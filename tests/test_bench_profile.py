@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from bloomery_cli.bench.command import CRITERION, criterion_bound
+from bloomery_cli.bench.common import CRITERION, criterion_bound
 from bloomery_cli.bench.hybrid import bench_hybrid
 from bloomery_cli.threads import apply_threads, thread_count
 

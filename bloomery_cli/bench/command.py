@@ -35,10 +35,9 @@ from ..preflight import check_output_file
 from ..results.records import conditions, write_atomic
 from ..threads import Threads, apply_threads
 from ..width import CostWidth, width_policy
-from .accept import add_row, device_ok, measured_row, start_device
+from .accept import device_ok, measured_row
 from .chain import host_share
 from .common import (
-    CRITERION,
     DTYPES,
     TAUS,
     ReplayDraft,
@@ -51,7 +50,6 @@ from .common import (
     sync,
     timed_generate,
     verify_costs,
-    window_tok_s,
 )
 from .dflash2 import copy_bandwidth
 from .flags import DEFAULT_MTP_WIDTH, check_bench_flags, is_oom
@@ -62,6 +60,7 @@ from .moe import bench_moe, plot_moe
 from .moe_draft_shapes import parse_drafts
 from .moe_shapes import MOE_SHAPES
 from .shapes import SHAPES, random_pair, read_per_step, weight_bytes
+from .sweep import Point, run_sweep
 
 # the pieces the benches share (bench_hybrid, results_table) are in bench_common
 HYBRID_NAMES = ("qwen38-dflash2", "qwen38-mtp")
@@ -174,8 +173,10 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         save(rec)
         step("acceptance sweep")
         rec["sweep"] = []
-        guarded(rec, "sweep_run", log, lambda: _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec,
-                                                       log, save, profile))
+        points = [Point(a, t, int(t * 100), f"tau={t:g} a={a:.4f}", "tau=6" if t == 6.0 else None)
+                  for t in taus if t <= b for a in (accept_for_tau(t, b),)]
+        guarded(rec, "sweep_run", log, lambda: run_sweep(target, draft, ref, prompt, n, width, b, points,
+                                                         plain_tok_s, rec, log, save, profile))
         step("transformers")
         rec["hf"] = hf_compare(tspec, target, dev, prompt, hf_tokens, plain, plain_tok_s, log)
         save(rec)
@@ -191,41 +192,6 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
     rec["complete"] = True
     save(rec)
     return rec
-
-
-def _sweep(target, draft, ref, prompt, n, width, b, taus, plain_tok_s, rec, log, save,
-           profile: bool = False) -> None:
-    rows = rec["sweep"]
-    dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
-    for tau in [t for t in taus if t <= b]:
-        a = accept_for_tau(tau, b)
-        rd = ReplayDraft(draft, ref.ids, a, target.spec.vocab_size, seed=int(tau * 100))
-        run, tok_s = timed_generate(target, rd, prompt, n, width_policy(width, b))
-        row = {"tau_nominal": tau, "a": a, "accept_mean": run.tally.accept_mean, "tok_s": tok_s,
-               "speedup": tok_s / plain_tok_s, "draft_share": run.tally.draft_share,
-               "windows": run.tally.windows, "ids_identical": run.ids == ref.ids[:n], "off_track": rd.off_track}
-        row["tok_s_windows"] = window_tok_s(tok_s, run)
-        am = row["accept_mean"]
-        row["tau_x_plain_frac"] = row["tok_s_windows"] / (am * plain_tok_s) if am else 0.0
-        rows.append(row)
-        log(f"drafted tau={tau:g} a={a:.4f} accept_mean={row['accept_mean']:.3f} tok_s={tok_s:.1f} "
-            f"speedup={row['speedup']:.2f} draft_share={row['draft_share']:.3f} "
-            f"frac_of_tau_x_plain={row['tau_x_plain_frac']:.3f} ids_identical={row['ids_identical']}")
-        if tau == 6.0:
-            need = CRITERION * row["accept_mean"] * plain_tok_s
-            rec["criterion"] = {"at": "tau=6", "tok_s": tok_s, "tok_s_windows": row["tok_s_windows"], "needed": need,
-                                "met": row["tok_s_windows"] >= need,
-                                "draft_share": row["draft_share"], "accept_mean": row["accept_mean"]}
-            log(f"criterion tau=6 drafted_tok_s={tok_s:.1f} windows_tok_s={row['tok_s_windows']:.1f} "
-                f"needed_{CRITERION}x_accept_mean_x_plain={need:.1f} met={rec['criterion']['met']} "
-                f"draft_share={row['draft_share']:.3f}")
-        add_row(dev, rec, log, prompt, ref.ids, n, a, int(tau * 100), plain_tok_s, row, run.windows, rec.get("bound"))
-        save(rec)
-    if profile:                                     # the drafted window's kernels (--profile)
-        from .profile import profile_window
-
-        profile_window(dev, rec, log)
-        save(rec)
 
 
 def _cost_policy(target, draft, ref, prompt, n, b, log) -> list[dict[str, Any]]:

@@ -31,14 +31,10 @@ import torch
 
 from ..gatekit import resolve_device
 from ..results.records import conditions
-from ..width import width_policy
-from .accept import add_row, start_device
 from .chain import host_share
 from .common import (
-    CRITERION,
     DTYPES,
     TAUS,
-    ReplayDraft,
     accept_for_tau,
     criterion_bound,
     guarded,
@@ -47,13 +43,13 @@ from .common import (
     sync,
     timed_generate,
     verify_costs,
-    window_tok_s,
 )
 from .dflash2 import copy_bandwidth
 from .hybrid_engines import build_hybrid_engines
 from .hybrid_shapes import HYBRID_SHAPES, hf_qwen38_model, random_dflash2, random_qwen38
 from .llamacpp import compare
 from .shapes import weight_bytes
+from .sweep import Point, run_sweep
 
 NAMES = ("qwen38-dflash2", "qwen38-mtp")
 MTP_ACCEPTS = (0.5, 0.7, 0.8, 0.9, 1.0)
@@ -177,9 +173,10 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         step("acceptance sweep")
         target.rows = b
         accepts = MTP_ACCEPTS if mtp else tuple(accept_for_tau(t, b) for t in TAUS if t <= b)
+        points = [_point(a, b, mtp) for a in accepts]
         rec["sweep"] = []
-        guarded(rec, "sweep_run", log, lambda: _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s,
-                                                      mtp, rec, log, save, profile))
+        guarded(rec, "sweep_run", log, lambda: run_sweep(target, draft, ref, prompt, n, width, b, points,
+                                                         plain_tok_s, rec, log, save, profile))
         target.rows = None
         ok = bool(rec["sweep"]) and all(r["ids_identical"] for r in rec["sweep"])
         rec["ids_identical_all"] = ok
@@ -212,37 +209,8 @@ def _draft_cost(target, draft, prompt, iters, step_ms, mtp, log) -> dict[str, An
     return {"block_ms": ms, "rel_plain_step": ms / step_ms}
 
 
-def _sweep(target, draft, ref, prompt, n, width, b, accepts, plain_tok_s, mtp, rec, log, save,
-           profile: bool = False) -> None:
-    dev = start_device(rec, target, draft, b, n, len(ref.ids), width, log)
-    for a in accepts:
-        rd = ReplayDraft(draft, ref.ids, a, target.spec.vocab_size, seed=int(a * 1000))
-        run, tok_s = timed_generate(target, rd, prompt, n, width_policy(width, b))
-        am = run.tally.accept_mean
-        row = {"a": a, "tau_nominal": sum(a ** j for j in range(b)), "accept_mean": am, "tok_s": tok_s,
-               "speedup": tok_s / plain_tok_s, "draft_share": run.tally.draft_share, "windows": run.tally.windows,
-               "ids_identical": run.ids == ref.ids[:n], "off_track": rd.off_track,
-               "tok_s_windows": window_tok_s(tok_s, run)}
-        row["tau_x_plain_frac"] = row["tok_s_windows"] / (am * plain_tok_s) if am else 0.0
-        rec["sweep"].append(row)
-        log(f"drafted a={a:.4f} tau={row['tau_nominal']:.2f} accept_mean={am:.3f} tok_s={tok_s:.2f} "
-            f"speedup={row['speedup']:.2f} draft_share={row['draft_share']:.3f} "
-            f"frac_of_tau_x_plain={row['tau_x_plain_frac']:.3f} ids_identical={row['ids_identical']}")
-        if (mtp and a == 0.8) or (not mtp and abs(row["tau_nominal"] - 6.0) < 1e-6):
-            need = CRITERION * am * plain_tok_s
-            met = row["tok_s_windows"] >= need
-            rec["criterion"] = {"at": "a=0.8" if mtp else "tau=6", "tok_s": tok_s,
-                                "tok_s_windows": row["tok_s_windows"], "needed": need, "met": met,
-                                "draft_share": row["draft_share"], "accept_mean": am}
-            log(f"criterion {rec['criterion']['at']} drafted_tok_s={tok_s:.2f} "
-                f"windows_tok_s={row['tok_s_windows']:.2f} needed_{CRITERION}x_accept_mean_x_plain={need:.2f} "
-                f"met={met} draft_share={row['draft_share']:.3f}")
-        add_row(dev, rec, log, prompt, ref.ids, n, a, int(a * 1000), plain_tok_s, row, run.windows, rec.get("bound"))
-        save(rec)
-    if profile:                                     # the drafted window's kernels (--profile)
-        from .profile import profile_window
-
-        profile_window(dev, rec, log)
-        save(rec)
-
-
+def _point(a: float, b: int, mtp: bool) -> Point:
+    """The sweep's point at acceptance a: tau = sum_j<b a^j, the criterion at a = 0.8 (MTP) or tau = 6 (DFlash2)."""
+    tau = sum(a ** j for j in range(b))
+    crit = ("a=0.8" if a == 0.8 else None) if mtp else ("tau=6" if abs(tau - 6.0) < 1e-6 else None)
+    return Point(a, tau, int(a * 1000), f"a={a:.4f} tau={tau:.2f}", crit)
