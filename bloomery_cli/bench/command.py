@@ -46,6 +46,9 @@ from .common import (
     first_engine,
     guarded,
     hf_compare,
+    padded_reference,
+    plain_row,
+    roofline,
     stages,
     sync,
     timed_generate,
@@ -128,8 +131,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         log(f"weights bytes={wb} read_per_step={read} made_s={time.perf_counter() - t0:.1f} "
             f"draft_bytes={weight_bytes(dspec.tensors)} draft_layers={dspec.num_layers} "
             f"target_layers={list(dspec.target_layer_ids)}")
-        roof = {"copy_GBps": bw / 1e9, "roofline_tok_s": bw / wb, "roofline_read_tok_s": bw / read}
-        log(f"bandwidth copy_GBps={bw / 1e9:.0f} roofline_tok_s={bw / wb:.1f} roofline_read_tok_s={bw / read:.1f}")
+        roof = roofline(bw, wb, read, log)
         step("capture")
         max_len = prompt_len + n + 4 * b
         target, draft, mode = build_engines(tspec, dspec, dev, dt, max_len, b, log)
@@ -138,10 +140,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
 
         step("plain decode")
         plain, plain_tok_s = timed_generate(target, None, prompt, n)
-        rec["plain"] = {"tok_s": plain_tok_s, "ratio_roofline": plain_tok_s / roof["roofline_tok_s"],
-                        "ratio_roofline_read": plain_tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
-        log(f"plain tok_s={plain_tok_s:.1f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
-            f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.3f}")
+        rec["plain"] = plain_row(plain, plain_tok_s, roof, log)
         step("host share")
         guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
                                                      log=log, roofline_read_tok_s=roof["roofline_read_tok_s"]))
@@ -164,11 +163,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
                                             roof["copy_GBps"], log)
 
         step("reference")
-        target.rows = b
-        ref, _ = timed_generate(target, None, prompt, n + b)
-        target.rows = None
-        rec["plain"]["ids_equal_padded"] = ref.ids[:n] == plain.ids
-        log(f"reference width={b} ids_equal_plain={ref.ids[:n] == plain.ids}")
+        ref = padded_reference(target, prompt, n, b, plain, rec, log)
 
         save(rec)
         step("acceptance sweep")

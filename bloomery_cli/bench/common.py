@@ -108,6 +108,34 @@ def timed_generate(target, draft, prompt: list[int], n: int, width=None) -> tupl
     return run, (len(run.ids) - 1) / (time.perf_counter() - mark["t0"])
 
 
+def roofline(bw: float, weights: int, read: int, log) -> dict[str, float]:
+    """A bench's rooflines at copy rate ``bw`` (B/s): the tok/s of a step reading every weight byte, and of one
+    reading the ``read`` bytes a plain step reads (the criterion's)."""
+    roof = {"copy_GBps": bw / 1e9, "roofline_tok_s": bw / weights, "roofline_read_tok_s": bw / read}
+    log(f"bandwidth copy_GBps={bw / 1e9:.0f} roofline_tok_s={bw / weights:.1f} roofline_read_tok_s={bw / read:.1f}")
+    return roof
+
+
+def plain_row(plain, tok_s: float, roof: dict[str, float], log, tail: str = "") -> dict[str, Any]:
+    """The plain loop's record (tok/s, its share of each roofline, its first 64 ids) and line."""
+    row = {"tok_s": tok_s, "ratio_roofline": tok_s / roof["roofline_tok_s"],
+           "ratio_roofline_read": tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
+    log(f"plain tok_s={tok_s:.2f} ratio_roofline={row['ratio_roofline']:.3f} "
+        f"ratio_roofline_read={row['ratio_roofline_read']:.3f} ms_per_id={1e3 / tok_s:.3f}{tail}")
+    return row
+
+
+def padded_reference(target, prompt: list[int], n: int, b: int, plain, rec: dict[str, Any], log):
+    """The plain run with every pass padded to the verify's b rows (``target.rows``): the sweep's reference, whose
+    ids the drafted runs must equal; whether its first n equal the unpadded plain run's is recorded and logged."""
+    target.rows = b
+    ref, _ = timed_generate(target, None, prompt, n + b)
+    target.rows = None
+    rec["plain"]["ids_equal_padded"] = ref.ids[:n] == plain.ids
+    log(f"reference width={b} ids_equal_plain={ref.ids[:n] == plain.ids}")
+    return ref
+
+
 def first_engine(paths, build, label, dev: torch.device, log, what: str = "engine"):
     """(target, draft, mode) of the first path in ``paths`` that runs: ``build(*path)`` builds, warms and captures
     one and returns (target, draft, mode, capture seconds); a path that raises is logged with ``label(path)`` and

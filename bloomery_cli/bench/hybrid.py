@@ -39,6 +39,9 @@ from .common import (
     criterion_bound,
     guarded,
     hf_compare,
+    padded_reference,
+    plain_row,
+    roofline,
     stages,
     sync,
     timed_generate,
@@ -118,8 +121,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         log(f"weights bytes={wb} read_per_step={rb} draft_bytes={draft_b} made_s={time.perf_counter() - t0:.1f} "
             + (f"mtp_width={mtp_width}" if mtp else f"draft_layers={dspec.num_layers} block={b} "
                f"target_layers={list(dspec.target_layer_ids)}"))
-        roof = {"copy_GBps": bw / 1e9, "roofline_tok_s": bw / wb, "roofline_read_tok_s": bw / rb}
-        log(f"bandwidth copy_GBps={bw / 1e9:.0f} roofline_tok_s={bw / wb:.1f} roofline_read_tok_s={bw / rb:.1f}")
+        roof = roofline(bw, wb, rb, log)
         max_len = prompt_len + n + 4 * max(b, 16)
         target, draft, mode = build_hybrid_engines(tspec, None if mtp else dspec, mspec if mtp else None, dev, dt,
                                                    max_len, max(16, b), mtp_width, log)
@@ -134,11 +136,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
         sync(dev)
         rec["prefill_s"] = time.perf_counter() - t0
         plain, plain_tok_s = timed_generate(target, None, prompt, n)
-        rec["plain"] = {"tok_s": plain_tok_s, "ratio_roofline": plain_tok_s / roof["roofline_tok_s"],
-                        "ratio_roofline_read": plain_tok_s / roof["roofline_read_tok_s"], "ids": plain.ids[:64]}
-        log(f"plain tok_s={plain_tok_s:.2f} ratio_roofline={rec['plain']['ratio_roofline']:.3f} "
-            f"ratio_roofline_read={rec['plain']['ratio_roofline_read']:.3f} ms_per_id={1e3 / plain_tok_s:.2f} "
-            f"prefill_s={rec['prefill_s']:.2f}")
+        rec["plain"] = plain_row(plain, plain_tok_s, roof, log, f" prefill_s={rec['prefill_s']:.2f}")
         step("host share")
         guarded(rec, "host", log, lambda: host_share(target, prompt, plain.ids, 1e3 / plain_tok_s, iters=iters,
                                                      log=log, roofline_read_tok_s=roof["roofline_read_tok_s"]))
@@ -164,11 +162,7 @@ def bench_hybrid(name: str, shape: str, device: str = "auto", dtype: str = "bf16
             save(rec)
 
         step("reference")
-        target.rows = b
-        ref, _ = timed_generate(target, None, prompt, n + b)
-        target.rows = None
-        rec["plain"]["ids_equal_padded"] = ref.ids[:n] == plain.ids
-        log(f"reference width={b} ids_equal_plain={ref.ids[:n] == plain.ids}")
+        ref = padded_reference(target, prompt, n, b, plain, rec, log)
 
         step("acceptance sweep")
         target.rows = b
