@@ -26,6 +26,10 @@ and the ``device_accept`` line prints, beside the host loop's tok/s:
     ids_identical  the device loop's n ids == the padded plain reference's (the bench exits 1 otherwise)
     windows_identical  its (proposals, kept) per window == the host loop's (the same draws; reported)
 
+On CUDA a ``device_accept_timeline`` line follows (``timeline``): the median window, how late the first window
+ended, the bubbles between windows and the host's clock past the last one: where a run's time beyond its windows
+goes (a short run's constant is what separates its ratio from the window's).
+
 Only the fixed width runs on the device (the cost policy decides per window on the host: not run, said so)."""
 
 from __future__ import annotations
