@@ -106,7 +106,6 @@ class DeviceRun:
     emitted: list[int]                              # every emitted id (the first included)
     windows: list[tuple[list[int], int]] = field(default_factory=list)    # (proposals, kept) per window
     events: list = field(default_factory=list)      # CUDA: a timing event after each window's out row (benches)
-    timeline: dict = field(default_factory=dict)    # a bench's reading of the events (bench.accept.timeline)
 
 
 class DeviceAccept:
@@ -117,8 +116,8 @@ class DeviceAccept:
     def __init__(self, engine: Accepts, draft: DraftsDev, graphs: bool = True, fused: bool | None = None):
         self.engine, self.draft = engine, draft
         self.bufs = WindowBufs(self._window, engine.device, graphs, lambda: (*engine.chain.keep(), *draft.keep()))
-        # the bookkeeping in two Triton launches (``triton.window``; default: on CUDA), else the torch ops
-        self.fused = engine.device.type == "cuda" and ktriton.has_triton() if fused is None else fused
+        # the bookkeeping in two Triton launches (``triton.window``; default: where impl "auto" takes Triton)
+        self.fused = ktriton.resolve_impl("auto", engine.device) == "triton" if fused is None else fused
         self.kept_buf = torch.zeros(1, dtype=torch.long, device=engine.device)
 
     def _window(self, r: int) -> None:

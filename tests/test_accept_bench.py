@@ -78,7 +78,7 @@ def test_the_criterion_is_judged_over_the_chained_plain_decode():
     class Run:
         ids, windows = [1, 2, 3, 4], [([2, 3, 4], 4)]
         emitted = ids
-    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.0)          # accept_mean 4, 400 tok/s, no first propose
+    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.0, {})      # accept_mean 4, 400 tok/s, no first propose
     host = {"tok_s": 380.0, "tau_x_plain_frac": 0.9}
     args = ([0], [1, 2, 3, 4], 4, 0.9, 0, 100.0, host, Run.windows, {"frac_max": 1.0})
     sweep.chain_tok_s = None
@@ -88,7 +88,7 @@ def test_the_criterion_is_judged_over_the_chained_plain_decode():
     assert plain["met"] and plain["frac_of_bound"] == 1.0
     assert chained["frac_of_bound_chain"] == pytest.approx(400 / 440) and not chained["met"]
     # the first propose's share is reported, and the windows-only ratio beside it; ``met`` stays the whole run's
-    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.1)
+    sweep.timed = lambda prompt, n: (Run(), 400.0, 0.1, {})
     shared = sweep.row(*args, log=lambda s: None)
     assert shared["first_propose_share"] == 0.1
     assert shared["windows_frac_of_bound_chain"] == pytest.approx(400 / 440 / 0.9)
@@ -106,7 +106,7 @@ def test_the_ratio_counts_the_last_window_as_accept_mean_does():
     class Run:                          # n = 6: the first id and 5 of the two windows' 8 (3 dropped)
         ids, emitted = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9]
         windows = [([2, 3, 4], 4), ([6, 7, 8], 4)]
-    sweep.timed = lambda prompt, n: (Run(), 300.0, 0.0)          # 5 kept ids at 300 tok/s: the windows' 8 at 480
+    sweep.timed = lambda prompt, n: (Run(), 300.0, 0.0, {})      # 5 kept ids at 300 tok/s: the windows' 8 at 480
     host = {"tok_s": 280.0, "tau_x_plain_frac": 0.7}
     row = sweep.row([0], Run.ids, 6, 0.9, 0, 100.0, host, Run.windows, {"frac_max": 1.0}, log=lambda s: None)
     assert window_tok_s(300.0, Run) == pytest.approx(480.0) and row["tok_s_windows"] == pytest.approx(480.0)

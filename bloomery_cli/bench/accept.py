@@ -64,9 +64,9 @@ def device_hooks(draft):
 def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
     """``loop.generate``, timed as ``bench.timed_generate`` times the host loop: from the end of the prefill and the
     draft's prompt to the last id. -> (run, ids per second over the n-1 ids after the first, the share of that time
-    the draft's first propose took). The share is read from CUDA events (none on a CPU: 0.0), so timing it adds
-    no sync: the first propose (the first window's draft, run by the host) is the part of a run that does not
-    scale with n."""
+    the draft's first propose took, the run's ``timeline``). The share is read from CUDA events (none on a CPU: 0.0,
+    and no timeline), so timing it adds no sync: the first propose (the first window's draft, run by the host) is
+    the part of a run that does not scale with n."""
     dev = loop.engine.device
     cuda = dev.type == "cuda"
     mark: dict[str, float] = {}
@@ -84,8 +84,8 @@ def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
     sync(dev)
     secs = time.perf_counter() - mark["t0"]
     first = ev[0].elapsed_time(ev[1]) / ev[0].elapsed_time(ev[2]) if ev else 0.0
-    run.timeline = timeline(ev[0], run.events, secs * 1e3) if ev and run.events else {}
-    return run, (len(run.ids) - 1) / secs, first
+    times = timeline(ev[0], run.events, secs * 1e3) if ev and run.events else {}
+    return run, (len(run.ids) - 1) / secs, first, times
 
 
 def timeline(start, events: list, run_ms: float) -> dict[str, float]:
@@ -119,7 +119,7 @@ class DeviceSweep:
         if not self.warm:                               # captures the window graph (untimed, as the host's is)
             self.timed(prompt, n)
             self.warm = True
-        run, tok_s, first = self.timed(prompt, n)
+        run, tok_s, first, times = self.timed(prompt, n)
         kept = [k for _, k in run.windows]
         am = sum(kept) / len(kept) if kept else 0.0
         windows_rate = window_tok_s(tok_s, run)
@@ -147,10 +147,10 @@ class DeviceSweep:
         log(f"device_accept a={a:.4f} accept_mean={am:.3f} tok_s={tok_s:.2f} host_loop_tok_s={host['tok_s']:.2f} "
             f"ratio_to_host={out['ratio_to_host']:.3f} frac_of_tau_x_plain={frac:.3f}{roof} "
             f"ids_identical={out['ids_identical']} windows_identical={out['windows_identical']}")
-        if getattr(run, "timeline", None):
-            out["timeline"] = run.timeline
+        if times:
+            out["timeline"] = times
             log(f"device_accept_timeline a={a:.4f} windows={len(kept)} "
-                + " ".join(f"{k}={v:.3f}" for k, v in run.timeline.items()))
+                + " ".join(f"{k}={v:.3f}" for k, v in times.items()))
         return out
 
 
@@ -160,7 +160,7 @@ def measured_row(target, draft, prompt: list[int], n: int, rows: int, plain_ids:
     beside the host loop's measured run: its tok/s, acceptance and ids against the plain run's."""
     loop = DeviceAccept(target, device_hooks(draft), graphs=target.graphs.enabled)
     loop.generate(prompt, n, rows)                      # captures the window graph (untimed)
-    run, tok_s, _ = timed_device(loop, prompt, n, rows)
+    run, tok_s, _, _ = timed_device(loop, prompt, n, rows)
     kept = [k for _, k in run.windows]
     am = sum(kept) / len(kept) if kept else 0.0
     out = {"accept_mean": am, "tok_s": tok_s, "host_tok_s": host["tok_s"], "ratio_to_host": tok_s / host["tok_s"],

@@ -24,7 +24,7 @@ import torch
 
 from bloomery_gates.kernels.graphs import time_replays
 
-from .common import sync
+from .common import sync, timed_generate
 
 KS = (8, 16)
 
@@ -85,8 +85,6 @@ class Variant:
 
 def measure_variant(target, prompt: list[int], n: int, iters: int = 50) -> Variant:
     """``target``'s plain loop over n ids once (``timed_generate``), then ``host_share`` at K = 16."""
-    from .common import timed_generate
-
     plain, tok_s = timed_generate(target, None, prompt, n)
     h = host_share(target, prompt, plain.ids, 1e3 / tok_s, (16,), iters=iters, log=lambda *_: None)
     c = h["chains"][0]

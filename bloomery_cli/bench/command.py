@@ -168,8 +168,7 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
         save(rec)
         step("acceptance sweep")
         rec["sweep"] = []
-        points = [Point(a, t, int(t * 100), f"tau={t:g} a={a:.4f}", "tau=6" if t == 6.0 else None)
-                  for t in taus if t <= b for a in (accept_for_tau(t, b),)]
+        points = [_point(t, b) for t in taus if t <= b]
         guarded(rec, "sweep_run", log, lambda: run_sweep(target, draft, ref, prompt, n, width, b, points,
                                                          plain_tok_s, rec, log, save, profile))
         step("transformers")
@@ -187,6 +186,12 @@ def bench(name: str, shape: str | None = None, device: str = "auto", dtype: str 
     rec["complete"] = True
     save(rec)
     return rec
+
+
+def _point(tau: float, b: int) -> Point:
+    """The sweep's point at nominal tau (a = ``accept_for_tau``), the criterion at tau = 6."""
+    a = accept_for_tau(tau, b)
+    return Point(a, tau, int(tau * 100), f"tau={tau:g} a={a:.4f}", "tau=6" if tau == 6.0 else None)
 
 
 def _cost_policy(target, draft, ref, prompt, n, b, log) -> list[dict[str, Any]]:

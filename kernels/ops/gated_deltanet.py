@@ -100,24 +100,18 @@ def delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     (a device tensor [1], a commit's kept rows) makes the rows past it identity updates, g = b = 0 (S <- exp(0) S +
     k (0 (v - S^T k))^T is S itself, signed zeros aside), where the Triton kernel stops walking; ``outputs`` /
     ``store`` False give None for o / the state."""
-    if q.dim() == 4 and q.shape[0] > 1:         # one sequence a scan: the einsums' shapes, and so their bits (a
-        parts = [delta_recurrent(*(x[i:i + 1] for x in (q, k, v, g, b, state)), rows=rows, outputs=outputs,
-                                 store=store) for i in range(q.shape[0])]       # CPU BLAS may sum another way at
-        o = torch.cat([x[0] for x in parts]) if outputs else None             # another batch), as a one-layer call
-        if not store:
-            return o, None
-        s = torch.cat([x[1] for x in parts])
-        return o, (s_out.copy_(s) if s_out is not None else s)
-    if rows is not None:
-        live = (torch.arange(g.shape[-2], device=g.device) < rows)[:, None]          # [T, 1]
-        g, b = torch.where(live, g, 0.0), torch.where(live, b, 0.0)
-    o, s = delta_scan(q, k, v, g, b, state)
-    if not store:
-        return (o if outputs else None), None
-    if s_out is not None:
-        s_out.copy_(s)
-        s = s_out
-    return (o if outputs else None), s
+    if q.dim() == 4 and q.shape[0] > 1:         # one sequence a scan: the einsums' shapes, and so their bits, as a
+        parts = [delta_recurrent(*(x[i:i + 1] for x in (q, k, v, g, b, state)), rows=rows)   # one-layer call's (a
+                 for i in range(q.shape[0])]                                  # CPU BLAS may sum a batch another way)
+        o, s = torch.cat([x[0] for x in parts]), torch.cat([x[1] for x in parts])
+    else:
+        if rows is not None:
+            live = (torch.arange(g.shape[-2], device=g.device) < rows)[:, None]      # [T, 1]
+            g, b = torch.where(live, g, 0.0), torch.where(live, b, 0.0)
+        o, s = delta_scan(q, k, v, g, b, state)
+    if store and s_out is not None:
+        s = s_out.copy_(s)
+    return (o if outputs else None), (s if store else None)
 
 
 def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,

@@ -54,8 +54,8 @@ def _pow2(m: int) -> int:
 
 
 def kept(ids: torch.Tensor, a: torch.Tensor, cnt: torch.Tensor, n: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """ids [>= R] (anchor, proposals), a [>= R-1], cnt, n, out [1] (long) -> out: the window's kept rows (module
-    docstring), R - 1 = the proposals compared (a's length)."""
+    """ids [>= R] (anchor, proposals), a [R] (the target's argmax), cnt, n, out [1] (long) -> out: the window's kept
+    rows (module docstring; the R - 1 proposals compared)."""
     m = a.shape[0] - 1
     _kept_kernel[(1,)](ids, a, cnt, n, out, M=m, MP=_pow2(m), num_warps=1)
     return out

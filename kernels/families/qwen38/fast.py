@@ -416,8 +416,7 @@ class FastQwen38Target:
         else:
             rows = tuple(x_[i] for x_ in bufs.rows)
             self._prepare_into(args, rows)
-            commit = self.state[i] if bufs.commit else None                           # else outputs only
-            o = self.recur(*rows, self.state[i], commit, store=bufs.commit)[0]
+            o = self.recur(*rows, self.state[i], self.state[i], store=bufs.commit)[0]   # else outputs only
         o = self.out_norm(o, w.norm_w, x[:, c:c + vd].reshape(1, r, nv, dv), eps, self.dtype).reshape(r, vd)
         return self.ops.proj(o, w.w_out, None, eps, res=h, rp=self.rp)
 
