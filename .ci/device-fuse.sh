@@ -4,9 +4,10 @@
 #   BLOOMERY_COMMIT=<sha> [STEPS="build abp gates bench8 tests b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # ab      .ci/diag_ceiling.py at qwen3-8b: the fused default against each fusion undone and both (ids compared)
-# abp     the same, the tree's default and old-norm, then with each of PATCHES (patch files, -p1, in the order
-#         given) reverted on top of the ones before, the package reinstalled each time; restored after. The
-#         patches of the 62b2948 call: results/h200/speed/62b2948-ab/
+# abp     the same, the tree's variants AB0 (default: base old-norm base), then with each of PATCHES (patch files,
+#         -p1, in the order given) reverted on top of the ones before, the package reinstalled each time; restored
+#         after, and AB_END's variants run on the restored tree. The patches of the 62b2948 call:
+#         results/h200/speed/62b2948-ab/
 # tests   (TESTS: the files, default below) the CUDA tests of the fused ops, the projection, PDL and the graphed engines
 # gates   bloomery gates --engine fast --device cuda --dtype bf16 (records: $R/fast)
 # gatesd  the same with the fixtures' qwen3 gate/up [768, 128] sent to cuBLAS (BLOOMERY_GEMV_CONFIGS), so that the
@@ -31,13 +32,15 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
                --source $SRC > $R/build.log 2>&1; echo "build exit $?" >> $R/build.log ) & ;;
     ab) step ab ${AB_S:-110} python3 -P .ci/diag_ceiling.py -n 256 ${AB:-base old-combine old-norm old-combine+old-norm base}
         grep "^skip=" $R/ab.log | cut -c1-200 ;;
-    abp) step ab-0 ${AB_S:-80} python3 -P .ci/diag_ceiling.py -n 256 base old-norm base; grep "^skip=" $R/ab-0.log
+    abp) step ab-0 ${AB_S:-80} python3 -P .ci/diag_ceiling.py -n 256 ${AB0:-base old-norm base}; grep "^skip=" $R/ab-0.log
          PS=(${PATCHES:-})
          for P in "${PS[@]}"; do n=$(basename $P .patch)
            patch -s -p1 -R < $P && reinstall && step ab-$n ${AB1_S:-50} python3 -P .ci/diag_ceiling.py -n 256 base
            echo "reverted up to $n:"; grep "^skip=" $R/ab-$n.log
          done
-         for ((i=${#PS[@]}-1; i>=0; i--)); do patch -s -p1 < ${PS[$i]}; done; reinstall ;;
+         for ((i=${#PS[@]}-1; i>=0; i--)); do patch -s -p1 < ${PS[$i]}; done; reinstall
+         if [ -n "${AB_END:-}" ]; then step ab-end ${AB1_S:-50} python3 -P .ci/diag_ceiling.py -n 256 $AB_END
+           echo "restored:"; grep "^skip=" $R/ab-end.log; fi ;;
     tests) step tests ${TESTS_S:-150} python3 -P -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_ffn_input.py \
              tests/test_gemv.py tests/test_bench.py tests/test_fast_engine.py \
              tests/test_chain.py tests/test_mtp_fast.py tests/test_qwen38_fast.py tests/test_dflash2_fast.py \

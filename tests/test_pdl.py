@@ -131,3 +131,59 @@ def test_in_effect_is_on_and_a_capable_cuda_device(monkeypatch):
     monkeypatch.setattr(p, "hopper", lambda dev: True)
     monkeypatch.setenv("BLOOMERY_PDL", "off")
     assert not p.in_effect(torch.device("cuda"))
+
+
+class _Spy:
+    """A Triton kernel wrapped: each launch's constexprs recorded, then launched as it was."""
+
+    def __init__(self, kernel, seen: list):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*a, **k):
+            self.seen.append(k)
+            return self.kernel[grid](*a, **k)
+        return launch
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and p.hopper(torch.device("cuda"))),
+                    reason="PDL and the L2 prefetch run on CUDA of compute capability 9+: run on the device")
+def test_the_prefetches_change_no_number(monkeypatch):
+    """The attention's key/value prefetch (``decode._prefetch_split``) and the output projection's prefetch of
+    cuBLAS's gate/up rows (``gemv.proj``'s nxt) are taken in a graph under the default setting, and the graphed
+    outputs equal those of BLOOMERY_PDL=off bit for bit: a prefetch is a hint, and the hint read of the position
+    before the wait decides bytes only."""
+    from bloomery_gates.kernels.triton import decode, gemv
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    nq, nkv, d, cap, h, i = 8, 2, 128, 200, 512, 8192 + 64     # gate/up [2i, h] past gemv.SMALL_N: cuBLAS
+    qkv = torch.randn(1, (nq + 2 * nkv) * d, device=dev, dtype=dt, generator=g)
+    kc, vc = (torch.randn(nkv, cap, d, device=dev, dtype=dt, generator=g) for _ in range(2))
+    p0 = torch.tensor([150], device=dev)
+    o, res = (torch.randn(1, h, device=dev, dtype=dt, generator=g) for _ in range(2))
+    wo = torch.randn(h, h, device=dev, dtype=dt, generator=g) / h ** 0.5
+    wgu = torch.randn(2 * i, h, device=dev, dtype=dt, generator=g) / h ** 0.5
+    g32 = torch.rand(h, device=dev, generator=g) + 0.5
+    seen: list[dict] = []
+    monkeypatch.setattr(decode, "_attn_split_kernel", _Spy(decode._attn_split_kernel, seen))
+    monkeypatch.setattr(gemv, "_proj_kernel", _Spy(gemv._proj_kernel, seen))
+
+    def graphed(setting: str):
+        monkeypatch.setenv("BLOOMERY_PDL", setting)
+        out = {}
+
+        def step(_):
+            out["attn"] = decode.TritonOps.attention(qkv, nq, nkv, d, kc, vc, p0)
+            out["h2"], out["act"] = decode.TritonOps.ffn_input(o, wo, res, g32, wgu, 1e-6, 16)
+        gs = graphs.GraphSet(step, dev, warmup=1)
+        gs.run(0)
+        torch.cuda.synchronize()
+        return {k: v.clone() for k, v in out.items()}
+
+    off = graphed("off")
+    assert not any(k.get("PF") or k.get("NXB") for k in seen)
+    seen.clear()
+    on = graphed("")
+    assert any(k.get("PF") == d * 2 for k in seen) and any(k.get("NXB", 0) > 0 for k in seen)
+    for k in off:
+        assert torch.equal(off[k], on[k]), k
