@@ -340,7 +340,7 @@ class TritonOps:
         h2 = torch.empty(r, n, device=o.device, dtype=o.dtype)
         hg = torch.empty_like(h2)
         ss = torch.empty(triton.cdiv(n, cfg[0]), rp, device=o.device, dtype=torch.float32)
-        gemv.proj(o, wo, None, eps, h, h2, rp, cfg, gout=(g32, hg, ss), nxt=wgu)
+        gemv.proj(o, wo, None, eps, h, h2, rp, cfg, gout=(g32, hg, ss))
         return h2, TritonOps.silu_mul(torch.mm(hg, wgu.t()), ss, n, eps)
 
 

@@ -77,11 +77,10 @@ def _acc_tile(acc, ss, w, kk, x_ptr, sx, rows, rmask, g_ptr, K: tl.constexpr, NO
 
 @triton.jit
 def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps,
-                 go_ptr, hg_ptr, ss_ptr, nx_ptr, snx, NXN,
+                 go_ptr, hg_ptr, ss_ptr,
                  K: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr, NXR: tl.constexpr,
-                 NXB: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -97,10 +96,6 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
         kk = sid * KS + k0 + tl.arange(0, BK)
         w = _w_tile(w_ptr, w_desc, sw, n, nmask, kk, pid * BN, sid * KS + k0, K, TMA, EVEN)
         acc, ss = _acc_tile(acc, ss, w, kk, x_ptr, sx, rows, rmask, g_ptr, K, NORM, F32DOT)
-    if NXB > 0:  # noqa: SIM102       (constexpr, then runtime) the next projection's weight (cuBLAS: no PDL),
-        if sid == 0:                    # the head of NXR of its rows into L2 as this one's stream ends (proj's nxt)
-            nr = (pid * NXR + tl.arange(0, NXR)) % NXN
-            pdl.prefetch_rows(nx_ptr + nr.to(tl.int64) * snx, tl.full([NXR], NXB, tl.int32))
     last = True
     if S > 1:                           # park the partial sums; the tile's last split to arrive adds them all
         nt = tl.num_programs(0)
@@ -189,19 +184,14 @@ def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
          out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None,
-         gout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-         nxt: torch.Tensor | None = None) -> torch.Tensor:
+         gout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
     its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
     Where it runs is ``TritonOps.proj``'s choice (``tiles``).
 
     ``gout`` (gain [N] f32, hg [R, N] like out, ss [tiles, rp] f32): the next RMSNorm's parts from the epilogue,
     y as stored (rounded) times the gain into hg, rounded, and each tile's per-row sum of y^2 into ss[tile]
-    (``TritonOps.ffn_input``: rms(y) g = rstd (y g), rstd from the tiles' sums in one order).
-
-    ``nxt`` [N2, K2]: the weight the next projection (cuBLAS, which PDL does not reach) reads. With an L2 budget
-    (``pdl_policy``), each program asks L2 for the head of its share of nxt's rows when its own K loop is done, so
-    that cuBLAS's first tiles come from L2: the budget's bytes over nxt's rows, whole 128-byte lines."""
+    (``TritonOps.ffn_input``: rms(y) g = rstd (y g), rstd from the tiles' sums in one order)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
@@ -234,19 +224,13 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     pf = 0                              # the L2 prefetch: whole rows of 16-byte-aligned weights only
     if budget is not None and even and aligned:
         pf = pdl_policy.row_bytes(budget, n * splits, ks * w.element_size())
-    nxr = nxb = 0
-    if nxt is not None and budget is not None and nxt.stride(1) == 1 and nxt.data_ptr() % 16 == 0 \
-            and (nxt.stride(0) * nxt.element_size()) % 16 == 0:
-        nxr = triton.next_power_of_2(triton.cdiv(nxt.shape[0], grid[0]))
-        nxb = pdl_policy.row_bytes(budget or 4 << 20, nxt.shape[0], nxt.shape[1] * nxt.element_size())  # l2: 4 MiB
     _proj_kernel[grid](
         x, x.stride(0), w, TensorDescriptor.from_tensor(w, [bn, bk]) if tma else w, w.stride(0),
         g32 if g32 is not None else w, res if res is not None else out,
-        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)),
-        nxt if nxb else w, nxt.stride(0) if nxb else 0, nxt.shape[0] if nxb else 1, K=k,
+        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)), K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, NXR=max(nxr, 1), NXB=nxb, num_warps=warps,
-        num_stages=stages, **pdl_policy.launch_opts(mode))
+        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, num_warps=warps, num_stages=stages,
+        **pdl_policy.launch_opts(mode))
     return out
 
 
