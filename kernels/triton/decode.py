@@ -84,36 +84,14 @@ def _qk_rope_kernel(qkv_ptr, stride_r, qn_ptr, kn_ptr, cos_ptr, sin_ptr, p0_ptr,
 
 
 @triton.jit
-def _prefetch_split(kc_ptr, vc_ptr, p0_ptr, R, cap, first, kv, sp, mb, D: tl.constexpr, BN: tl.constexpr,
-                    NB: tl.constexpr, PF: tl.constexpr):
-    """Ask L2 for the key and value rows (D elements, PF bytes each) that split ``sp`` of kv head ``kv`` will read,
-    before the PDL wait; the first row block's program only. The blocks: those that end past ``first`` and start
-    at most one block past the last position, the position read as a hint before the wait (a step old at most,
-    which the extra block covers). A prefetch returns nothing to the program: a stale hint costs bytes, never a
-    number."""
-    if mb == 0:
-        top = tl.load(p0_ptr, volatile=True) + R - 1 + BN
-        keys = tl.arange(0, BN)
-        base = kv.to(tl.int64) * cap
-        for i in range(NB):
-            start = sp * (NB * BN) + i * BN
-            if (start <= top) & (start < cap) & (start + BN > first):
-                row = (base + tl.minimum(start + keys, cap - 1)) * D
-                pdl.prefetch_rows(kc_ptr + row, tl.full([BN], PF, tl.int32))
-                pdl.prefetch_rows(vc_ptr + row, tl.full([BN], PF, tl.int32))
-
-
-@triton.jit
 def _attn_split_kernel(q_ptr, stride_r, kc_ptr, vc_ptr, p0_ptr, R, cap, first, scale, m_ptr, l_ptr, o_ptr, RG_PAD,
                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, F32DOT: tl.constexpr,
-                       PDL: tl.constexpr, PF: tl.constexpr):
+                       PDL: tl.constexpr):
+    pdl.enter(PDL)
     kv = tl.program_id(0)
     sp = tl.program_id(1)
     mb = tl.program_id(2)
-    if PF > 0:                          # the split's keys and values into L2 while the kernel before runs (pdl.py)
-        _prefetch_split(kc_ptr, vc_ptr, p0_ptr, R, cap, first, kv, sp, mb, D, BN, NB, PF)
-    pdl.enter(PDL)
     p0 = tl.load(p0_ptr)
     rows = mb * BM + tl.arange(0, BM)
     rmask = rows < R * G
@@ -287,16 +265,14 @@ class TritonOps:
         chunk = triton.cdiv(triton.cdiv(cap, SPLITS), BN) * BN
         n_split = triton.cdiv(cap, chunk)
         dev = qkv.device
-        pm, budget = pdl_policy.mode(dev)
-        row = d * kc.element_size()     # the L2 prefetch of the keys and values (with a projection's, l2=MB)
-        pf = row if budget is not None and row % 16 == 0 and kc.data_ptr() % 16 == vc.data_ptr() % 16 == 0 else 0
+        pm = pdl_policy.mode(dev)[0]
         m = torch.empty(n_split * nkv * rg, dtype=torch.float32, device=dev)
         l = torch.empty_like(m)
         o = torch.empty(n_split * nkv * rg * d, dtype=torch.float32, device=dev)
         _attn_split_kernel[(nkv, n_split, triton.cdiv(rg, BM))](
             qkv, qkv.stride(0), kc, vc, p0, r, cap, first, 1.0 / math.sqrt(d), m, l, o, rg,
-            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, PF=pf,
-            num_warps=4, **pdl_policy.launch_opts(pm))
+            NKV=nkv, G=g, D=d, CAUSAL=causal, BM=BM, BN=BN, NB=chunk // BN, F32DOT=interpreting(), PDL=pm, num_warps=4,
+            **pdl_policy.launch_opts(pm))
         out = torch.empty(r, nq * d, dtype=qkv.dtype, device=dev)
         if gate is not None and gate.stride(2) != 1:
             gate = gate.contiguous()
