@@ -87,17 +87,28 @@ class WindowBufs(ChainBufs):
 
     def __init__(self, fn, device: torch.device, graphs: bool, keep):
         super().__init__(fn, device, graphs)
-        z = lambda: torch.zeros(1, dtype=torch.long, device=device)  # noqa: E731
-        self.cnt, self.w, self.n = z(), z(), z()
-        self.counters = Staged(3, device)
+        self.device = device
+        self.vals = torch.zeros(4, dtype=torch.long, device=device)         # p0, cnt, w, n: one copy from the host
+        self.p0, self.cnt, self.w, self.n = (self.vals[i:i + 1] for i in range(4))
+        self.counters = Staged(5, device)
         self.out = torch.zeros(1 + 2 * MAX_K, dtype=torch.long, device=device)
         self.keep = lambda: (*keep(), self.cnt, self.w)
+        self.host: torch.Tensor | None = None
 
     def start(self, p0: int, first: int, n: int) -> None:
-        self.stage(p0, first)
-        self.counters.put([1, 0, n])
-        for i, t in enumerate((self.cnt, self.w, self.n)):
-            t.copy_(self.counters.dev[i:i + 1])
+        """The first anchor, p0 and the counters (cnt 1, w 0, n) from the host: one staged copy and two device
+        copies (a run's set-up is host time before its first window)."""
+        self.counters.put([first, p0, 1, 0, n])
+        self.ids[:1].copy_(self.counters.dev[:1])
+        self.vals.copy_(self.counters.dev[1:])
+
+    def rows_host(self, n: int, r: int) -> torch.Tensor:
+        """A host buffer [>= n, 2r] for the windows' out rows (pinned on CUDA), kept from run to run: a pinned
+        allocation at each run's start was host time before its first window. Every row is written before it is
+        read, and a run has read every row it queued before it returns."""
+        if self.host is None or self.host.shape[0] < n or self.host.shape[1] != 2 * r:
+            self.host = torch.empty(n, 2 * r, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        return self.host
 
 
 @dataclass
@@ -106,6 +117,7 @@ class DeviceRun:
     emitted: list[int]                              # every emitted id (the first included)
     windows: list[tuple[list[int], int]] = field(default_factory=list)    # (proposals, kept) per window
     events: list = field(default_factory=list)      # CUDA: a timing event after each window's out row (benches)
+    launched: object = None                         # CUDA: a timing event queued just before the first window
 
 
 class DeviceAccept:
@@ -179,8 +191,12 @@ class DeviceAccept:
         if c.graphs.enabled and r not in c.graphs.graphs:
             c.capture(r, e.length, first)
             c.start(e.length, first, n)
-        host = torch.zeros(n, 2 * r, dtype=torch.long, pin_memory=cuda)
+        host = c.rows_host(n, r)
         events: list = []
+        launched = None
+        if cuda:
+            launched = torch.cuda.Event(enable_timing=True)
+            launched.record()
         pending: deque[int] = deque()
         out, windows, queued = [first], [], 0
         while len(out) < n or pending:
@@ -205,4 +221,4 @@ class DeviceAccept:
                 windows.append((row[1 + r:2 * r], kept))
         e.length += len(out) - 1
         self.draft.sync(e.length)
-        return DeviceRun(out[:n], out, windows, events)
+        return DeviceRun(out[:n], out, windows, events, launched)

@@ -126,3 +126,5 @@ def test_timeline_splits_a_run_into_windows_start_bubbles_and_the_tail():
 
     t = bench_accept.timeline(Ev(0.0), [Ev(x) for x in (7.0, 13.0, 19.0, 25.5)], 26.2)
     assert t == pytest.approx({"window_ms": 6.0, "start_extra_ms": 1.0, "bubbles_ms": 0.5, "after_last_ms": 0.7})
+    t = bench_accept.timeline(Ev(0.0), [Ev(x) for x in (7.0, 13.0, 19.0, 25.5)], 26.2, Ev(0.4), Ev(25.9))
+    assert t["setup_ms"] == pytest.approx(0.4) and t["host_tail_ms"] == pytest.approx(0.4)

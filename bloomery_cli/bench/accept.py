@@ -84,20 +84,28 @@ def timed_device(loop: DeviceAccept, prompt: list[int], n: int, rows: int):
     sync(dev)
     secs = time.perf_counter() - mark["t0"]
     first = ev[0].elapsed_time(ev[1]) / ev[0].elapsed_time(ev[2]) if ev else 0.0
-    times = timeline(ev[0], run.events, secs * 1e3) if ev and run.events else {}
+    times = timeline(ev[0], run.events, secs * 1e3, run.launched, ev[2]) if ev and run.events else {}
     return run, (len(run.ids) - 1) / secs, first, times
 
 
-def timeline(start, events: list, run_ms: float) -> dict[str, float]:
+def timeline(start, events: list, run_ms: float, launched=None, returned=None) -> dict[str, float]:
     """Where a device run's time goes past its windows (CUDA events: ``start`` at the clock's start, one after each
     window): window_ms the median interval between windows' ends, start_extra_ms the first window's end past one
     window (the set-up and the first graph's launch), bubbles_ms the intervals past the median (the host's round
-    trips near the end), after_last_ms the host clock past the last window's end."""
+    trips near the end), after_last_ms the host clock past the last window's end. With ``launched`` (queued just
+    before the first window) and ``returned`` (just after the run returned; the device idle by then, so its time is
+    the host's): setup_ms the host's set-up before the first window, host_tail_ms the host's reads and return after
+    the last window."""
     ends = [start.elapsed_time(e) for e in events]
     gaps = [b - a for a, b in itertools.pairwise(ends)]
     med = statistics.median(gaps) if gaps else ends[0]
-    return {"window_ms": med, "start_extra_ms": ends[0] - med, "bubbles_ms": ends[-1] - ends[0] - med * len(gaps),
-            "after_last_ms": run_ms - ends[-1]}
+    out = {"window_ms": med, "start_extra_ms": ends[0] - med, "bubbles_ms": ends[-1] - ends[0] - med * len(gaps),
+           "after_last_ms": run_ms - ends[-1]}
+    if launched is not None:
+        out["setup_ms"] = start.elapsed_time(launched)
+    if returned is not None:
+        out["host_tail_ms"] = start.elapsed_time(returned) - ends[-1]
+    return out
 
 
 class DeviceSweep:
