@@ -167,9 +167,12 @@ def config(n: int, k: int) -> tuple[int, ...] | None:
 # 0.750 / 0.711, 4096x12288 0.859 / 0.849, 5120x6144 0.828 / 0.824, 5120x17408 0.947 / 0.940) and made the 8B
 # step 0.8-0.9% faster (chain K=16 230.0 / 230.1 against 228.3 / 228.6 tok/s; 234.8 against 232.7 in another call:
 # results/h200/speed/1fe9524-tma/NOTE.md). The wide 27B ones keep pointer loads: TMA there, at the isolated bench's
-# best tiles, made the 27B step 1.7x slower.
+# best tiles, made the 27B step 1.7x slower. In the 8B step (results/h200/speed/09ceb55-tiles, one engine per
+# setting, alternating on one card), 4096x12288 without its split-K is 0.25% shorter (device step 4.222-4.225
+# against 4.231-4.234 ms in four pairs): in-step it takes one split too. Also measured in-step there and slower:
+# 3 or 2 pipeline stages, K tiles of 128, 2 splits of 4096x4096 or 6144x4096, 3 of 4096x12288.
 MEASURED = {(6144, 4096): (64, 256, 4, 4, 1, 1), (4096, 4096): (64, 256, 4, 4, 1, 1),
-            (4096, 12288): (64, 256, 4, 4, 2, 1), (5120, 6144): (64, 256, 4, 4, 1, 1),
+            (4096, 12288): (64, 256, 4, 4, 1, 1), (5120, 6144): (64, 256, 4, 4, 1, 1),
             (5120, 17408): (64, 256, 4, 4, 1, 1), (16480, 5120): (128, 128, 4, 4, 1),
             (14336, 5120): (128, 128, 4, 4, 1)}
 RULE = (64, 256, 4, 4, 1, 1)            # every other narrow weight
