@@ -104,6 +104,7 @@ class Staged:
         self.cuda = device.type == "cuda"
         self.dev = torch.zeros(n, dtype=torch.long, device=device)
         self.host = torch.zeros(n, dtype=torch.long, pin_memory=self.cuda)
+        self.np = self.host.numpy()                 # the same memory: a list is written into it without a tensor
         self.done = torch.cuda.Event() if self.cuda else None
         self.pending = False
 
@@ -113,7 +114,7 @@ class Staged:
         if self.pending:
             self.done.synchronize()
         k = len(values)
-        self.host[:k] = torch.tensor(values, dtype=torch.long)
+        self.np[:k] = values
         self.dev[:k].copy_(self.host[:k], non_blocking=True)
         if self.cuda:
             self.done.record()
