@@ -117,7 +117,7 @@ class DeviceRun:
     emitted: list[int]                              # every emitted id (the first included)
     windows: list[tuple[list[int], int]] = field(default_factory=list)    # (proposals, kept) per window
     events: list = field(default_factory=list)      # CUDA: a timing event after each window's out row (benches)
-    launched: object = None                         # CUDA: a timing event queued just before the first window
+    launched: torch.cuda.Event | None = None        # CUDA: a timing event queued just before the first window
 
 
 class DeviceAccept:

@@ -131,4 +131,3 @@ def test_in_effect_is_on_and_a_capable_cuda_device(monkeypatch):
     monkeypatch.setattr(p, "hopper", lambda dev: True)
     monkeypatch.setenv("BLOOMERY_PDL", "off")
     assert not p.in_effect(torch.device("cuda"))
-

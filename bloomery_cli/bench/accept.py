@@ -94,8 +94,9 @@ def timeline(start, events: list, run_ms: float, launched=None, returned=None) -
     window (the set-up and the first graph's launch), bubbles_ms the intervals past the median (the host's round
     trips near the end), after_last_ms the host clock past the last window's end. With ``launched`` (queued just
     before the first window) and ``returned`` (just after the run returned; the device idle by then, so its time is
-    the host's): setup_ms the host's set-up before the first window, host_tail_ms the host's reads and return after
-    the last window."""
+    the host's): setup_ms the host's time before the first window (the draft's first propose, which
+    first_propose_share also counts, and the run's set-up), host_tail_ms the host's reads and return after the last
+    window."""
     ends = [start.elapsed_time(e) for e in events]
     gaps = [b - a for a, b in itertools.pairwise(ends)]
     med = statistics.median(gaps) if gaps else ends[0]
