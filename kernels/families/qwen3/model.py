@@ -178,23 +178,32 @@ class Qwen3Target(RowPasses):
         return self.k_cache[layer, 0, :, :self.length], self.v_cache[layer, 0, :, :self.length]
 
     def _run(self, ids: list[int], want_logits: bool) -> Pass:
-        p0, r = self.length, len(ids)
-        if p0 + r > self.cap:
-            raise ValueError(f"KV cache of {self.cap} positions is full (pass ends at {p0 + r})")
-        pos = torch.arange(p0, p0 + r, device=self.device)
-        cos, sin = self.cos[p0:p0 + r], self.sin[p0:p0 + r]
-        allowed = self.key_pos[None, :] <= pos[:, None]                                  # [R, cap]
-        h = F.embedding(torch.tensor([ids], device=self.device), self.embed)             # [1, R, H]
-        taps = [h[0]]
-        for i, w in enumerate(self.layers):
-            def cached(q, k, v, i=i):
-                self.k_cache[i, :, :, p0:p0 + r] = k
-                self.v_cache[i, :, :, p0:p0 + r] = v
-                return attend(q, self.k_cache[i], self.v_cache[i], allowed)
-            h = decoder_layer(h, w, self.shape, cos, sin, cached)
-            taps.append(h[0])
-        logits = F.linear(rms_norm(h[0], self.final_norm, self.shape.rms_eps), self.head)
+        taps = cached_layers(self, ids, self.length)
+        logits = F.linear(rms_norm(taps[-1], self.final_norm, self.shape.rms_eps), self.head)
         return Pass(logits.argmax(-1).tolist(), torch.stack(taps), logits if want_logits else None)
+
+
+def cached_layers(eng, ids: list[int], p0: int, reduce_o: Callable[[torch.Tensor], torch.Tensor] = _same,
+                  reduce_mlp: Callable[[torch.Tensor], torch.Tensor] = _same) -> list[torch.Tensor]:
+    """Rows ids at positions p0..p0+R-1 through ``eng``'s layers (``Qwen3Target``, or a rank's shard in
+    ``qwen3.tp`` with its reduces), each layer's k / v written into its cache rows p0..p0+R-1 -> the taps
+    [h_0 (the embedding), h_1, ..., h_L], each [R, H]."""
+    r = len(ids)
+    if p0 + r > eng.cap:
+        raise ValueError(f"KV cache of {eng.cap} positions is full (pass ends at {p0 + r})")
+    pos = torch.arange(p0, p0 + r, device=eng.device)
+    cos, sin = eng.cos[p0:p0 + r], eng.sin[p0:p0 + r]
+    allowed = eng.key_pos[None, :] <= pos[:, None]                                       # [R, cap]
+    h = F.embedding(torch.tensor([ids], device=eng.device), eng.embed)                   # [1, R, H]
+    taps = [h[0]]
+    for i, w in enumerate(eng.layers):
+        def cached(q, k, v, i=i):
+            eng.k_cache[i, :, :, p0:p0 + r] = k
+            eng.v_cache[i, :, :, p0:p0 + r] = v
+            return attend(q, eng.k_cache[i], eng.v_cache[i], allowed)
+        h = decoder_layer(h, w, eng.shape, cos, sin, cached, reduce_o, reduce_mlp)
+        taps.append(h[0])
+    return taps
 
 
 # ------------------------------------------------------------------------------------ fast decode engine

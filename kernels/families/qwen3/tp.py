@@ -29,9 +29,8 @@ import torch.nn.functional as F
 
 from bloomery_gates.spec import LayerShape, ModelSpec
 
-from ...ops.attention import attend
 from ...ops.norm import rms_norm
-from .model import LayerWeights, StaticCache, decoder_layer
+from .model import LayerWeights, StaticCache, cached_layers
 
 
 def all_reduce_f32(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -110,25 +109,10 @@ class ShardEngine:
 
     def run(self, ids: list[int], p0: int, want_logits: bool) -> ShardPass:
         """Rows ids at positions p0..p0+R-1 (KV written there), the same ops as ``Qwen3Target._run``."""
-        r, s = len(ids), self.shape
-        if p0 + r > self.cap:
-            raise ValueError(f"KV cache of {self.cap} positions is full (pass ends at {p0 + r})")
-        pos = torch.arange(p0, p0 + r, device=self.device)
-        cos, sin = self.cos[p0:p0 + r], self.sin[p0:p0 + r]
-        allowed = self.key_pos[None, :] <= pos[:, None]                                  # [R, cap]
-        h = F.embedding(torch.tensor([ids], device=self.device), self.embed)             # [1, R, H]
-        taps = [h[0]]
-        for i, w in enumerate(self.layers):
-            def cached(q, k, v, i=i):
-                self.k_cache[i, :, :, p0:p0 + r] = k
-                self.v_cache[i, :, :, p0:p0 + r] = v
-                return attend(q, self.k_cache[i], self.v_cache[i], allowed)
-            h = decoder_layer(h, w, s, cos, sin, cached, lambda x: reduce_attn(x, self.group),
-                              lambda x: reduce_mlp(x, self.group))
-            taps.append(h[0])
+        taps = cached_layers(self, ids, p0, lambda x: reduce_attn(x, self.group), lambda x: reduce_mlp(x, self.group))
         logits = None
         if self.head is not None and want_logits:
-            logits = F.linear(rms_norm(h[0], self.final_norm, s.rms_eps), self.head)
+            logits = F.linear(rms_norm(taps[-1], self.final_norm, self.shape.rms_eps), self.head)
         return ShardPass(torch.stack(taps), logits)
 
     def gather_kv(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
