@@ -17,7 +17,6 @@ transient. After a verify keeps k rows, the target's taps of those rows become c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,7 @@ from ..graphs import GraphSet, Staged
 from ..ops.attention import anchored_mask, attend, sliding_mask
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
+from .proposal import Proposal
 
 
 def context_features(taps: torch.Tensor | list[torch.Tensor], layer_ids, fc, hidden_norm, eps: float,
@@ -50,13 +50,6 @@ def block_ids(anchor: torch.Tensor, mask_id: int, b: int) -> torch.Tensor:
     """anchor [...] -> [..., B] = [anchor, m, ..., m]."""
     rest = torch.full((*anchor.shape, b - 1), mask_id, dtype=anchor.dtype, device=anchor.device)
     return torch.cat([anchor[..., None], rest], dim=-1)
-
-
-@dataclass
-class Proposal:
-    ids: list[int]                              # B-1 drafts
-    logits: torch.Tensor | None = None          # [B-1, V] when asked
-    layer_out: torch.Tensor | None = None       # [n_layers, B, H] when asked
 
 
 class DFlashDraft:
@@ -125,6 +118,7 @@ class DFlashDraft:
         return [built[w] for w in windows]
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids B-1 drafts; with ``detail`` the logits [B-1, V] and layer_out [n_layers, B, H]."""
         s, b = self.ctx_len, self.b
         ids = block_ids(torch.tensor([anchor], device=self.device), self.spec.mask_token_id, b)
         h = F.embedding(ids, self.embed)                                                # [1, B, H]

@@ -14,7 +14,6 @@ says (real rows for good, chained rows transient).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from ..ops.attention import attend
 from ..ops.norm import rms_norm
 from ..ops.rope import rope_tables
 from .chain_store import ChainStore
+from .proposal import Proposal
 
 T = torch.Tensor
 P, L0 = "mtp.", "mtp.layers.0."
@@ -58,13 +58,6 @@ def mtp_in(t: Mapping[str, T], e: T, h: T, eps: float) -> T:
     x = concat_inputs(rms_norm(e, norm_gain(t[P + "pre_fc_norm_embedding.weight"]), eps),
                       rms_norm(h, norm_gain(t[P + "pre_fc_norm_hidden.weight"]), eps))
     return F.linear(x, t[P + "fc.weight"])
-
-
-@dataclass
-class Proposal:
-    ids: list[int]                              # ``width`` drafts
-    logits: T | None = None                     # [width, V] when asked
-    layer_out: T | None = None                  # [1, width, H]: the MTP layer's output per drafted row
 
 
 class MTPDraft(ChainStore):
@@ -99,6 +92,8 @@ class MTPDraft(ChainStore):
         self.queue(kept, taps[0], target_hidden(taps[:, :kept], self.final_gain, self.eps))
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids ``width`` drafts; with ``detail`` the logits [width, V] and layer_out [1, width, H], the
+        MTP layer's output per drafted row."""
         e, h = self.real_rows(self.embed[anchor])
         y, g = self._rows(e, h, self.next_slot)                  # every row real: written for good
         self.written(e.shape[0])

@@ -15,7 +15,6 @@ rollback of a rejected draft). ChainStore's slot j holds the row of token j, her
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from bloomery_gates.spec import Deepseek4MTPSpec, Deepseek4Spec
 
 from ...drafts.chain_store import ChainStore
+from ...drafts.proposal import Proposal
 from ...ops import mhc as kmhc
 from ...ops import v4_attention as kv4
 from ...ops.norm import rms_norm
@@ -71,13 +71,6 @@ def own_tensors(spec: Deepseek4MTPSpec, device: torch.device, dtype: torch.dtype
             for n, x in spec.tensors.items() if n.startswith(P)}
 
 
-@dataclass
-class Proposal:
-    ids: list[int]                              # ``width`` drafts
-    logits: T | None = None                     # [width, V] when asked
-    layer_out: T | None = None                  # [1, width, S, H]: the block's output streams per drafted row
-
-
 class Deepseek4MTPDraft(ChainStore):
     """Device MTP draft bound to a deepseek4 target engine (its embedding and head; its raw streams)."""
 
@@ -112,6 +105,8 @@ class Deepseek4MTPDraft(ChainStore):
         self.queue(kept, taps[0][:, 0], taps[-1][:kept])
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids ``width`` drafts; with ``detail`` the logits [width, V] and layer_out [1, width, S, H],
+        the block's output streams per drafted row."""
         e, h = self.real_rows(self.embed[anchor])
         y, g = self._rows(e, h, self.next_slot)                  # every row real: written for good
         self.written(e.shape[0])

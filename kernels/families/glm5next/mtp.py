@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from bloomery_gates.spec import Glm5NextSpec
 
 from ...drafts.chain_store import ChainStore
+from ...drafts.proposal import Proposal
 from ...ops import dsa as kdsa
 from ...ops import mhc as kmhc
 from ...ops import mla as kmla
@@ -68,13 +69,6 @@ def block(t: dict[str, T], spec: Glm5NextSpec, e: T, h: T, store: Store | None,
     routing = route(spec.moe, t, N + "mlp.", b)
     z = y + moe(spec, t, N + "mlp.", b, routing)
     return z, rms_norm(z, t[N + "shared_head.norm.weight"], eps), routing, sel
-
-
-@dataclass
-class Proposal:
-    ids: list[int]                   # ``width`` drafts
-    logits: T | None = None          # [width, V] when asked
-    layer_out: T | None = None       # [1, width, H]: z (before shared_head.norm) per drafted row
 
 
 class Glm5NextNDraft(ChainStore):
@@ -129,6 +123,8 @@ class Glm5NextNDraft(ChainStore):
         self.queue(kept, taps[0][:, 0], self.target_rows(taps[:, :kept]))
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids ``width`` drafts; with ``detail`` the logits [width, V] and layer_out [1, width, H], z
+        (before shared_head.norm) per drafted row."""
         e, h = self.real_rows(self.embed[anchor])
         z, g = self._rows(e, h, self.next_slot)                  # every row real: written for good
         self.written(e.shape[0])

@@ -17,13 +17,14 @@ good. A window with anchor a at position A (= the committed count):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from bloomery_gates.spec import Mimo2MTPSpec, Mimo2Spec
 
+from ...drafts.proposal import Proposal
 from ...ops.attention import sink_attention
 from ...ops.mlp import swiglu
 from ...ops.norm import rms_norm
@@ -44,13 +45,6 @@ def mtp_layer(spec: Mimo2MTPSpec, t: Mapping[str, T], k: int, e: T, h: T, cos: T
     m = rms_norm(y, t[p + "pre_mlp_layernorm.weight"], eps)
     y = y + swiglu(m, t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"], t[p + "mlp.down_proj.weight"])
     return y, rms_norm(y, t[p + "final_layernorm.weight"], eps)
-
-
-@dataclass
-class Proposal:
-    ids: list[int]                   # one draft per MTP layer
-    logits: T | None = None          # [K, V] when asked
-    layer_out: T | None = None       # [1, K, H]: layer k's row A+k before final_layernorm
 
 
 class Mimo2MTPDraft:
@@ -107,6 +101,8 @@ class Mimo2MTPDraft:
         return cached
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids one draft per MTP layer; with ``detail`` the logits [K, V] and layer_out [1, K, H],
+        layer k's row A+k before final_layernorm."""
         a = self.committed
         if a + self.width + 1 > self.cap:
             raise ValueError(f"MTP store of {self.cap} positions is full (window ends at {a + self.width + 1})")

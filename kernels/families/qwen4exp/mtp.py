@@ -16,7 +16,6 @@ chained rows transient, so a reject rolls back by overwriting them).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ from bloomery_gates.spec import Qwen4ExpMTPSpec, Qwen4ExpSpec
 
 from ...drafts.chain_store import ChainStore
 from ...drafts.mtp import chained_attends
+from ...drafts.proposal import Proposal
 from ...ops import gated_hc as hc
 from ...ops.rope import rope_tables
 from ..ffn import ffn_for
@@ -72,13 +72,6 @@ def collapse(t: Mapping[str, T], tspec: Qwen4ExpSpec, y: T) -> T:
     return _residual(t, MIXER, y, tspec.hc.count, tspec.layer.rms_eps, inject=False).block_in
 
 
-@dataclass
-class Proposal:
-    ids: list[int]                              # ``width`` drafts
-    logits: T | None = None                     # [width, V] when asked
-    layer_out: T | None = None                  # [1, width, S*H]: the head's output streams per drafted row
-
-
 class Qwen4ExpMTPDraft(ChainStore):
     """Device MTP draft bound to a qwen4exp target engine (its embedding and head)."""
 
@@ -110,6 +103,8 @@ class Qwen4ExpMTPDraft(ChainStore):
         self.queue(kept, taps[0][:, :self.h], target_streams(taps[:, :kept]))
 
     def propose(self, anchor: int, detail: bool = False) -> Proposal:
+        """-> Proposal: ids ``width`` drafts; with ``detail`` the logits [width, V] and layer_out [1, width, S*H],
+        the head's output streams per drafted row."""
         e, x = self.real_rows(self.embed[anchor])
         y, f = self._rows(e, x, self.next_slot)                  # every row real: written for good
         self.written(e.shape[0])
