@@ -22,6 +22,7 @@ layer (so that feature goes through the final norm); z-lab's default rule never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +80,10 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
 
-    def mismatch(problem: str) -> Mismatch:
-        return Mismatch(f"draft {directory} vs target {target.source}", problem)
-
-    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
-    if layer.hidden_size != H:
-        raise mismatch(f"draft hidden_size {layer.hidden_size} != target hidden size {H}; "
-                       "expected equal (the draft reads the target's embeddings and features)")
-    draft_vocab = cfg.int("vocab_size") if cfg.get("vocab_size", None) is not None else None
-    if draft_vocab is not None and draft_vocab != V:
-        raise mismatch(f"draft vocab_size {draft_vocab} != target vocab {V}; expected equal")
-    if mask_id >= V:
-        raise mismatch(f"dflash_config.mask_token_id {mask_id} >= target vocab {V}; expected an id < {V}")
-    n_target = cfg.int("num_target_layers") if cfg.get("num_target_layers", None) is not None else None
-    if n_target is not None and n_target != L:
-        raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
-
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
+                               optional_int(cfg, "num_target_layers"), mask_key="dflash_config.mask_token_id",
+                               reads=" (the draft reads the target's embeddings and features)")
+    H, V = target.hidden_size, target.vocab_size
     ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch, depth)
     shapes = backbone_shapes(H, len(ids), depth, layer)
     check_shapes(tensors, shapes, directory)
@@ -102,6 +91,34 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
         kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
         mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors, windows=windows,
     )
+
+
+def optional_int(cfg: Cfg, key: str) -> int | None:
+    """``cfg``'s integer ``key``, or None where the config leaves it out."""
+    return cfg.int(key) if cfg.get(key, None) is not None else None
+
+
+def fit_block_draft(directory: Path, target: ModelSpec, hidden: int, vocab: int | None, mask_id: int,
+                    n_target: int | None, mask_key: str = "mask_token_id",
+                    reads: str = "") -> Callable[[str], Mismatch]:
+    """What every block drafter's config (DFlash, DFlash2, DSpark) must agree on with its target, checked in one
+    order: the hidden size (``reads`` says why), the vocab (when the draft states one), the mask id inside the
+    target's vocab, num_target_layers (when stated). -> the ``Mismatch`` maker naming both, for the drafter's own
+    checks after these."""
+
+    def mismatch(problem: str) -> Mismatch:
+        return Mismatch(f"draft {directory} vs target {target.source}", problem)
+
+    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
+    if hidden != H:
+        raise mismatch(f"draft hidden_size {hidden} != target hidden size {H}; expected equal{reads}")
+    if vocab is not None and vocab != V:
+        raise mismatch(f"draft vocab_size {vocab} != target vocab {V}; expected equal")
+    if mask_id >= V:
+        raise mismatch(f"{mask_key} {mask_id} >= target vocab {V}; expected an id < {V}")
+    if n_target is not None and n_target != L:
+        raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
+    return mismatch
 
 
 def feature_layer_ids(directory, tensors, target: ModelSpec, holder: Cfg | None, mismatch,

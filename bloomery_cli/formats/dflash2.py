@@ -23,9 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import _block_size, backbone_shapes, feature_layer_ids, open_block_draft
+from bloomery_cli.formats.dflash import (
+    _block_size,
+    backbone_shapes,
+    feature_layer_ids,
+    fit_block_draft,
+    open_block_draft,
+    optional_int,
+)
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_gates.errors import Mismatch
 from bloomery_gates.spec import DFlash2Spec, ModelSpec
 
 from ..families.qwen3.reader import Shapes, layer_shape_from_hf
@@ -85,19 +91,9 @@ def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     depth = cfg.int("num_hidden_layers", what="the draft depth", **layer_bound(tensors, "layers."))
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
-    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
-
-    def mismatch(problem: str) -> Mismatch:
-        return Mismatch(f"draft {directory} vs target {target.source}", problem)
-
-    if layer.hidden_size != H:
-        raise mismatch(f"draft hidden_size {layer.hidden_size} != target hidden size {H}; expected equal")
-    if cfg.get("vocab_size", None) is not None and cfg.int("vocab_size") != V:
-        raise mismatch(f"draft vocab_size {cfg.int('vocab_size')} != target vocab {V}; expected equal")
-    if mask_id >= V:
-        raise mismatch(f"dflash_config.mask_token_id {mask_id} >= target vocab {V}; expected an id < {V}")
-    if cfg.get("num_target_layers", None) is not None and cfg.int("num_target_layers") != L:
-        raise mismatch(f"draft num_target_layers {cfg.int('num_target_layers')} != target layers {L}")
+    H, V = target.hidden_size, target.vocab_size
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
+                               optional_int(cfg, "num_target_layers"), mask_key="dflash_config.mask_token_id")
 
     t = _req_int(cfg, dcfg, "conv_kernel_size", "the conv kernel size T", 1)
     if t > block:

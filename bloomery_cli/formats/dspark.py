@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids
+from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids, fit_block_draft, optional_int
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
-from bloomery_gates.errors import Mismatch
 from bloomery_gates.spec import DSparkSpec, ModelSpec
 
 from ..families.qwen3.reader import layer_shape_from_hf
@@ -108,21 +107,10 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
                             f"W1[prev_k]] (r > 0) or h_k alone (r = 0); expected {str(rank > 0).lower()}")
     head_type = head_type or BUILT_MARKOV_HEADS[0]
 
-    def mismatch(problem: str) -> Mismatch:
-        return Mismatch(f"draft {directory} vs target {target.source}", problem)
-
-    H, L, V = target.hidden_size, target.num_layers, target.vocab_size
-    if layer.hidden_size != H:
-        raise mismatch(f"draft hidden_size {layer.hidden_size} != target hidden size {H}; "
-                       "expected equal (the draft reads the target's features)")
-    draft_vocab = cfg.int("vocab_size") if cfg.get("vocab_size", None) is not None else None
-    if draft_vocab is not None and draft_vocab != V:
-        raise mismatch(f"draft vocab_size {draft_vocab} != target vocab {V}; expected equal")
-    if mask_id >= V:
-        raise mismatch(f"mask_token_id {mask_id} >= target vocab {V}; expected an id < {V}")
-    n_target = _optional(cfg, "num_target_layers", None)
-    if n_target is not None and n_target != L:
-        raise mismatch(f"draft num_target_layers {n_target} != target layers {L}; expected equal")
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
+                               _optional(cfg, "num_target_layers", None),
+                               reads=" (the draft reads the target's features)")
+    H, V = target.hidden_size, target.vocab_size
 
     ids = feature_layer_ids(directory, tensors, target, find_key(cfg, "target_layer_ids"), mismatch, depth)
     shapes = backbone_shapes(H, len(ids), depth, layer)
