@@ -86,10 +86,10 @@ class WindowBufs(ChainBufs):
     far, the first included), ``w`` (windows run), ``n`` (ids wanted) and ``out`` [1 + 2 MAX_K]."""
 
     def __init__(self, fn, device: torch.device, graphs: bool, keep):
-        super().__init__(fn, device, graphs)
-        self.device = device
-        self.vals = torch.zeros(4, dtype=torch.long, device=device)         # p0, cnt, w, n: one copy from the host
-        self.p0, self.cnt, self.w, self.n = (self.vals[i:i + 1] for i in range(4))
+        vals = torch.zeros(4, dtype=torch.long, device=device)              # p0, cnt, w, n: one copy from the host
+        super().__init__(fn, device, graphs, p0=vals[:1])
+        self.device, self.vals = device, vals
+        self.cnt, self.w, self.n = (vals[i:i + 1] for i in range(1, 4))
         self.counters = Staged(5, device)
         self.out = torch.zeros(1 + 2 * MAX_K, dtype=torch.long, device=device)
         self.keep = lambda: (*keep(), self.cnt, self.w)

@@ -34,9 +34,9 @@ class ChainBufs:
     committed state a capture's warm-ups change (restored after)."""
 
     def __init__(self, fn: Callable[[int], None], device: torch.device, graphs: bool,
-                 keep: Callable[[], tuple[torch.Tensor, ...]] = tuple):
+                 keep: Callable[[], tuple[torch.Tensor, ...]] = tuple, p0: torch.Tensor | None = None):
         self.ids = torch.zeros(1 + MAX_K, dtype=torch.long, device=device)
-        self.p0 = torch.zeros(1, dtype=torch.long, device=device)
+        self.p0 = torch.zeros(1, dtype=torch.long, device=device) if p0 is None else p0   # [1] (a view: WindowBufs)
         self.staged = Staged(2, device)
         self.graphs = GraphSet(fn, device, enabled=graphs)
         self.keep = keep

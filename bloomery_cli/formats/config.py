@@ -60,6 +60,14 @@ class Cfg:
             raise self.bad(key, f"{value}; expected {what} <= {maximum}" + (f" ({why})" if why else ""))
         return value
 
+    def int_opt(self, key: str, **checks: Any) -> int | None:
+        """``int(key, **checks)``, or None where the key is missing or null (an optional field)."""
+        return None if self.data.get(key) is None else self.int(key, **checks)
+
+    def float_opt(self, key: str, **checks: Any) -> float | None:
+        """``float(key, **checks)``, or None where the key is missing or null (an optional field)."""
+        return None if self.data.get(key) is None else self.float(key, **checks)
+
     def float(self, key: str, default: Any = _MISSING, what: str = "a number",
               positive: bool = True) -> float:
         """A finite number (NaN and +-Infinity, which Python's JSON reader accepts, are refused), > 0

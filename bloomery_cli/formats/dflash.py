@@ -80,8 +80,8 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
 
-    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
-                               optional_int(cfg, "num_target_layers"), mask_key="dflash_config.mask_token_id",
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, cfg.int_opt("vocab_size"), mask_id,
+                               cfg.int_opt("num_target_layers"), mask_key="dflash_config.mask_token_id",
                                reads=" (the draft reads the target's embeddings and features)")
     H, V = target.hidden_size, target.vocab_size
     ids = feature_layer_ids(directory, tensors, target, dcfg, mismatch, depth)
@@ -91,11 +91,6 @@ def dflash_from_hf(directory: Path, target: ModelSpec) -> DFlashSpec:
         kind="dflash", source=directory, layer=layer, num_layers=depth, block_size=block,
         mask_token_id=mask_id, target_layer_ids=ids, vocab_size=V, tensors=tensors, windows=windows,
     )
-
-
-def optional_int(cfg: Cfg, key: str) -> int | None:
-    """``cfg``'s integer ``key``, or None where the config leaves it out."""
-    return cfg.int(key) if cfg.get(key, None) is not None else None
 
 
 def fit_block_draft(directory: Path, target: ModelSpec, hidden: int, vocab: int | None, mask_id: int,

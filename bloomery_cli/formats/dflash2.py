@@ -29,7 +29,6 @@ from bloomery_cli.formats.dflash import (
     feature_layer_ids,
     fit_block_draft,
     open_block_draft,
-    optional_int,
 )
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_gates.spec import DFlash2Spec, ModelSpec
@@ -92,8 +91,8 @@ def dflash2_from_hf(directory: Path, target: ModelSpec) -> DFlash2Spec:
     block = _block_size(cfg, dcfg)
     mask_id = dcfg.int("mask_token_id", what="the mask token id", minimum=0)
     H, V = target.hidden_size, target.vocab_size
-    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
-                               optional_int(cfg, "num_target_layers"), mask_key="dflash_config.mask_token_id")
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, cfg.int_opt("vocab_size"), mask_id,
+                               cfg.int_opt("num_target_layers"), mask_key="dflash_config.mask_token_id")
 
     t = _req_int(cfg, dcfg, "conv_kernel_size", "the conv kernel size T", 1)
     if t > block:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bloomery_cli.formats.config import Cfg
-from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids, fit_block_draft, optional_int
+from bloomery_cli.formats.dflash import backbone_shapes, feature_layer_ids, fit_block_draft
 from bloomery_cli.formats.hf_dir import open_safetensors_dir, read_config
 from bloomery_cli.formats.lazy import check_shapes, layer_bound
 from bloomery_gates.spec import DSparkSpec, ModelSpec
@@ -107,7 +107,7 @@ def dspark_from_hf(directory: Path, target: ModelSpec) -> DSparkSpec:
                             f"W1[prev_k]] (r > 0) or h_k alone (r = 0); expected {str(rank > 0).lower()}")
     head_type = head_type or BUILT_MARKOV_HEADS[0]
 
-    mismatch = fit_block_draft(directory, target, layer.hidden_size, optional_int(cfg, "vocab_size"), mask_id,
+    mismatch = fit_block_draft(directory, target, layer.hidden_size, cfg.int_opt("vocab_size"), mask_id,
                                _optional(cfg, "num_target_layers", None),
                                reads=" (the draft reads the target's features)")
     H, V = target.hidden_size, target.vocab_size

@@ -82,7 +82,7 @@ def _rope(cfg: Cfg, kind: str, native_theta: str) -> tuple[float, float]:
     if sub is not None and sub.get("rope_type", "default") != "default":
         raise sub.bad("rope_type", f"{sub.get('rope_type')!r}; expected \"default\"")
     n_theta = cfg.rope_base(native_theta) if cfg.get(native_theta, None) is not None else None
-    n_prf = cfg.float("partial_rotary_factor") if cfg.get("partial_rotary_factor", None) is not None else None
+    n_prf = cfg.float_opt("partial_rotary_factor")
     _agree(cfg, native_theta, n_theta, f"rope_parameters.{kind}.rope_theta", theta)
     _agree(cfg, "partial_rotary_factor", n_prf, f"rope_parameters.{kind}.partial_rotary_factor", prf)
     theta, prf = (theta if theta is not None else n_theta), (prf if prf is not None else n_prf)
@@ -95,8 +95,8 @@ def _rope(cfg: Cfg, kind: str, native_theta: str) -> tuple[float, float]:
 
 def _window(cfg: Cfg) -> int:
     """Keys per SWA query counting itself: HF sliding_window = MiMo sliding_window_size + 1."""
-    hf = cfg.int("sliding_window") if cfg.get("sliding_window", None) is not None else None
-    own = cfg.int("sliding_window_size") if cfg.get("sliding_window_size", None) is not None else None
+    hf = cfg.int_opt("sliding_window")
+    own = cfg.int_opt("sliding_window_size")
     if hf is None and own is None:
         raise cfg.bad("sliding_window_size", "missing, and so is sliding_window; expected one (SWA layers exist)")
     if own is not None:
@@ -147,8 +147,8 @@ def read_shapes(cfg: Cfg, layers: int) -> tuple[LayerShape, MimoShape]:
         raise cfg.bad("hidden_act", f"{cfg.get('hidden_act')!r} is not supported; expected \"silu\"")
     if cfg.bool("attention_bias", False):
         raise cfg.bad("attention_bias", "true is not supported; expected false")
-    hf_eps = cfg.float("rms_norm_eps") if cfg.get("rms_norm_eps", None) is not None else None
-    own_eps = cfg.float("layernorm_epsilon") if cfg.get("layernorm_epsilon", None) is not None else None
+    hf_eps = cfg.float_opt("rms_norm_eps")
+    own_eps = cfg.float_opt("layernorm_epsilon")
     _agree(cfg, "layernorm_epsilon", own_eps, "rms_norm_eps", hf_eps)
     if hf_eps is None and own_eps is None:
         raise cfg.bad("layernorm_epsilon", "missing, and so is rms_norm_eps; expected one")
