@@ -3,9 +3,11 @@ under PDL (the engine today) against one persistent ``pair`` launch (kernels/tri
 graph, distinct weights a pair (no L2 reuse across pairs). Prints us a pair, the fraction of the copy rate, and
 whether the outputs agree (h bit for bit; z within bf16 rounding: the sum of squares is taken in another order).
 
-python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]   VARIANT: base | G[:pfBYTES] (e.g. 96, 132:512)
+python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]   VARIANT: base | a | b (one projection) [-off: PDL off]
+  | G[:pfBYTES[:SPIN]] (e.g. 96, 132:512:1; SPIN 0 atomic, 1 load, 2 sleep + load)
 """
 import argparse
+import os
 
 import torch
 
@@ -40,29 +42,36 @@ def main() -> int:
           f"at_copy_rate_us={nbytes / bw * 1e6:.2f}", flush=True)
     ref = None
     for v in a.variants:
-        if v == "base":
-            def fn(_k):
+        os.environ["BLOOMERY_PDL"] = "off" if v.endswith("-off") else ""
+        kind = v.removesuffix("-off")
+        if kind in ("base", "a", "b"):
+            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b")):
                 for (wa, wb, gb), (h, z) in zip(layers, outs, strict=True):
-                    gemv.proj(x, wa, None, eps, res, h, rp, CFG)
-                    gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=CFG)
+                    if a_on:
+                        gemv.proj(x, wa, None, eps, res, h, rp, CFG)
+                    if b_on:
+                        gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=CFG)
         else:
-            grid, _, pf = v.partition(":")
+            grid, pf, spin = (v.split(":") + ["0", "0"])[:3]
 
-            def fn(_k, grid=int(grid), pf=int(pf or 0)):
+            def fn(_k, grid=int(grid), pf=int(pf), spin=int(spin)):
                 for (wa, wb, gb), o in zip(layers, outs, strict=True):
-                    pair(x, wa, res, gb, wb, eps, rp, CFG[:4], grid=grid, pf=pf, out=o)
+                    pair(x, wa, res, gb, wb, eps, rp, CFG[:4], grid=grid, pf=pf, spin=spin, out=o)
         gs = graphs.GraphSet(fn, dev)
         gs.capture(0)
         s = graphs.time_replays(lambda gs=gs: gs.run(0), dev, a.iters, warmup=3)
         got = [(h.clone(), z.clone()) for h, z in outs]
-        if ref is None:
+        if ref is None and kind == "base":
             ref = got
-        h_eq = all(torch.equal(h, h0) for (h, _), (h0, _) in zip(got, ref, strict=True))
-        z_rel = max(((z.float() - z0.float()).abs().max() / z0.float().abs().max()).item()
-                    for (_, z), (_, z0) in zip(got, ref, strict=True))
+        h_eq = z_rel = None
+        if ref is not None and kind not in ("a", "b"):
+            h_eq = all(torch.equal(h, h0) for (h, _), (h0, _) in zip(got, ref, strict=True))
+            z_rel = max(((z.float() - z0.float()).abs().max() / z0.float().abs().max()).item()
+                        for (_, z), (_, z0) in zip(got, ref, strict=True))
         us = s / a.layers * 1e6
-        print(f"variant={v} us_a_pair={us:.2f} of_copy_rate={nbytes / bw / (us / 1e6):.3f} "
-              f"h_equal_first={h_eq} z_max_rel_vs_first={z_rel:.2e}", flush=True)
+        nb_v = {"a": na * ka * 2, "b": nb * na * 2}.get(kind, nbytes)
+        print(f"variant={v} us_a_pair={us:.2f} of_copy_rate={nb_v / bw / (us / 1e6):.3f} "
+              f"h_equal_base={h_eq} z_max_rel_vs_base={z_rel}", flush=True)
         del gs
     return 0
 

@@ -35,11 +35,26 @@ from .gemv import _acc_tile, _w_tile
 
 
 @triton.jit
+def _spin_read(ptr, SPIN: tl.constexpr):
+    """The arrival counter, read with acquire: 0 an atomic add of 0 (a read-modify-write at L2), 1 a load
+    (ld.acquire.gpu), 2 a load after a 100 ns sleep."""
+    if SPIN == 0:
+        v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    elif SPIN == 1:
+        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        v = tl.inline_asm_elementwise("nanosleep.u32 100; ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    return v
+
+
+@triton.jit
 def _pair_kernel(x_ptr, sx, wa_ptr, wa_desc, swa, r_ptr, sr, h_ptr, hg_ptr, sh, ss_ptr, gb_ptr,
                  wb_ptr, wb_desc, swb, z_ptr, sz, bar_ptr, R, eps,
                  KA: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, TA: tl.constexpr, TB: tl.constexpr, BT: tl.constexpr, G: tl.constexpr,
-                 PF: tl.constexpr, F32DOT: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+                 PF: tl.constexpr, SPIN: tl.constexpr, F32DOT: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     pdl.enter(PDL)
     rows = tl.arange(0, RP)
@@ -68,9 +83,9 @@ def _pair_kernel(x_ptr, sx, wa_ptr, wa_desc, swa, r_ptr, sr, h_ptr, hg_ptr, sh, 
             pdl.prefetch_rows(wb_ptr + (pid.to(tl.int64) * BN + cols) * swb, tl.full([BN], PF, tl.int32))
     tl.debug_barrier()                                  # every thread's stores issued before the one release
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    seen = _spin_read(bar_ptr, SPIN)
     while seen < G:
-        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        seen = _spin_read(bar_ptr, SPIN)
     tl.debug_barrier()
     ti = tl.arange(0, BT)                               # rstd from phase A's tiles, in the order 0..TA-1
     sst = tl.load(ss_ptr + ti[:, None] * RP + rows[None, :], mask=(ti[:, None] < TA) & rmask[None, :], other=0.0,
@@ -110,7 +125,7 @@ def programs(device: torch.device, ta: int, tb: int) -> int:
 
 
 def pair(x: torch.Tensor, wa: torch.Tensor, res: torch.Tensor, gb: torch.Tensor, wb: torch.Tensor, eps: float,
-         rp: int, cfg: tuple[int, ...] = (64, 256, 4, 4), grid: int | None = None, pf: int = 0,
+         rp: int, cfg: tuple[int, ...] = (64, 256, 4, 4), grid: int | None = None, pf: int = 0, spin: int = 0,
          out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The module docstring's (h, z), one launch; ``cfg`` (BN, BK, warps, stages) for both phases, ``grid`` the
     program count (default ``programs``), ``pf`` bytes of each phase-B row an idle phase-A program prefetches."""
@@ -140,6 +155,6 @@ def pair(x: torch.Tensor, wa: torch.Tensor, res: torch.Tensor, gb: torch.Tensor,
         x, x.stride(0), wa, TensorDescriptor.from_tensor(wa, [bn, bk]) if tma else wa, wa.stride(0), res,
         res.stride(0), h, hg, h.stride(0), ss, gb, wb, TensorDescriptor.from_tensor(wb, [bn, bk]) if tma else wb,
         wb.stride(0), z, z.stride(0), _BAR[key], r, eps, KA=ka, NA=na, NB=nb, BN=bn, BK=bk, RP=rp, TA=ta, TB=tb,
-        BT=triton.next_power_of_2(ta), G=g, PF=pf, F32DOT=f32dot, TMA=tma, PDL=mode, num_warps=warps,
-        num_stages=stages, **pdl_policy.launch_opts(mode))
+        BT=triton.next_power_of_2(ta), G=g, PF=pf, SPIN=0 if interpreting() else spin, F32DOT=f32dot, TMA=tma,
+        PDL=mode, num_warps=warps, num_stages=stages, **pdl_policy.launch_opts(mode))
     return h, z
