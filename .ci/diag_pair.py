@@ -3,7 +3,9 @@ under PDL (the engine today) against one persistent ``pair`` launch (kernels/tri
 graph, distinct weights a pair (no L2 reuse across pairs). Prints us a pair, the fraction of the copy rate, and
 whether the outputs agree (h bit for bit; z within bf16 rounding: the sum of squares is taken in another order).
 
-python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]   VARIANT: base | a | b (one projection) [-off: PDL off]
+python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]
+  VARIANT: base | a | b (one projection) [/BN,BK,warps,stages,splits,tma: b's tiles]
+  [@PDL: BLOOMERY_PDL with . for , (@off, @on.early)]
   | G[:pfBYTES[:SPIN]] (e.g. 96, 132:512:1; SPIN 0 atomic, 1 load, 2 sleep + load)
 """
 import argparse
@@ -42,15 +44,18 @@ def main() -> int:
           f"at_copy_rate_us={nbytes / bw * 1e6:.2f}", flush=True)
     ref = None
     for v in a.variants:
-        os.environ["BLOOMERY_PDL"] = "off" if v.endswith("-off") else ""
-        kind = v.removesuffix("-off")
+        kind, _, pdl = v.partition("@")
+        os.environ["BLOOMERY_PDL"] = pdl.replace(".", ",")
+        kind, _, bcfg = kind.partition("/")
         if kind in ("base", "a", "b"):
-            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b")):
+            cb = tuple(int(c) for c in bcfg.split(",")) if bcfg else CFG
+
+            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b"), cb=cb):
                 for (wa, wb, gb), (h, z) in zip(layers, outs, strict=True):
                     if a_on:
                         gemv.proj(x, wa, None, eps, res, h, rp, CFG)
                     if b_on:
-                        gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=CFG)
+                        gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=cb)
         else:
             grid, pf, spin = (v.split(":") + ["0", "0"])[:3]
 
