@@ -10,7 +10,8 @@ python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   second launch), attn (both attention launches), rms (the norm before cuBLAS gate/up), silu, embed (the
   embedding gather: a copy of row 0), argmax; and old-norm (real numbers, the ids compared with base's): the rms
   kernel before cuBLAS gate/up instead of ffn_input's deferred norm (at e360aaa also old-combine, the attention's
-  combine as its own launch, against the since dropped fused combine).
+  combine as its own launch, against the since dropped fused combine). VARIANT%NxK[,NxK]: those projection
+  shapes launched without PDL (e.g. base%6144x4096).
 """
 import argparse
 from contextlib import ExitStack
@@ -25,6 +26,7 @@ from bloomery_cli.bench.shapes import SHAPES, random_pair, read_per_step
 from bloomery_gates.kernels import graphs
 from bloomery_gates.kernels.families.qwen3.model import FastQwen3Target
 from bloomery_gates.kernels.triton import decode as dec
+from bloomery_gates.kernels.triton import gemv
 from bloomery_gates.kernels.triton.decode import TritonOps
 
 
@@ -72,6 +74,18 @@ def skipping(skip: set[str]) -> type:
     return Ops
 
 
+def plain_proj(shapes: set[tuple[int, int]]):
+    """gemv.proj with the weights of ``shapes`` launched without PDL (the rest as configured)."""
+    orig = gemv.proj
+
+    def proj(x, w, *args, **kw):
+        if tuple(w.shape) not in shapes:
+            return orig(x, w, *args, **kw)
+        with mock.patch.object(gemv.pdl_policy, "mode", lambda d: (0, None)):
+            return orig(x, w, *args, **kw)
+    return proj
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=256)
@@ -90,6 +104,7 @@ def main() -> int:
     print(f"diag_ceiling n={a.n} copy_GBps={bw / 1e9:.0f} roofline_read_tok_s={bw / read:.1f}", flush=True)
     base = None
     for v in a.variants:
+        v, _, plain = v.partition("%")     # base%6144x4096: that projection shape launched without PDL
         skip = set() if v == "base" else set(v.split("+"))
         target = FastQwen3Target(tspec, dev, dt, a.prompt_len + a.n + 64, max_width=16, graphs=True)
         target.ops = skipping(skip)
@@ -100,10 +115,13 @@ def main() -> int:
                 patches.enter_context(mock.patch.object(F, "embedding", lambda ids, w: w[:ids.shape[0]]))
             if "argmax" in skip:
                 patches.enter_context(mock.patch.object(torch, "argmax", lambda x, dim=-1, out=None: out))
+            if plain:
+                patches.enter_context(mock.patch.object(gemv, "proj", plain_proj(
+                    {tuple(int(d) for d in s.split("x")) for s in plain.split(",")})))
             m = measure_variant(target, prompt, a.n)
         base = m.ids if v == "base" and base is None else base
         same = "" if base is None else f" ids_as_base={m.ids == base}"
-        print(f"skip={v}{same} {m.line(read, bw)}", flush=True)
+        print(f"skip={v}{'%' + plain if plain else ''}{same} {m.line(read, bw)}", flush=True)
         del target
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -4,12 +4,14 @@ graph, distinct weights a pair (no L2 reuse across pairs). Prints us a pair, the
 whether the outputs agree (h bit for bit; z within bf16 rounding: the sum of squares is taken in another order).
 
 python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]
-  VARIANT: base | a | b (one projection) [/BN,BK,warps,stages,splits,tma: b's tiles]
+  VARIANT: base[%a|%b: a or b without PDL] | a | b (one projection) [/BN,BK,warps,stages,splits,tma: b's tiles]
   [@PDL: BLOOMERY_PDL with . for , (@off, @on.early)]
   | G[:pfBYTES[:SPIN]] (e.g. 96, 132:512:1; SPIN 0 atomic, 1 load, 2 sleep + load)
 """
 import argparse
+import contextlib
 import os
+from unittest import mock
 
 import torch
 
@@ -19,6 +21,11 @@ from bloomery_gates.kernels.triton import gemv
 from bloomery_gates.kernels.triton.pair import pair
 
 CFG = (64, 256, 4, 4, 1, 1)
+
+
+def no_pdl(on: bool):
+    """Launches inside without PDL (when ``on``)."""
+    return mock.patch.object(gemv.pdl_policy, "mode", lambda d: (0, None)) if on else contextlib.nullcontext()
 
 
 def main() -> int:
@@ -47,17 +54,20 @@ def main() -> int:
         kind, _, pdl = v.partition("@")
         os.environ["BLOOMERY_PDL"] = pdl.replace(".", ",")
         kind, _, bcfg = kind.partition("/")
+        kind, _, plain = kind.partition("%")       # base%a / base%b: that projection launched without PDL
         if kind in ("base", "a", "b"):
             cb = tuple(int(c) for c in bcfg.split(",")) if bcfg else CFG
 
-            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b"), cb=cb):
+            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b"), cb=cb, plain=plain):
                 for (wa, wb, gb), (h, z) in zip(layers, outs, strict=True):
                     if a_on:
-                        gemv.proj(x, wa, None, eps, res, h, rp, CFG)
+                        with no_pdl(plain == "a"):
+                            gemv.proj(x, wa, None, eps, res, h, rp, CFG)
                     if b_on:
-                        gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=cb)
+                        with no_pdl(plain == "b"):
+                            gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=cb)
         else:
-            grid, pf, spin = (v.split(":") + ["0", "0"])[:3]
+            grid, pf, spin = (kind.split(":") + ["0", "0"])[:3]
 
             def fn(_k, grid=int(grid), pf=int(pf), spin=int(spin)):
                 for (wa, wb, gb), o in zip(layers, outs, strict=True):
