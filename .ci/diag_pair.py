@@ -4,7 +4,8 @@ graph, distinct weights a pair (no L2 reuse across pairs). Prints us a pair, the
 whether the outputs agree (h bit for bit; z within bf16 rounding: the sum of squares is taken in another order).
 
 python3 -P .ci/diag_pair.py [-r 1] [--layers 36] [VARIANT ...]
-  VARIANT: base[%a|%b: a or b without PDL] | a | b (one projection) [/BN,BK,warps,stages,splits,tma: b's tiles]
+  VARIANT: base[%a|%b: a or b without PDL] | a | b | bn (one projection; bn: b without its norm)
+    [/BN,BK,warps,stages,splits,tma: b's tiles]
   [@PDL: BLOOMERY_PDL with . for , (@off, @on.early)]
   | G[:pfBYTES[:SPIN]] (e.g. 96, 132:512:1; SPIN 0 atomic, 1 load, 2 sleep + load)
 """
@@ -55,17 +56,18 @@ def main() -> int:
         os.environ["BLOOMERY_PDL"] = pdl.replace(".", ",")
         kind, _, bcfg = kind.partition("/")
         kind, _, plain = kind.partition("%")       # base%a / base%b: that projection launched without PDL
-        if kind in ("base", "a", "b"):
+        if kind in ("base", "a", "b", "bn"):
             cb = tuple(int(c) for c in bcfg.split(",")) if bcfg else CFG
 
-            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b"), cb=cb, plain=plain):
+            def fn(_k, a_on=kind in ("base", "a"), b_on=kind in ("base", "b", "bn"), cb=cb, plain=plain,
+                   norm=kind != "bn"):
                 for (wa, wb, gb), (h, z) in zip(layers, outs, strict=True):
                     if a_on:
                         with no_pdl(plain == "a"):
                             gemv.proj(x, wa, None, eps, res, h, rp, CFG)
                     if b_on:
                         with no_pdl(plain == "b"):
-                            gemv.proj(h, wb, gb, eps, out=z, rp=rp, cfg=cb)
+                            gemv.proj(h, wb, gb if norm else None, eps, out=z, rp=rp, cfg=cb)
         else:
             grid, pf, spin = (kind.split(":") + ["0", "0"])[:3]
 
@@ -79,12 +81,12 @@ def main() -> int:
         if ref is None and kind == "base":
             ref = got
         h_eq = z_rel = None
-        if ref is not None and kind not in ("a", "b"):
+        if ref is not None and kind not in ("a", "b", "bn"):
             h_eq = all(torch.equal(h, h0) for (h, _), (h0, _) in zip(got, ref, strict=True))
             z_rel = max(((z.float() - z0.float()).abs().max() / z0.float().abs().max()).item()
                         for (_, z), (_, z0) in zip(got, ref, strict=True))
         us = s / a.layers * 1e6
-        nb_v = {"a": na * ka * 2, "b": nb * na * 2}.get(kind, nbytes)
+        nb_v = {"a": na * ka * 2, "b": nb * na * 2, "bn": nb * na * 2}.get(kind, nbytes)
         print(f"variant={v} us_a_pair={us:.2f} of_copy_rate={nb_v / bw / (us / 1e6):.3f} "
               f"h_equal_base={h_eq} z_max_rel_vs_base={z_rel}", flush=True)
         del gs
