@@ -8,8 +8,7 @@ kernel can at best reach its variant's time; where a variant gains little, that 
 python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   VARIANT: base, or skipped kernels joined by "+": rope (q/k norm + RoPE + KV store), combine (the attention's
   second launch), attn (both attention launches), rms (the norm before cuBLAS gate/up), silu, embed (the
-  embedding gather: a copy of row 0), argmax; old-qkv (real numbers): q/k/v's norm folded into its K loop instead
-  of attn_input's deferred norm; and old-norm (real numbers, the ids compared with base's): the rms
+  embedding gather: a copy of row 0), argmax; and old-norm (real numbers, the ids compared with base's): the rms
   kernel before cuBLAS gate/up instead of ffn_input's deferred norm (at e360aaa also old-combine, the attention's
   combine as its own launch, against the since dropped fused combine). VARIANT%NxK[,NxK]: those projection
   shapes launched without PDL (e.g. base%6144x4096).
@@ -65,12 +64,6 @@ def skipping(skip: set[str]) -> type:
         @staticmethod
         def silu_mul(gu, ss=None, h=1, eps=0.0):
             return gu[:, :gu.shape[1] // 2] if "silu" in skip else TritonOps.silu_mul(gu, ss, h, eps)
-
-        @staticmethod
-        def attn_input(a, wd, h, g32, wqkv, eps, rp, out=None):
-            if "old-qkv" in skip:                       # the norm folded into q/k/v (before attn_input deferred it)
-                return graphs.attn_input_of(Ops, a, wd, h, g32, wqkv, eps, rp, out)
-            return TritonOps.attn_input(a, wd, h, g32, wqkv, eps, rp, out)
 
         @staticmethod
         def ffn_input(o, wo, h, g32, wgu, eps, rp):

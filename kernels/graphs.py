@@ -246,21 +246,6 @@ def ffn_input_of(ops, o: torch.Tensor, wo: torch.Tensor, h: torch.Tensor, g32: t
     return h2, ops.silu_mul(ops.proj(h2, wgu, g32, eps, rp=rp))
 
 
-def attn_input(a: torch.Tensor, wd: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wqkv: torch.Tensor, eps: float,
-               rp: int | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer's down projection and the next layer's attention input: h' = a wd^T + h [R, H] (into ``out`` when
-    given), and q/k/v = rms(h', g32) wqkv^T [R, Q]."""
-    return attn_input_of(TorchOps, a, wd, h, g32, wqkv, eps, rp, out)
-
-
-def attn_input_of(ops, a: torch.Tensor, wd: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wqkv: torch.Tensor,
-                  eps: float, rp: int | None = None,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``attn_input`` composed of ``ops``' proj (the norm folded into the second, where ``ops.proj`` folds it)."""
-    h2 = ops.proj(a, wd, None, eps, res=h, out=out, rp=rp)
-    return h2, ops.proj(h2, wqkv, g32, eps, rp=rp)
-
-
 class TorchOps:
     name = "torch"
     proj = staticmethod(proj)
@@ -270,4 +255,3 @@ class TorchOps:
     attention = staticmethod(attention)
     silu_mul = staticmethod(silu_mul)
     ffn_input = staticmethod(ffn_input)
-    attn_input = staticmethod(attn_input)

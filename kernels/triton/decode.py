@@ -319,25 +319,6 @@ class TritonOps:
         gemv.proj(o, wo, None, eps, h, h2, rp, cfg, gout=(g32, hg, ss))
         return h2, TritonOps.silu_mul(torch.mm(hg, wgu.t()), ss, n, eps)
 
-    @staticmethod
-    def attn_input(a: torch.Tensor, wd: torch.Tensor, h: torch.Tensor, g32: torch.Tensor, wqkv: torch.Tensor,
-                   eps: float, rp: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``kernels.graphs.attn_input``: (h' = a wd^T + h, rms(h', g32) wqkv^T). Where both projections run in
-        ``gemv.proj``, the norm between them is deferred as in ``ffn_input``: the down projection's epilogue stores
-        h' g (rounded) and its tiles' sums of h'^2, and q/k/v reads h' g and scales by rstd from those sums before its
-        one rounding (``proj``'s ssin). q/k/v's K loop then carries no sum of squares and no gain: in isolation at
-        8B (6144 x 4096) 15.7 against 16.7 us a call (results/h200/speed/88050f4-pair). The scaling is in f32 inside
-        the kernel, so f16 stays in range."""
-        r, n = a.shape[0], wd.shape[0]
-        cd, cq = gemv.tiles(r, rp, n, wd.shape[1]), gemv.tiles(r, rp, *wqkv.shape)
-        if cd is None or cq is None or (out is not None and out.stride() != (n, 1)):
-            return graphs.attn_input_of(TritonOps, a, wd, h, g32, wqkv, eps, rp, out)
-        h2 = out if out is not None else torch.empty(r, n, device=a.device, dtype=a.dtype)
-        hg = torch.empty(r, n, device=a.device, dtype=a.dtype)
-        ss = torch.empty(triton.cdiv(n, cd[0]), rp, device=a.device, dtype=torch.float32)
-        gemv.proj(a, wd, None, eps, h, h2, rp, cd, gout=(g32, hg, ss))
-        return h2, gemv.proj(hg, wqkv, None, eps, rp=rp, cfg=cq, ssin=ss)
-
 
 @triton.jit
 def _silu_kernel(gu_ptr, out_ptr, ss_ptr, I, H, eps, BI: tl.constexpr, T: tl.constexpr, RP: tl.constexpr,

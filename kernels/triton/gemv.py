@@ -77,11 +77,10 @@ def _acc_tile(acc, ss, w, kk, x_ptr, sx, rows, rmask, g_ptr, K: tl.constexpr, NO
 
 @triton.jit
 def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_ptr, cnt_ptr, R, N, eps,
-                 go_ptr, hg_ptr, ss_ptr, si_ptr,
+                 go_ptr, hg_ptr, ss_ptr,
                  K: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  RP: tl.constexpr, EVEN: tl.constexpr, F32DOT: tl.constexpr, S: tl.constexpr, KS: tl.constexpr,
-                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr, SI: tl.constexpr,
-                 BSI: tl.constexpr):
+                 PDL: tl.constexpr, PF: tl.constexpr, TMA: tl.constexpr, GOUT: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)             # split s of S sums K in [s KS, (s + 1) KS)
     n = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -119,11 +118,6 @@ def _proj_kernel(x_ptr, sx, w_ptr, w_desc, sw, g_ptr, r_ptr, sr, o_ptr, so, ws_p
     if last:
         if NORM:
             acc = acc * tl.rsqrt(ss / K + eps)[None, :]
-        if SI > 0:                      # the deferred norm (ssin): rstd from the SI tiles' sums, in the order 0..SI-1
-            ti = tl.arange(0, BSI)
-            sst = tl.load(si_ptr + ti[:, None] * RP + rows[None, :], mask=(ti[:, None] < SI) & rmask[None, :],
-                          other=0.0)
-            acc = acc * tl.rsqrt(tl.sum(sst, axis=0) / K + eps)[None, :]
         omask = nmask[:, None] & rmask[None, :]
         if RES:
             acc += tl.load(r_ptr + rows[None, :] * sr + n[:, None], mask=omask, other=0.0).to(tl.float32)
@@ -193,19 +187,14 @@ def tiles(r: int, rp: int, n: int, k: int) -> tuple[int, ...] | None:
 
 def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float, res: torch.Tensor | None = None,
          out: torch.Tensor | None = None, rp: int | None = None, cfg: tuple[int, ...] | None = None,
-         gout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-         ssin: torch.Tensor | None = None) -> torch.Tensor:
+         gout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The module docstring's y, one launch; ``rp`` the padded row count (default ``rows_pad(R)``: an engine passes
     its widest pass's, so that every width runs the same kernel); ``cfg`` the tiles (default ``config``'s).
     Where it runs is ``TritonOps.proj``'s choice (``tiles``).
 
     ``gout`` (gain [N] f32, hg [R, N] like out, ss [tiles, rp] f32): the next RMSNorm's parts from the epilogue,
     y as stored (rounded) times the gain into hg, rounded, and each tile's per-row sum of y^2 into ss[tile]
-    (``TritonOps.ffn_input``: rms(y) g = rstd (y g), rstd from the tiles' sums in one order).
-
-    ``ssin`` [T, rp] f32 (a ``gout``'s ss, x its hg, g32 None): the same norm deferred into this projection,
-    y = rstd (x w^T), rstd = 1 / sqrt(sum_t ssin[t] / K + eps), the tiles summed in one order, scaled in f32 before
-    the one rounding (``TritonOps.attn_input``)."""
+    (``TritonOps.ffn_input``: rms(y) g = rstd (y g), rstd from the tiles' sums in one order)."""
     r = x.shape[0]
     n, k = w.shape
     if x.shape[1] != k:
@@ -220,8 +209,6 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     if gout is not None and (gout[1].stride() != (out.stride() if out is not None else (n, 1))
                              or gout[2].shape != (triton.cdiv(n, cfg[0]), rp)):
         raise ValueError("proj: gout's hg must have out's strides and ss the shape [tiles, rp]")
-    if ssin is not None and (g32 is not None or ssin.dim() != 2 or ssin.shape[1] != rp):
-        raise ValueError("proj: ssin takes the place of g32 (x is already x g) and must be [tiles, rp]")
     if out is None:
         out = torch.empty(r, n, device=x.device, dtype=x.dtype)
     bn, bk, warps, stages = cfg[:4]
@@ -243,11 +230,9 @@ def proj(x: torch.Tensor, w: torch.Tensor, g32: torch.Tensor | None, eps: float,
     _proj_kernel[grid](
         x, x.stride(0), w, TensorDescriptor.from_tensor(w, [bn, bk]) if tma else w, w.stride(0),
         g32 if g32 is not None else w, res if res is not None else out,
-        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)),
-        ssin if ssin is not None else w, K=k,
+        res.stride(0) if res is not None else 0, out, out.stride(0), ws, cnt, r, n, eps, *(gout or (w, w, w)), K=k,
         NORM=g32 is not None, RES=res is not None, BN=bn, BK=bk, RP=rp, EVEN=even, F32DOT=f32dot, S=splits,
-        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, SI=0 if ssin is None else ssin.shape[0],
-        BSI=1 if ssin is None else triton.next_power_of_2(ssin.shape[0]), num_warps=warps, num_stages=stages,
+        KS=ks, PDL=mode, PF=pf, TMA=tma, GOUT=gout is not None, num_warps=warps, num_stages=stages,
         **pdl_policy.launch_opts(mode))
     return out
 

@@ -305,18 +305,14 @@ class FastQwen3Target:
         if taps is not None and 0 in keep:
             taps[keep[0]].copy_(h)
         rp = self.rp
-        qkv = ops.proj(h, self.layers[0].wqkv, self.layers[0].ln_in, eps, rp=rp)
         for i, w in enumerate(self.layers):
+            qkv = ops.proj(h, w.wqkv, w.ln_in, eps, rp=rp)
             ops.qk_rope_store(qkv, nh, nkv, d, w.q_norm, w.k_norm, self.cos, self.sin, p0, self.k_cache[i],
                               self.v_cache[i], eps)
             o = ops.attention(qkv, nh, nkv, d, self.k_cache[i], self.v_cache[i], p0)
             h, a = ops.ffn_input(o, w.wo, h, w.ln_post, w.wgu, eps, rp)
             out = taps[keep[i + 1]] if taps is not None and i + 1 in keep else None
-            if i + 1 < len(self.layers):  # the next layer's q/k/v with this layer's down projection (its norm deferred)
-                nxt = self.layers[i + 1]
-                h, qkv = ops.attn_input(a, w.wd, h, nxt.ln_in, nxt.wqkv, eps, rp, out)
-            else:
-                h = ops.proj(a, w.wd, None, eps, res=h, out=out, rp=rp)
+            h = ops.proj(a, w.wd, None, eps, res=h, out=out, rp=rp)
         ops.proj(h, self.head, self.final32, eps, out=logits, rp=rp)
         torch.argmax(logits, dim=-1, out=argmax)
 
