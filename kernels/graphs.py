@@ -35,6 +35,7 @@ else these torch versions (same signatures, same rule, more launches):
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -73,7 +74,9 @@ class GraphSet:
             self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        _GRAPHING[0] += 1
+        collecting = gc.isenabled()
+        gc.disable()        # no cyclic collection mid-capture (a dead engine's graphs, pinned buffers and events, freed
+        _GRAPHING[0] += 1   # then, make CUDA calls a capture forbids: the capture fails; results/h200/restore-gc)
         try:
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
@@ -84,6 +87,8 @@ class GraphSet:
                 self.fn(key)
         finally:
             _GRAPHING[0] -= 1
+            if collecting:
+                gc.enable()
         self.graphs[key] = graph
 
     def run(self, key: Any) -> None:
