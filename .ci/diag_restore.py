@@ -3,7 +3,7 @@
 processes beside it (it failed once on CUDA while a llama.cpp build took 14 of the host's cores; not since).
 Prints each repetition's kept values whose state or conv tail differ ([] when none) and the count of failures.
 
-python3 -P .ci/diag_restore.py [--reps 30] [--load 14] [--seconds 150]
+python3 -P .ci/diag_restore.py [--reps 30] [--load 14] [--seconds 150] [--plant]
 """
 import argparse
 import multiprocessing as mp
@@ -27,7 +27,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--load", type=int, default=14)
     ap.add_argument("--seconds", type=float, default=150.0)
+    ap.add_argument("--plant", action="store_true", help="GraphSet.capture's collector guard planted away")
     a = ap.parse_args()
+    if a.plant:
+        from bloomery_gates.kernels import graphs
+        graphs.gc.disable = lambda: None
     busy = [mp.Process(target=_busy, daemon=True) for _ in range(a.load)]
     for p in busy:
         p.start()
@@ -44,7 +48,7 @@ def main() -> int:
     finally:
         for p in busy:
             p.terminate()
-    print(f"restore reps={done} failed={fails} load={a.load}", flush=True)
+    print(f"restore reps={done} failed={fails} load={a.load} plant={a.plant}", flush=True)
     return 1 if fails else 0
 
 

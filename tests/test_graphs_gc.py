@@ -4,8 +4,8 @@ allocation triggers it; freed during another engine's capture, its CUDA graphs, 
 make CUDA calls a capture forbids, and that capture fails ("operation failed due to a previous error during
 capture": tests/test_accept.py's restore test, once under host load, and .ci/diag_restore.py at its 7th repetition,
 results/h200/restore-gc). On the CPU, with stand-ins for the CUDA graph objects: the collector off inside, restored
-after, also after an error. On CUDA: engines made and dropped with the collector's thresholds at 1 (a collection at
-nearly every allocation) capture without error, and fail with the guard planted away."""
+after, also after an error. On CUDA: a dead engine left uncollected until another engine's capture, with the collector's
+thresholds at 1 inside the capture: no error with the guard, a failed capture with it planted away."""
 
 from __future__ import annotations
 
@@ -67,18 +67,33 @@ def test_a_disabled_collector_stays_disabled(fake_cuda):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph captures need a CUDA device")
 @pytest.mark.parametrize("plant", [False, True])
-def test_dropped_engines_collected_around_captures(plant, monkeypatch):
+def test_a_dead_engine_collected_during_a_capture(plant, monkeypatch):
+    """The previous engine left as a dead cycle (no automatic collection outside the captures: thresholds out of
+    reach), and the collector's thresholds at 1 inside each capture (not its warm-up): with the guard the capture runs
+    without a collection; planted away, the dead engine is freed mid-capture."""
     from test_accept import _prompt, _qwen38, _with_impl
     if plant:                                          # the guard planted away: the collector stays on
         monkeypatch.setattr(graphs.gc, "disable", lambda: None)
     make, spec, _ = _qwen38(torch.device("cuda"), torch.float32)
     prompt, rows = _prompt(spec), [3, 7, 11, 2]
     thresholds = gc.get_threshold()
+
+    def eager_collector(fn):
+        def run(key):
+            if torch.cuda.is_current_stream_capturing():    # the capture itself, not its warm-up passes
+                gc.set_threshold(1, 1, 1)
+            try:
+                fn(key)
+            finally:
+                gc.set_threshold(1 << 30, 1 << 30, 1 << 30)
+        return run
     failed = None
     try:
-        gc.set_threshold(1, 1, 1)
-        for _ in range(6):
-            e = _with_impl(make, "triton")             # the engine before it is now a dead cycle
+        gc.set_threshold(1 << 30, 1 << 30, 1 << 30)
+        for _ in range(4):
+            e = _with_impl(make, "triton")             # the engine before it is now a dead cycle, not yet collected
+            e.graphs.fn = eager_collector(e.graphs.fn)
+            e.commit_graphs.fn = eager_collector(e.commit_graphs.fn)
             e.prefill(prompt)
             e.verify(rows)
             e.commit(2)
