@@ -157,6 +157,8 @@ def test_bad_input_exit_2(args, what):
 def test_bad_paths_exit_2(tmp_path):
     r = runner.invoke(app, ["plan", str(tmp_path / "nope"), "--gpu-mem", "1G"])
     assert r.exit_code == 2 and "no such file" in r.output
+    r = runner.invoke(app, ["plan", str(tmp_path / "nope")])      # the path named first, not a missing budget
+    assert r.exit_code == 2 and "no such file" in r.output and "--gpu-mem" not in r.output
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "config.json").write_text("{")
     r = runner.invoke(app, ["plan", str(FIX / "qwen3-tiny"), "--draft", str(tmp_path / "d"), "--gpu-mem", "1G"])

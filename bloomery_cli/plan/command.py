@@ -54,18 +54,18 @@ def plan_command(
         dev = "cpu" if device == "cpu" else "cuda" if device.startswith("cuda") else None
         if dev is None:
             raise InputError("--device", f"{device!r}: expected cpu or cuda")
-        budget, source = budget_of(gpu_mem, device)
-        if shape is not None:
+        if measure and ctx is None:
+            raise InputError("--measure", "expected --ctx N: the context the engine is run at")
+        if shape is not None and draft is not None:
+            raise InputError("--draft", "a --shape carries its own draft; expected no --draft with --shape")
+        if shape is not None:               # the files (headers only) before the budget: a wrong path is named first
             from .shapes import plan_shape
-            if draft is not None:
-                raise InputError("--draft", "a --shape carries its own draft; expected no --draft with --shape")
             t, d = plan_shape(shape)
         else:
             from .model import read_draft, read_target
             t = read_target(target)
             d = read_draft(draft, t, target) if draft is not None else None
-        if measure and ctx is None:
-            raise InputError("--measure", "expected --ctx N: the context the engine is run at")
+        budget, source = budget_of(gpu_mem, device)
         res = make_plan(t, d, dtype=dtype, device=dev, budget=budget, budget_source=source, slots=slots,
                         base=ctx_base, policy=draft_policy, paged=paged, ctx=ctx)
         if measure:
