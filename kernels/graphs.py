@@ -10,6 +10,8 @@ readback of argmax ids.
 side stream (Triton compiles, cuBLAS picks its kernels), captures it into a CUDA graph (all keys share one
 memory pool) and replays it; later runs replay. ``fn`` must be idempotent for fixed inputs (a pass that
 writes KV rows at its positions and reads them back is). Elsewhere (CPU), or with ``enabled=False``, fn runs.
+Python's cyclic collector is off during the warm-up and capture: an engine and its GraphSets form a reference
+cycle, and a dead engine freed mid-capture makes CUDA calls a capture forbids (results/h200/restore-gc).
 
 The ops (``kernels.dispatch.decode_ops(impl)``): the fused Triton kernels of ``kernels.triton.decode`` on CUDA,
 else these torch versions (same signatures, same rule, more launches):
@@ -75,8 +77,8 @@ class GraphSet:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         collecting = gc.isenabled()
-        gc.disable()        # no cyclic collection mid-capture (a dead engine's graphs, pinned buffers and events, freed
-        _GRAPHING[0] += 1   # then, make CUDA calls a capture forbids: the capture fails; results/h200/restore-gc)
+        gc.disable()                        # no cyclic collection mid-capture (module docstring)
+        _GRAPHING[0] += 1
         try:
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
