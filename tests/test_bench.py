@@ -226,3 +226,39 @@ def test_cuda_graph_passes_equal_eager_passes_and_stay_lossless():
         assert eng.graphs.enabled == graphs and (len(eng.graphs.graphs) > 0) == graphs
     assert runs[False][:3] == runs[True][:3]
     torch.testing.assert_close(runs[False][3], runs[True][3], rtol=1e-2, atol=1e-2)
+
+
+def test_first_engine_frees_a_failed_path_before_building_the_next():
+    """A path whose build raises leaves an engine behind in a reference cycle (as every engine is: its graphs hold its
+    bound methods); on a card it is collected before the next path is built, so the two never hold memory at once."""
+    import gc
+    import weakref
+
+    from bloomery_cli.bench.common import first_engine
+
+    class Engine:
+        def __init__(self):
+            self.fn = self.run                          # the cycle an engine's GraphSet makes
+
+        def run(self):
+            pass
+
+    dead = []
+
+    def build(path):
+        if path == "fast":
+            e = Engine()
+            dead.append(weakref.ref(e))
+            raise RuntimeError("capture failed")
+        assert dead[0]() is None, "the failed path's engine is still alive while the next one is built"
+        return "target", None, path, 0.0
+
+    logs = []
+    collecting = gc.isenabled()
+    gc.disable()                                        # only first_engine's own collection may free it
+    try:
+        got = first_engine([("fast",), ("eager",)], build, str, torch.device("cuda"), logs.append)
+    finally:
+        if collecting:
+            gc.enable()
+    assert got == ("target", None, "eager") and "capture failed" in logs[0]

@@ -4,6 +4,7 @@ the timed decode, the engine fallback, issue 11's criterion and its bound, HF tr
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from contextlib import contextmanager
@@ -147,10 +148,11 @@ def first_engine(paths, build, label, dev: torch.device, log, what: str = "engin
             log(f"engine {mode} capture_s={secs:.2f}")
             return t, d, mode
         except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
-            last = e
+            last = e.with_traceback(None)   # not its frames: they hold the failed engine
             log(f"engine {label(path)} failed: {type(e).__name__}: {str(e)[:300]}")
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+        if dev.type == "cuda":              # the failed engine freed before the next is built: it is a reference
+            gc.collect()                    # cycle (its graphs' bound methods), so the collector frees it
+            torch.cuda.empty_cache()
     raise RuntimeError(f"no {what} path ran: {last}")
 
 
