@@ -87,13 +87,15 @@ class WindowBufs(ChainBufs):
 
     def __init__(self, fn, device: torch.device, graphs: bool, keep):
         vals = torch.zeros(4, dtype=torch.long, device=device)              # p0, cnt, w, n: one copy from the host
-        super().__init__(fn, device, graphs, p0=vals[:1])
+        super().__init__(fn, device, graphs, keep=keep, p0=vals[:1])
         self.device, self.vals = device, vals
         self.cnt, self.w, self.n = (vals[i:i + 1] for i in range(1, 4))
         self.counters = Staged(5, device)
         self.out = torch.zeros(1 + 2 * MAX_K, dtype=torch.long, device=device)
-        self.keep = lambda: (*keep(), self.cnt, self.w)
         self.host: torch.Tensor | None = None
+
+    def keep(self) -> tuple[torch.Tensor, ...]:
+        return (*super().keep(), self.cnt, self.w)
 
     def start(self, p0: int, first: int, n: int) -> None:
         """The first anchor, p0 and the counters (cnt 1, w 0, n) from the host: one staged copy and two device

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from .graphs import GraphSet, Staged
+from .graphs import GraphSet, Staged, held
 
 MAX_K = 64
 
@@ -39,7 +39,10 @@ class ChainBufs:
         self.p0 = torch.zeros(1, dtype=torch.long, device=device) if p0 is None else p0   # [1] (a view: WindowBufs)
         self.staged = Staged(2, device)
         self.graphs = GraphSet(fn, device, enabled=graphs)
-        self.keep = keep
+        self._keep = held(keep)                         # the engine's bound method, held weakly
+
+    def keep(self) -> tuple[torch.Tensor, ...]:
+        return self._keep()()
 
     def stage(self, p0: int, first: int) -> None:
         self.staged.put([p0, first])

@@ -10,8 +10,9 @@ readback of argmax ids.
 side stream (Triton compiles, cuBLAS picks its kernels), captures it into a CUDA graph (all keys share one
 memory pool) and replays it; later runs replay. ``fn`` must be idempotent for fixed inputs (a pass that
 writes KV rows at its positions and reads them back is). Elsewhere (CPU), or with ``enabled=False``, fn runs.
-Python's cyclic collector is off during the warm-up and capture: an engine and its GraphSets form a reference
-cycle, and a dead engine freed mid-capture makes CUDA calls a capture forbids (results/h200/restore-gc).
+A GraphSet holds a bound method weakly (``held``), so that an engine is freed when its last reference goes, not
+at some later cyclic collection; and the collector is off during the warm-up and capture besides: a dead cycle
+freed mid-capture makes CUDA calls a capture forbids, and the capture fails (results/h200/restore-gc).
 
 The ops (``kernels.dispatch.decode_ops(impl)``): the fused Triton kernels of ``kernels.triton.decode`` on CUDA,
 else these torch versions (same signatures, same rule, more launches):
@@ -38,7 +39,9 @@ else these torch versions (same signatures, same rule, more launches):
 from __future__ import annotations
 
 import gc
+import inspect
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +56,22 @@ from .ops.rope import partial_rope
 _GRAPHING = [0]                         # GraphSet.capture's warm-up and capture under way (nesting depth)
 
 
+def held(fn: Callable) -> Callable[[], Callable]:
+    """A resolver of ``fn``: a bound method held weakly (the object it is bound to owns the holder, so a strong
+    hold would be a reference cycle and the object freed only by the cyclic collector), anything else strongly.
+    Calling the resolver after the object was freed is a RuntimeError."""
+    if not inspect.ismethod(fn):
+        return lambda: fn
+    ref, name = weakref.WeakMethod(fn), fn.__qualname__
+
+    def resolve() -> Callable:
+        f = ref()
+        if f is None:
+            raise RuntimeError(f"{name}: its object was freed")
+        return f
+    return resolve
+
+
 def graphing() -> bool:
     """Whether the launches made now are a ``GraphSet``'s warm-up or capture: where ``kernels.triton.pdl`` lets
     the decode kernels take programmatic dependent launch (the warm-up compiles what the capture will launch)."""
@@ -64,10 +83,18 @@ class GraphSet:
 
     def __init__(self, fn: Callable[[Any], None], device: torch.device | str, enabled: bool = True,
                  warmup: int = 2):
-        self.fn, self.warmup = fn, warmup
+        self.fn, self.warmup = fn, warmup               # a bound method held weakly (``held``)
         self.enabled = enabled and torch.device(device).type == "cuda"
         self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
         self.pool = None
+
+    @property
+    def fn(self) -> Callable[[Any], None]:
+        return self._fn()
+
+    @fn.setter
+    def fn(self, fn: Callable[[Any], None]) -> None:
+        self._fn = held(fn)
 
     def capture(self, key: Any) -> None:
         if not self.enabled or key in self.graphs:

@@ -1,11 +1,13 @@
-"""``GraphSet.capture`` keeps Python's cyclic garbage collector off during its warm-up and capture. An engine holds
-its graphs through bound methods (a reference cycle), so a dropped engine is freed by the collector, at whatever
-allocation triggers it; freed during another engine's capture, its CUDA graphs, pinned staging buffers and events
-make CUDA calls a capture forbids, and that capture fails ("operation failed due to a previous error during
-capture": tests/test_accept.py's restore test, once under host load, and .ci/diag_restore.py at its 7th repetition,
-results/h200/restore-gc). On the CPU, with stand-ins for the CUDA graph objects: the collector off inside, restored
-after, also after an error. On CUDA: a dead engine left uncollected until another engine's capture, with the collector's
-thresholds at 1 inside the capture: no error with the guard, a failed capture with it planted away."""
+"""An object in a reference cycle is freed by Python's cyclic collector, at whatever allocation triggers it; freed
+during a graph capture, its CUDA graphs, pinned staging buffers and events make CUDA calls a capture forbids, and
+that capture fails ("operation failed due to a previous error during capture": tests/test_accept.py's restore test,
+once under host load, and .ci/diag_restore.py at its 7th repetition, results/h200/restore-gc; every engine was such
+a cycle, its GraphSets holding its bound methods). Two guards: ``GraphSet.capture`` keeps the collector off during
+its warm-up and capture, and the engines hold their passes weakly (``graphs.held``), so that a dropped engine is
+freed at once. On the CPU, with stand-ins for the CUDA graph objects: the collector off inside, restored after, also
+after an error; the fast engines, drafts and device loops freed at once (a strong hold planted back fails it). On
+CUDA: a dead cycle (an engine made to refer to itself) left uncollected until another engine's capture, with the
+collector's thresholds at 1 inside the capture: no error with the guard, a failed capture with it planted away."""
 
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ def test_a_dead_engine_collected_during_a_capture(plant, monkeypatch):
         gc.set_threshold(1 << 30, 1 << 30, 1 << 30)
         for _ in range(4):
             e = _with_impl(make, "triton")             # the engine before it is now a dead cycle, not yet collected
+            e.cycle = e                                # (engines hold their passes weakly: the cycle is made here)
             e.graphs.fn = eager_collector(e.graphs.fn)
             e.commit_graphs.fn = eager_collector(e.commit_graphs.fn)
             e.prefill(prompt)
@@ -106,3 +109,71 @@ def test_a_dead_engine_collected_during_a_capture(plant, monkeypatch):
         assert failed is not None, "no capture failed with the collector on: the test does not reach the defect"
     else:
         assert failed is None, f"a capture failed with the collector off: {failed}"
+
+
+def _freed_at_once(make) -> bool:
+    """Whether the object ``make()`` returns (after ``make`` used it) is freed when its last reference goes, with the
+    cyclic collector off: no reference cycle holds it."""
+    import weakref
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        ref = weakref.ref(make())
+        return ref() is None
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _engines():
+    from test_accept import BF16, N, R, _prompt, _qwen3, _qwen38
+
+    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
+    from bloomery_gates.kernels.accept import DeviceAccept
+    from bloomery_gates.kernels.accept_drafts import DFlashDev, MTPDev
+    from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft
+    from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
+    from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
+
+    def qwen3():
+        make, tspec, _ = _qwen3()
+        e = make()
+        e.prefill(_prompt(tspec))
+        e.decode_plain(e.verify([3]).argmax[0], 4, 2)
+        return e
+
+    def qwen38():
+        make, spec, _ = _qwen38()
+        e = make()
+        e.prefill(_prompt(spec))
+        e.decode_plain(e.verify([3]).argmax[0], 4, 2)
+        return e
+
+    def dflash_loop():
+        make, tspec, dspec = _qwen3()
+        d = make()
+        acc = DeviceAccept(d, DFlashDev(FastDFlashDraft(dspec, d, 200)))
+        acc.generate(_prompt(tspec), N, dspec.block_size)
+        return acc
+
+    def mtp_loop():
+        spec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], torch.device("cpu"), BF16)
+        d = FastQwen38Target(spec, "cpu", BF16, 200, max_width=8, impl="torch", attention="torch")
+        acc = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)))
+        acc.generate(_prompt(spec), N, R)
+        return acc
+    return {"qwen3": qwen3, "qwen38": qwen38, "dflash-loop": dflash_loop, "mtp-loop": mtp_loop}
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen38", "dflash-loop", "mtp-loop"])
+def test_an_engine_is_freed_when_its_last_reference_goes(name):
+    """The fast engines, their drafts and the device loop hold their passes through ``graphs.held`` (bound methods
+    weakly): dropped, they are freed at once (their device memory with them), not at a later collection."""
+    assert _freed_at_once(_engines()[name])
+
+
+def test_the_check_sees_a_cycle(monkeypatch):
+    """Planted: GraphSet holding its pass strongly again (the cycle an engine had)."""
+    monkeypatch.setattr(graphs, "held", lambda fn: lambda: fn)
+    assert not _freed_at_once(_engines()["qwen3"])

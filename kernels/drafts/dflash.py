@@ -232,10 +232,16 @@ class FastDFlashDraft(GraphedPropose):
         self.block = torch.full((self.b,), spec.mask_token_id, dtype=torch.long, device=self.device)
         self.logits_buf = torch.zeros(self.b - 1, spec.vocab_size, device=self.device, dtype=self.dtype)
         self.ids_buf = torch.zeros(self.b - 1, dtype=torch.long, device=self.device)
-        self.propose_graph = GraphSet(lambda _: self._propose_pass(), self.device, enabled=graphs)
-        self.extend_graphs = GraphSet(lambda r: self._extend(target.taps_buf[:, :r], self.ext.dev), self.device,
-                                      enabled=graphs)
+        self.propose_graph = GraphSet(self._propose_key, self.device, enabled=graphs)
+        self.extend_graphs = GraphSet(self._extend_rows, self.device, enabled=graphs)
         self.ctx_len = 0
+
+    def _propose_key(self, _key) -> None:
+        self._propose_pass()
+
+    def _extend_rows(self, r: int) -> None:
+        """The extension graph's pass: the target's r kept taps at the staged p0."""
+        self._extend(self.target.taps_buf[:, :r], self.ext.dev)
 
     def _extend(self, taps: torch.Tensor, p0: torch.Tensor) -> None:
         """Context K/V at p0.. from the target's kept taps [n, R, H] (graph-safe)."""

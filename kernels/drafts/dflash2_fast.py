@@ -68,10 +68,8 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         self.block = torch.full((self.b,), spec.mask_token_id, dtype=torch.long, device=self.device)
         self.ids_buf = torch.zeros(self.b - 1, dtype=torch.long, device=self.device)
         self.logits_buf = torch.zeros(self.b - 1, spec.vocab_size, device=self.device)
-        self.propose_graph = GraphSet(lambda _: self._propose_pass(self.inp.dev[:1], self.inp.dev[1:2]),
-                                      self.device, enabled=graphs)
-        self.extend_graphs = GraphSet(lambda r: self._extend_pass(target.taps_buf[:, :r], self.ext.dev),
-                                      self.device, enabled=graphs)
+        self.propose_graph = GraphSet(self._propose_key, self.device, enabled=graphs)
+        self.extend_graphs = GraphSet(self._extend_rows, self.device, enabled=graphs)
 
     def capture(self) -> None:
         """Capture the propose and the extension of every row count now (their warm-up writes land past the
@@ -96,6 +94,13 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         else:
             self._extend_pass(taps[:, :kept], torch.tensor([self.ctx_len], device=self.device))
         self.ctx_len += kept
+
+    def _propose_key(self, _key) -> None:
+        self._propose_pass(self.inp.dev[:1], self.inp.dev[1:2])
+
+    def _extend_rows(self, r: int) -> None:
+        """The extension graph's pass: the target's r kept taps at the staged p0."""
+        self._extend_pass(self.target.taps_buf[:, :r], self.ext.dev)
 
     def _extend_pass(self, taps: T, p0: T) -> None:
         """Context K/V at positions p0 + r from target taps [L+1, R, H] (graph-safe)."""

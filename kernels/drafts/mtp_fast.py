@@ -55,8 +55,7 @@ class FastMTPDraft(ChainStore):
         self.slot = Staged(1, self.device)
         self.ids_buf = torch.zeros(width, dtype=torch.long, device=self.device)
         self.logits_buf = torch.zeros(width, spec.vocab_size, device=self.device, dtype=self.dtype)
-        self.graphs = GraphSet(lambda n: self._chain(self.in_e[:n], self.in_h[:n], self.slot.dev), self.device,
-                               enabled=graphs)
+        self.graphs = GraphSet(self._chain_rows, self.device, enabled=graphs)
 
     # ------------------------------------------------------------------------------------------ the API
 
@@ -120,6 +119,10 @@ class FastMTPDraft(ChainStore):
         y = gated_attention(ops, self.tspec.layer, u, self.layer, self.k[0], self.v[0], pos, slot0, allowed, cos, sin,
                             eps, first=1)
         return ffn_into(ops, y, self.layer.mlp, eps)
+
+    def _chain_rows(self, n: int) -> None:
+        """The graph's pass: the chain over the n staged rows (``_chain``)."""
+        self._chain(self.in_e[:n], self.in_h[:n], self.slot.dev)
 
     def _chain(self, e: T, h: T, slot0: T, rec: list | None = None) -> None:
         """The propose step (graph-safe): n real rows at slot0.., then width-1 chained rows at slot0+n..; ``rec``

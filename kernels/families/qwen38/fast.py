@@ -220,7 +220,7 @@ class FastQwen38Target:
         self.inp = Staged(1 + w, dev)                                             # [p0, ids...]
         self.graphs = GraphSet(self._verify_pass, dev, enabled=graphs)
         self.commit_graphs = GraphSet(self._commit_pass, dev, enabled=graphs)
-        self.chain = ChainBufs(self._chain_pass, dev, graphs, keep=lambda: (self.state, self.conv_tail))
+        self.chain = ChainBufs(self._chain_pass, dev, graphs, keep=self._committed)
         self.length = 0
         self._last: int | None = None             # rows of the last uncommitted verify
         self._pending = None                      # Qwen38Target's name (benches clear it); unused here
@@ -322,6 +322,10 @@ class FastQwen38Target:
         bufs = PassBufs(self.proj[:, :k - 1 + r], tuple(x[:, :, :r] for x in self.rows_buf), self.taps_buf[:, :r],
                         self.final_buf[:r], self.logits_buf[:r], self.argmax_buf[:r])
         self.forward(self.inp.dev[1:1 + r], self.inp.dev[:1], bufs)
+
+    def _committed(self) -> tuple[T, T]:
+        """The committed state a chain capture's warm-ups change (``ChainBufs.keep``)."""
+        return self.state, self.conv_tail
 
     def _commit_pass(self, kept: int) -> None:
         """state <- replay of rows 0..kept-1 from state (every linear layer in one launch); conv_tail <- proj[:,
