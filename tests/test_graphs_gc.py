@@ -136,15 +136,8 @@ def _engines():
     from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
     from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
 
-    def qwen3():
-        make, tspec, _ = _qwen3()
-        e = make()
-        e.prefill(_prompt(tspec))
-        e.decode_plain(e.verify([3]).argmax[0], 4, 2)
-        return e
-
-    def qwen38():
-        make, spec, _ = _qwen38()
+    def plain(engines):                                 # a pass, then the chained plain decode
+        make, spec, _ = engines()
         e = make()
         e.prefill(_prompt(spec))
         e.decode_plain(e.verify([3]).argmax[0], 4, 2)
@@ -163,7 +156,8 @@ def _engines():
         acc = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)))
         acc.generate(_prompt(spec), N, R)
         return acc
-    return {"qwen3": qwen3, "qwen38": qwen38, "dflash-loop": dflash_loop, "mtp-loop": mtp_loop}
+    return {"qwen3": lambda: plain(_qwen3), "qwen38": lambda: plain(_qwen38), "dflash-loop": dflash_loop,
+            "mtp-loop": mtp_loop}
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen38", "dflash-loop", "mtp-loop"])
