@@ -14,7 +14,6 @@ python3 -P .ci/diag_ceiling.py [-n 256] [VARIANT ...]
   shapes launched without PDL (e.g. base%6144x4096).
 """
 import argparse
-import gc
 from contextlib import ExitStack
 from unittest import mock
 
@@ -124,7 +123,6 @@ def main() -> int:
         same = "" if base is None else f" ids_as_base={m.ids == base}"
         print(f"skip={v}{'%' + plain if plain else ''}{same} {m.line(read, bw)}", flush=True)
         del target
-        gc.collect()                    # an engine is a reference cycle (its graphs' bound methods)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return 0

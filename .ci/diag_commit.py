@@ -9,7 +9,6 @@ python3 -P .ci/diag_commit.py [-n 128] [--layers 16] [VARIANT ...]
   replayed by the commit; a verify writing the state it discards). Both must give the same ids: same loop body.
 """
 import argparse
-import gc
 from contextlib import ExitStack
 from unittest import mock
 
@@ -68,7 +67,6 @@ def main() -> int:
         base = m.ids if base is None else base
         print(f"variant={v} ids_as_first={m.ids == base} {m.line(read, bw)}", flush=True)
         del target
-        gc.collect()                    # an engine is a reference cycle (its graphs' bound methods)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return 0

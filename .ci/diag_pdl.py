@@ -16,7 +16,6 @@ python3 -P .ci/diag_pdl.py --env DIR SETTING: write the environment that SETTING
   lines; its tiles as DIR/tiles.json), print that path, run nothing (the device scripts run a bench under it)
 """
 import argparse
-import gc
 import json
 import os
 import tempfile
@@ -123,7 +122,6 @@ def main() -> int:
         bad += int(not ((same or tiles) and m.chain_ids_as_plain))    # tiles may reorder a sum: ids reported only
         print(f"pdl={s} {m.line(read, bw)} plain_ids_same_as_first={same}", flush=True)
         del target
-        gc.collect()                    # an engine is a reference cycle (its graphs' bound methods)
         torch.cuda.empty_cache()
     return 1 if bad else 0
 

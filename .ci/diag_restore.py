@@ -2,6 +2,8 @@
 ``test_commit_dev_restores_the_state_after_row_kept_minus_1[triton]`` repeated in one process, with LOAD busy host
 processes beside it (it failed once on CUDA while a llama.cpp build took 14 of the host's cores; not since).
 Prints each repetition's kept values whose state or conv tail differ ([] when none) and the count of failures.
+--plant: GraphSet.capture's collector guard planted away, and each engine made to refer to itself (engines are not
+reference cycles since 8417479; the failure needs a dead cycle collected mid-capture: results/h200/restore-gc).
 
 python3 -P .ci/diag_restore.py [--reps 30] [--load 14] [--seconds 150] [--plant]
 """
@@ -20,6 +22,14 @@ import test_accept as ta  # noqa: E402
 def _busy() -> None:
     while True:
         pass
+
+
+def engine(make, cycle: bool):
+    """The test's engine on the Triton recurrence; with ``cycle``, holding itself (a dead cycle once dropped)."""
+    e = ta._with_impl(make, "triton")
+    if cycle:
+        e.cycle = e
+    return e
 
 
 def main() -> int:
@@ -41,7 +51,7 @@ def main() -> int:
         for i in range(a.reps):
             if time.time() - t0 > a.seconds:
                 break
-            bad = ta._commit_every_kept(lambda: ta._with_impl(make, "triton"), spec)
+            bad = ta._commit_every_kept(lambda: engine(make, a.plant), spec)
             done += 1
             fails += bool(bad)
             print(f"rep {i} bad={bad} t={time.time() - t0:.1f}s", flush=True)

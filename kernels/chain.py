@@ -39,7 +39,7 @@ class ChainBufs:
         self.p0 = torch.zeros(1, dtype=torch.long, device=device) if p0 is None else p0   # [1] (a view: WindowBufs)
         self.staged = Staged(2, device)
         self.graphs = GraphSet(fn, device, enabled=graphs)
-        self._keep = held(keep)                         # the engine's bound method, held weakly
+        self._keep = held(keep)                         # an engine's bound method held weakly (graphs.held)
 
     def keep(self) -> tuple[torch.Tensor, ...]:
         return self._keep()()

@@ -229,8 +229,9 @@ def test_cuda_graph_passes_equal_eager_passes_and_stay_lossless():
 
 
 def test_first_engine_frees_a_failed_path_before_building_the_next():
-    """A path whose build raises leaves an engine behind in a reference cycle (as every engine is: its graphs hold its
-    bound methods); on a card it is collected before the next path is built, so the two never hold memory at once."""
+    """A path whose build raises may leave an object behind in a reference cycle (every engine was one before its
+    graphs held their passes weakly); on a card it is collected before the next path is built, so the two never hold
+    memory at once."""
     import gc
     import weakref
 
@@ -238,7 +239,7 @@ def test_first_engine_frees_a_failed_path_before_building_the_next():
 
     class Engine:
         def __init__(self):
-            self.fn = self.run                          # the cycle an engine's GraphSet makes
+            self.fn = self.run                          # a cycle, as an engine's GraphSet made
 
         def run(self):
             pass

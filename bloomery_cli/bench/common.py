@@ -150,8 +150,8 @@ def first_engine(paths, build, label, dev: torch.device, log, what: str = "engin
         except Exception as e:  # noqa: BLE001  (fall back to a slower path, the reason recorded)
             last = e.with_traceback(None)   # not its frames: they hold the failed engine
             log(f"engine {label(path)} failed: {type(e).__name__}: {str(e)[:300]}")
-        if dev.type == "cuda":              # the failed engine freed before the next is built: it is a reference
-            gc.collect()                    # cycle (its graphs' bound methods), so the collector frees it
+        if dev.type == "cuda":              # the failed path's memory free before the next is built (whatever the
+            gc.collect()                    # failed build left in a reference cycle too)
             torch.cuda.empty_cache()
     raise RuntimeError(f"no {what} path ran: {last}")
 
