@@ -4,6 +4,7 @@ that together overflow L2, so every call reads its weight from HBM).
 
     python -m bloomery_cli.bench.gemv --shape qwen3-8b --shape qwen38-27b [--rows 1 --rows 16] [--json F]
         [--write-configs F]
+    python -m bloomery_cli.bench.gemv --fit RECORD.json [...]      # the fit below from a record (no CUDA)
 
 Per weight [N, K] (the norm prologue / residual epilogue as the engine uses it at that shape) and rows R: cuBLAS
 (``kernels.graphs.proj``: rms kernel + mm, or addmm) and each candidate (BN, BK, warps, stages) of ``proj``, in us
@@ -13,14 +14,22 @@ candidate at R = 1 per shape as JSON ({"NxK": [BN, BK, warps, stages, splits]}, 
 whole-step bench):
 ``kernels.triton.gemv.config`` reads such a file from ``BLOOMERY_GEMV_CONFIGS`` (the measured table itself lives
 in ``config``). CUDA only.
+
+The fixed-cost fit (``fit_fixed_cost``, printed after a run and by ``--fit`` from a record): over the narrow
+weights (N <= ``SMALL_N``, those ``proj`` takes) at one width, each best candidate's time per call against its
+weight's bytes, least squares t = bytes / rate + c. ``rate`` (as a fraction of the copy bandwidth) is what one
+more byte costs, ``c`` what a launch costs whatever its size: the ramp to the first tile, the tail, the drain
+(docs/SPEED.md, "Why the 8B step stops near 0.84").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # (N, K, norm, residual) of each narrow projection of a decode step (the wide ones stay on cuBLAS:
@@ -118,6 +127,45 @@ def measure(n: int, k: int, norm: bool, res: bool, rows: int, copy_GBps: float, 
     return row
 
 
+@dataclass(frozen=True)
+class Fit:
+    """t = bytes / rate + c over ``weights`` narrow weights at ``rows`` rows; ``max_residual_us`` the worst miss."""
+    rows: int
+    weights: int
+    rate_frac_copy: float
+    fixed_us: float
+    max_residual_us: float
+
+    def line(self) -> str:
+        return (f"fit rows={self.rows} weights={self.weights} rate={self.rate_frac_copy:.3f} of copy "
+                f"fixed_us={self.fixed_us:.2f} max_residual_us={self.max_residual_us:.2f}")
+
+
+def fit_fixed_cost(rows: list[dict], copy_GBps: float, width: int) -> Fit | None:
+    """The fixed-cost fit (module docstring) of a record's ``rows`` at ``width``; None with fewer than two distinct
+    weight sizes (nothing to fit a line through)."""
+    from bloomery_gates.kernels.triton.gemv import SMALL_N
+
+    pts = []
+    for r in rows:
+        n, k = (int(v) for v in r["weight"].split("x"))
+        if r["rows"] == width and r.get("best") and n <= SMALL_N:
+            pts.append((n * k * 2, r["best"]["us"]))
+    b = np.array([p[0] for p in pts], dtype=np.float64)
+    t = np.array([p[1] for p in pts], dtype=np.float64)
+    if len(set(b.tolist())) < 2:
+        return None
+    (slope, c), *_ = np.linalg.lstsq(np.c_[b, np.ones_like(b)], t, rcond=None)
+    rate_GBps = 1e-3 / slope                    # bytes per us -> GB/s
+    return Fit(width, len(pts), float(rate_GBps / copy_GBps), float(c), float(np.abs(t - (b * slope + c)).max()))
+
+
+def fits(rec: dict) -> list[Fit]:
+    """The fit at every width a record measured."""
+    out = [fit_fixed_cost(rec["rows"], rec["copy_GBps"], w) for w in sorted({r["rows"] for r in rec["rows"]})]
+    return [f for f in out if f is not None]
+
+
 def main(argv: list[str] | None = None) -> None:
     from bloomery_gates.kernels.triton.gemv import SMALL_N
 
@@ -133,7 +181,21 @@ def main(argv: list[str] | None = None) -> None:
                     "weight's tiles copied by TMA): these instead of the built-in candidates")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--write-configs", type=Path)
+    ap.add_argument("--fit", type=Path, nargs="+", metavar="RECORD", help="print the fixed-cost fit of these "
+                    "records (--json files of earlier runs) and exit; no CUDA needed")
     a = ap.parse_args(argv)
+    if a.fit:
+        for path in a.fit:
+            try:
+                rec = json.loads(path.read_text())
+                got = fits(rec)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                ap.error(f"--fit {path}: not a bench_gemv record ({type(e).__name__}: {e})")
+            if not got:
+                ap.error(f"--fit {path}: fewer than two narrow weights at any width: nothing to fit")
+            for f in got:
+                print(f"{path}: {f.line()}")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemv: needs CUDA")
     dev = torch.device("cuda")
@@ -161,6 +223,11 @@ def main(argv: list[str] | None = None) -> None:
                     best[f"{n}x{k}"] = b["cfg"] if b and (wide or b["us"] < row["cublas"]["us"]) else None
                 if a.json:
                     write_atomic(a.json, rec)
+    rec["fit"] = [vars(f) for f in fits(rec)]
+    for f in fits(rec):
+        print(f.line())
+    if a.json:
+        write_atomic(a.json, rec)
     if a.write_configs:
         a.write_configs.write_text(json.dumps(best, indent=1))
         print(f"configs -> {a.write_configs}: {best}")
