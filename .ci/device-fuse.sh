@@ -13,6 +13,8 @@
 # gatesd  the same with the fixtures' qwen3 gate/up [768, 128] sent to cuBLAS (BLOOMERY_GEMV_CONFIGS), so that the
 #         qwen3 fast gates run the deferred FFN norm (TritonOps.ffn_input) the 8B takes; the fixtures' narrow
 #         gate/up otherwise runs in the projection kernel with its norm folded (records: $R/fast-deferred)
+# gemv    python -m bloomery_cli.bench.gemv at the 8B and 27B narrow weights, the table's tiles only, 1 and 16 rows:
+#         the fixed-cost fit (docs/SPEED.md) on a fresh run (beside the build)
 # bench8  bloomery bench qwen3-dflash --shape qwen3-8b with llama.cpp's CUDA build in the same run
 # b27     bench qwen38-mtp at the 27B width, 16 layers, MTP x3 (-n 128)
 # d27     bench qwen38-dflash2 at the 27B width, 16 layers, B8 (-n each of D27_N, default 64), with the window's kernel profile
@@ -53,6 +55,9 @@ for s in ${STEPS:-build abp gates bench8 tests}; do
             ( export BLOOMERY_GEMV_CONFIGS=$R/gemv-deferred.json; step gatesd ${GATES_S:-110} python3 -P -m \
                 bloomery_cli.cli gates --engine fast --device cuda --dtype bf16 --results $R/fast-deferred )
             grep -E "^(PASSED|FAILED)" $R/gatesd.log | cut -c1-120 ;;
+    gemv) step gemv ${GEMV_S:-150} python3 -P -m bloomery_cli.bench.gemv --shape qwen3-8b --shape qwen38-27b \
+            --candidate 64,256,4,4,1,1 --json $R/gemv-cuda-bf16.json
+          grep -E "^(gemv|fit)" $R/gemv.log | cut -c1-200 ;;
     bench8) while ! grep -q "build exit" $R/build.log 2>/dev/null && [ $(left) -gt 60 ]; do sleep 5; done
             tail -2 $R/build.log | cut -c1-200
             STEP_MIN_S=50 step bench8 ${BENCH8_S:-110} python3 -P -m bloomery_cli.cli bench qwen3-dflash \
