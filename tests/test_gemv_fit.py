@@ -58,6 +58,8 @@ def test_fit_of_a_bad_record_exits_2_with_its_name(tmp_path, capsys, content):
     if content is not None:
         path.write_text(content)
     with pytest.raises(SystemExit) as e:
-        gemv.main(["--fit", str(path)])
+        gemv.main(["--fit", str(RECORD), str(path)])
     assert e.value.code == 2
-    assert f"--fit {path}" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"--fit {path}" in err
+    assert out == ""                                 # nothing printed before the bad record was found

@@ -184,16 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fit", type=Path, nargs="+", metavar="RECORD", help="print the fixed-cost fit of these "
                     "records (--json files of earlier runs) and exit; no CUDA needed")
     a = ap.parse_args(argv)
-    if a.fit:
+    if a.fit:                           # every record read and fitted before the first line is printed
+        got: list[tuple[Path, list[Fit]]] = []
         for path in a.fit:
             try:
-                rec = json.loads(path.read_text())
-                got = fits(rec)
+                got.append((path, fits(json.loads(path.read_text()))))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 ap.error(f"--fit {path}: not a bench_gemv record ({type(e).__name__}: {e})")
-            if not got:
+            if not got[-1][1]:
                 ap.error(f"--fit {path}: fewer than two narrow weights at any width: nothing to fit")
-            for f in got:
+        for path, record_fits in got:
+            for f in record_fits:
                 print(f"{path}: {f.line()}")
         return
     if not torch.cuda.is_available():
