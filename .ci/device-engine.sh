@@ -2,8 +2,7 @@
 # Issue 23 (and 30) on the H200 through the `device` tool (never CI), one call under the tool's 10 minutes:
 #   BLOOMERY_COMMIT=<sha> [STEPS="dspark build gates bench8 bench27"] bash .ci/device-engine.sh
 #   carry: .whl (gguf, sentencepiece wheels) and .llama-src (a trimmed llama.cpp tree of the 0.3.36 sdist, made by
-#   `tar czf .llama-src/llama.cpp-0c1e57098.tar.gz` of vendor/llama.cpp without models/ docs/ tests/ examples/ and
-#   the non-CUDA GPU backends: the machine reaches no PyPI)
+#   `bash .ci/llama-src.sh`: the machine reaches no PyPI)
 # dspark   issue 30: bloomery gate run qwen38-dspark --device cuda --dtype bf16 (ours), beside the build
 # build    bloomery engine build --cuda --arch 90 --bench into .llama/cuda (driver + llama-bench, about 6 min)
 # gates    bloomery gates --engine llama.cpp --device cuda --dtype bf16 (records under $OUT)

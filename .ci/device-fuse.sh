@@ -2,6 +2,7 @@
 # Issue 27 on the H200 through the `device` tool (never CI), one call: the 8B step's fusions (the attention's
 # combine in its split kernel, the FFN's norm deferred into the output projection's epilogue and the SiLU kernel).
 #   BLOOMERY_COMMIT=<sha> [STEPS="build abp gates bench8 tests b27"] bash .ci/device-fuse.sh    (carry .whl .llama-src)
+#   (.llama-src: bash .ci/llama-src.sh)
 # build   bloomery engine build --cuda --arch 90 --bench in the background (14 jobs)
 # ab      .ci/diag_ceiling.py at qwen3-8b: the fused default against each fusion undone and both (ids compared)
 # abp     the same, the tree's variants AB0 (default: base old-norm base), then with each of PATCHES (patch files,
