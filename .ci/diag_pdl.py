@@ -10,9 +10,10 @@ python3 -P .ci/diag_pdl.py [-n 256] [SETTING ...]
   "tNxK=BNxBKxWARPSxSTAGESxSPLITS": the projection kernel's tiles for the [N, K] weight (BLOOMERY_GEMV_CONFIGS).
   A setting whose tiles change a sum's order may change the plain ids (reported, not a defect); its chain must
   still equal its own plain run.
-DIAG_L2_HINT=evict_last|evict_first python3 -P .ci/diag_pdl.py ...: the projections' L2 prefetch (l2=MB) carries that
-  eviction priority (createpolicy + cp.async.bulk.prefetch.L2's cache hint), for the whole process (run it in its
-  own process, with its own TRITON_CACHE_DIR: the kernel's cache key does not see the patch)
+DIAG_L2_HINT=evict_last python3 -P .ci/diag_pdl.py ...: the projections' L2 prefetch (l2=MB) marks its lines
+  evict-last (createpolicy + cp.async.bulk.prefetch.L2's cache hint), for the whole process (run it in its own
+  process, with its own TRITON_CACHE_DIR: the kernel's cache key does not see the patch; results/h200/speed/
+  cd7df9a-l2hint)
 python3 -P .ci/diag_pdl.py --flags FILE [--shape S]: the tNxK= flags of a tiles file (bench.gemv --write-configs)
   for the shape's weights, joined by "+" (a setting's tail), run nothing
 python3 -P .ci/diag_pdl.py --env DIR SETTING: write the environment that SETTING runs under to DIR/env.sh (export
@@ -45,16 +46,10 @@ def _prefetch_last(ptrs, nbytes):
                               "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
-def _prefetch_first(ptrs, nbytes):
-    """``pdl.prefetch_rows``, the prefetched lines marked evict-first in L2."""
-    tl.inline_asm_elementwise("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-                              "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; } // $0",
-                              "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 if os.environ.get("DIAG_L2_HINT"):
-    pdl.prefetch_rows = {"evict_last": _prefetch_last, "evict_first": _prefetch_first}[os.environ["DIAG_L2_HINT"]]
+    if os.environ["DIAG_L2_HINT"] != "evict_last":
+        raise SystemExit(f"DIAG_L2_HINT={os.environ['DIAG_L2_HINT']!r}: expected evict_last")
+    pdl.prefetch_rows = _prefetch_last
 
 
 def _tiles_flag(f: str) -> bool:

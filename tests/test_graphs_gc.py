@@ -5,9 +5,10 @@ once under host load, and .ci/diag_restore.py at its 7th repetition, results/h20
 a cycle, its GraphSets holding its bound methods). Two guards: ``GraphSet.capture`` keeps the collector off during
 its warm-up and capture, and the engines hold their passes weakly (``graphs.held``), so that a dropped engine is
 freed at once. On the CPU, with stand-ins for the CUDA graph objects: the collector off inside, restored after, also
-after an error; the fast engines, drafts and device loops freed at once (a strong hold planted back fails it). On
-CUDA: a dead cycle (an engine made to refer to itself) left uncollected until another engine's capture, with the
-collector's thresholds at 1 inside the capture: no error with the guard, a failed capture with it planted away."""
+after an error; the fast engines, and the device loops with their engines and drafts (DFlash, DFlash2, MTP), freed
+at once (a strong hold planted back fails it). On CUDA: a dead cycle (an engine made to refer to itself) left
+uncollected until another engine's capture, with the collector's thresholds at 1 inside the capture: no error with
+the guard, a failed capture with it planted away."""
 
 from __future__ import annotations
 
@@ -112,15 +113,16 @@ def test_a_dead_engine_collected_during_a_capture(plant, monkeypatch):
 
 
 def _freed_at_once(make) -> bool:
-    """Whether the object ``make()`` returns (after ``make`` used it) is freed when its last reference goes, with the
-    cyclic collector off: no reference cycle holds it."""
+    """Whether the objects ``make()`` returns (after ``make`` used them: an engine, or a device loop with its engine
+    and its draft) are all freed when their last references go, with the cyclic collector off: no reference cycle
+    holds any of them."""
     import weakref
     collecting = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        ref = weakref.ref(make())
-        return ref() is None
+        refs = [weakref.ref(o) for o in make()]
+        return all(r() is None for r in refs)
     finally:
         if collecting:
             gc.enable()
@@ -129,10 +131,11 @@ def _freed_at_once(make) -> bool:
 def _engines():
     from test_accept import BF16, N, R, _prompt, _qwen3, _qwen38
 
-    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_qwen38
+    from bloomery_cli.bench.hybrid_shapes import HYBRID_SHAPES, random_dflash2, random_qwen38
     from bloomery_gates.kernels.accept import DeviceAccept
-    from bloomery_gates.kernels.accept_drafts import DFlashDev, MTPDev
+    from bloomery_gates.kernels.accept_drafts import DFlash2Dev, DFlashDev, MTPDev
     from bloomery_gates.kernels.drafts.dflash import FastDFlashDraft
+    from bloomery_gates.kernels.drafts.dflash2_fast import FastDFlash2Draft
     from bloomery_gates.kernels.drafts.mtp_fast import FastMTPDraft
     from bloomery_gates.kernels.families.qwen38.fast import FastQwen38Target
 
@@ -141,26 +144,36 @@ def _engines():
         e = make()
         e.prefill(_prompt(spec))
         e.decode_plain(e.verify([3]).argmax[0], 4, 2)
-        return e
+        return (e,)
 
     def dflash_loop():
         make, tspec, dspec = _qwen3()
         d = make()
-        acc = DeviceAccept(d, DFlashDev(FastDFlashDraft(dspec, d, 200)))
+        draft = FastDFlashDraft(dspec, d, 200)
+        acc = DeviceAccept(d, DFlashDev(draft))
         acc.generate(_prompt(tspec), N, dspec.block_size)
-        return acc
+        return acc, d, draft
 
     def mtp_loop():
         spec, mspec = random_qwen38(HYBRID_SHAPES["qwen38-tiny"], torch.device("cpu"), BF16)
         d = FastQwen38Target(spec, "cpu", BF16, 200, max_width=8, impl="torch", attention="torch")
-        acc = DeviceAccept(d, MTPDev(FastMTPDraft(mspec, d, 200, width=R - 1)))
+        draft = FastMTPDraft(mspec, d, 200, width=R - 1)
+        acc = DeviceAccept(d, MTPDev(draft))
         acc.generate(_prompt(spec), N, R)
-        return acc
+        return acc, d, draft
+    def dflash2_loop():
+        s = HYBRID_SHAPES["qwen38-tiny"]
+        spec, _ = random_qwen38(s, torch.device("cpu"), BF16)
+        d = FastQwen38Target(spec, "cpu", BF16, 200, max_width=4, impl="torch", attention="torch")
+        draft = FastDFlash2Draft(random_dflash2(s, spec, 4, torch.device("cpu"), BF16), d, 200, impl="torch")
+        acc = DeviceAccept(d, DFlash2Dev(draft))
+        acc.generate(_prompt(spec), N, 4)
+        return acc, d, draft
     return {"qwen3": lambda: plain(_qwen3), "qwen38": lambda: plain(_qwen38), "dflash-loop": dflash_loop,
-            "mtp-loop": mtp_loop}
+            "mtp-loop": mtp_loop, "dflash2-loop": dflash2_loop}
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen38", "dflash-loop", "mtp-loop"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen38", "dflash-loop", "mtp-loop", "dflash2-loop"])
 def test_an_engine_is_freed_when_its_last_reference_goes(name):
     """The fast engines, their drafts and the device loop hold their passes through ``graphs.held`` (bound methods
     weakly): dropped, they are freed at once (their device memory with them), not at a later collection."""

@@ -50,6 +50,7 @@ WIDE = {"qwen3-8b": [(24576, 4096, True, False)], "qwen38-27b-dflash2": [],
 CANDIDATES = ([(32, 256, 4, 4, s) for s in (1, 2, 4, 8)] + [(64, 256, 4, 4, s) for s in (1, 2, 3, 4, 6)]
               + [(64, 128, 4, 4, s) for s in (2, 4)] + [(128, 128, 4, 4, s) for s in (1, 2, 4)])
 L2_SPAN = 512 << 20                   # the copies of one weight a graph walks over
+ELEM = 2                              # bytes a weight element: the bench runs bf16 (``measure``)
 
 
 def _graphed(fn_of, copies: int, per_graph: int = 24):
@@ -89,7 +90,7 @@ def measure(n: int, k: int, norm: bool, res: bool, rows: int, copy_GBps: float, 
         return torch.mm(a, w.t(), out=out) if r is None else torch.addmm(r, a, w.t(), out=out)
 
     dev, dt = torch.device("cuda"), torch.bfloat16
-    wbytes = n * k * 2
+    wbytes = n * k * ELEM
     copies = max(2, min(16, -(-L2_SPAN // wbytes)))
     ws = [torch.randn(n, k, device=dev, dtype=dt) * k ** -0.5 for _ in range(copies)]
     x = torch.randn(rows, k, device=dev, dtype=dt)
@@ -150,7 +151,7 @@ def fit_fixed_cost(rows: list[dict], copy_GBps: float, width: int) -> Fit | None
     for r in rows:
         n, k = (int(v) for v in r["weight"].split("x"))
         if r["rows"] == width and r.get("best") and n <= SMALL_N:
-            pts.append((n * k * 2, r["best"]["us"]))
+            pts.append((n * k * ELEM, r["best"]["us"]))
     b = np.array([p[0] for p in pts], dtype=np.float64)
     t = np.array([p[1] for p in pts], dtype=np.float64)
     if len(set(b.tolist())) < 2:
@@ -224,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
                     best[f"{n}x{k}"] = b["cfg"] if b and (wide or b["us"] < row["cublas"]["us"]) else None
                 if a.json:
                     write_atomic(a.json, rec)
-    rec["fit"] = [vars(f) for f in fits(rec)]
-    for f in fits(rec):
+    fitted = fits(rec)
+    rec["fit"] = [vars(f) for f in fitted]
+    for f in fitted:
         print(f.line())
     if a.json:
         write_atomic(a.json, rec)

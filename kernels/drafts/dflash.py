@@ -195,6 +195,12 @@ class GraphedPropose:
     def detail_pass(self):
         raise NotImplementedError
 
+    def _graph_passes(self, graphs: bool) -> None:
+        """``propose_graph`` (one key) and ``extend_graphs`` (one per kept row count) over the draft's own passes,
+        ``_propose_key`` and ``_extend_rows``: bound methods, which a GraphSet holds weakly (``graphs.held``)."""
+        self.propose_graph = GraphSet(self._propose_key, self.device, enabled=graphs)
+        self.extend_graphs = GraphSet(self._extend_rows, self.device, enabled=graphs)
+
 
 class FastDFlashDraft(GraphedPropose):
     """DFlashDraft's interface bound to a ``FastQwen3Target`` (whose ``tap_ids`` must hold the draft's feature
@@ -232,8 +238,7 @@ class FastDFlashDraft(GraphedPropose):
         self.block = torch.full((self.b,), spec.mask_token_id, dtype=torch.long, device=self.device)
         self.logits_buf = torch.zeros(self.b - 1, spec.vocab_size, device=self.device, dtype=self.dtype)
         self.ids_buf = torch.zeros(self.b - 1, dtype=torch.long, device=self.device)
-        self.propose_graph = GraphSet(self._propose_key, self.device, enabled=graphs)
-        self.extend_graphs = GraphSet(self._extend_rows, self.device, enabled=graphs)
+        self._graph_passes(graphs)
         self.ctx_len = 0
 
     def _propose_key(self, _key) -> None:

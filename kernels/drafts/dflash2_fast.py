@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..dispatch import decode_ops
 from ..families.qwen3.model import FusedLayer, LayerWeights
-from ..graphs import GraphSet, Staged, rows_pad
+from ..graphs import Staged, rows_pad
 from ..ops.selector import head_logits, select
 from .dflash import GraphedPropose, context_features
 from .dflash2 import ConvWeights, DFlash2Draft, Proposal
@@ -68,8 +68,7 @@ class FastDFlash2Draft(GraphedPropose, DFlash2Draft):
         self.block = torch.full((self.b,), spec.mask_token_id, dtype=torch.long, device=self.device)
         self.ids_buf = torch.zeros(self.b - 1, dtype=torch.long, device=self.device)
         self.logits_buf = torch.zeros(self.b - 1, spec.vocab_size, device=self.device)
-        self.propose_graph = GraphSet(self._propose_key, self.device, enabled=graphs)
-        self.extend_graphs = GraphSet(self._extend_rows, self.device, enabled=graphs)
+        self._graph_passes(graphs)
 
     def capture(self) -> None:
         """Capture the propose and the extension of every row count now (their warm-up writes land past the
